@@ -1,0 +1,32 @@
+# The two Quick start commands: `make run` and `make test`. Each sets up everything it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8501
+
+.PHONY: run test setup assets bench clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and alone, so the pinned CPU wheel is taken before anything can pull a CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+setup: $(VENV)/.installed assets
+
+assets:
+	@if [ -x scripts/install_assets.sh ]; then scripts/install_assets.sh; fi
+
+run: setup
+	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
+
+test: setup
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/bench_model_core.py
+
+clean:
+	rm -rf $(VENV) node_modules static/vendor .pytest_cache

