@@ -1,0 +1,75 @@
+# Attention Explorer: a Docker image for a server or a Hugging Face Docker Space.
+#
+#   docker build -t attention-explorer .
+#   docker run --rm -p 7860:7860 attention-explorer            # then open http://localhost:7860
+#
+# Build arguments (see the README's "Deploy" section):
+#   TORCH_INDEX_URL  wheel index for torch; CPU by default. For a GPU host:
+#                    --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+#   PRELOAD_MODEL    a hub id (e.g. bert-base-uncased) downloaded into the image's model cache at
+#                    build time; the container then runs offline with it as the default model.
+#
+# scripts/replay_dockerfile.py reads this file and replays it without a Docker engine: keep each
+# RUN to one job, and root-only steps (useradd) in RUNs of their own.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG NODE_IMAGE=node:22-bookworm-slim
+
+# --- Stage 1: the offline JavaScript assets (needs node and npm, which the app image does not) ---
+FROM ${NODE_IMAGE} AS assets
+WORKDIR /src
+COPY package.json package-lock.json ./
+COPY scripts/install_assets.sh scripts/install_assets.sh
+RUN bash scripts/install_assets.sh
+
+# --- Stage 2: the app ---
+FROM ${PYTHON_IMAGE} AS app
+
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+
+# Requirements go in before the code, so a code change does not reinstall them.
+RUN python -m venv /opt/venv
+# torch first and alone, from its own index: the CPU build (~200 MB) unless TORCH_INDEX_URL names a
+# CUDA one. requirements.txt then finds torch==2.13.0 satisfied and does not pull a CUDA build.
+RUN pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0
+COPY requirements.txt /opt/requirements.txt
+RUN pip install -r /opt/requirements.txt
+
+# Hugging Face Spaces runs the container as uid 1000.
+RUN useradd --create-home --uid 1000 user
+USER user
+ENV HOME=/home/user \
+    HF_HOME=/home/user/.cache/huggingface
+WORKDIR /home/user/app
+
+# Optional: bake one hub model into the cache (a layer of its own, before the code).
+ARG PRELOAD_MODEL=
+COPY --chown=user docker/preload_model.py docker/preload_model.py
+RUN python docker/preload_model.py "$PRELOAD_MODEL"
+
+# Public-deployment mode: a fixed list of models, no local folders. With a preloaded model the
+# container is offline and that model is the default; without one, the bundled MiniLM is the default.
+ENV AE_DEFAULT_MODEL=${PRELOAD_MODEL:-bundled:all-MiniLM-L6-v2} \
+    AE_ALLOWED_MODELS=bundled:all-MiniLM-L6-v2,bert-base-uncased,${PRELOAD_MODEL} \
+    AE_ALLOW_LOCAL_MODELS=false \
+    AE_DEVICE=auto \
+    HF_HUB_OFFLINE=${PRELOAD_MODEL:+1} \
+    STREAMLIT_SERVER_FILE_WATCHER_TYPE=none \
+    STREAMLIT_BROWSER_GATHER_USAGE_STATS=false \
+    STREAMLIT_CLIENT_SHOW_ERROR_DETAILS=type \
+    PORT=7860
+
+COPY --chown=user . .
+COPY --chown=user --from=assets /src/static/vendor static/vendor
+
+EXPOSE 7860
+HEALTHCHECK --interval=30s --timeout=5s --start-period=90s --retries=3 \
+    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('PORT', '7860') + '/_stcore/health', timeout=4)"
+ENTRYPOINT ["/home/user/app/docker/entrypoint.sh"]
