@@ -1,0 +1,69 @@
+"""Analyses beyond raw attention: contexts, rollout and flow, norm-weighted attention, head statistics,
+head masking, export. Pure numpy (and scipy's max-flow); see each module for its paper."""
+
+from model_core.analysis.contexts import (
+    ContextComparison,
+    WordSpan,
+    compare_contexts,
+    compare_word,
+    find_occurrences,
+    repeated_words,
+    word_spans,
+)
+from model_core.analysis.export import (
+    analysis_arrays,
+    grid_to_csv,
+    matrix_to_csv,
+    rows_to_csv,
+    to_json_str,
+    to_npz_bytes,
+)
+from model_core.analysis.head_stats import STAT_NAMES, STAT_TITLES, HeadStats, head_stats
+from model_core.analysis.masking import MaskingEffect, compare_masking, head_mask_from_off
+from model_core.analysis.norms import SpecialTokenMass, norm_weighted_attention, special_token_mass
+from model_core.analysis.rollout import (
+    FLOW_MAX_TOKENS,
+    FLOW_MAX_TOKENS_ONE_ROW,
+    RolloutResult,
+    attention_flow,
+    attention_rollout,
+    check_flow_size,
+    mixed_attention,
+    normalize_rows,
+    rollout_and_flow,
+)
+
+__all__ = [
+    "FLOW_MAX_TOKENS",
+    "FLOW_MAX_TOKENS_ONE_ROW",
+    "STAT_NAMES",
+    "STAT_TITLES",
+    "ContextComparison",
+    "HeadStats",
+    "MaskingEffect",
+    "RolloutResult",
+    "SpecialTokenMass",
+    "WordSpan",
+    "analysis_arrays",
+    "attention_flow",
+    "attention_rollout",
+    "check_flow_size",
+    "compare_contexts",
+    "compare_masking",
+    "compare_word",
+    "find_occurrences",
+    "grid_to_csv",
+    "head_mask_from_off",
+    "head_stats",
+    "matrix_to_csv",
+    "mixed_attention",
+    "norm_weighted_attention",
+    "normalize_rows",
+    "repeated_words",
+    "rollout_and_flow",
+    "rows_to_csv",
+    "special_token_mass",
+    "to_json_str",
+    "to_npz_bytes",
+    "word_spans",
+]

@@ -1,0 +1,125 @@
+"""Export helpers: every matrix as CSV, the whole analysis as NPZ bytes or a JSON string.
+
+The analyses exported here come from Abnar & Zuidema (2020), Kobayashi et al. (2020) and Clark et
+al. (2019); see the modules ``rollout``, ``norms`` and ``head_stats``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from model_core.analysis.head_stats import head_stats
+from model_core.analysis.norms import norm_weighted_attention, special_token_mass
+from model_core.analysis.rollout import FLOW_MAX_TOKENS, attention_flow, attention_rollout
+from model_core.trace import AttentionTrace
+
+
+def matrix_to_csv(
+    matrix: np.ndarray, row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None
+) -> str:
+    """A 2-D matrix as CSV text, with a header row and a label column.
+
+    Labels default to 0, 1, 2, …; NaN is written as an empty cell.
+
+    Shape: (rows, cols).
+    """
+    matrix = np.asarray(matrix)
+    if matrix.ndim != 2:
+        raise ValueError(f"matrix_to_csv takes a 2-D array, got shape {matrix.shape}.")
+    rows = list(row_labels) if row_labels is not None else [str(i) for i in range(matrix.shape[0])]
+    cols = list(col_labels) if col_labels is not None else [str(j) for j in range(matrix.shape[1])]
+    if len(rows) != matrix.shape[0] or len(cols) != matrix.shape[1]:
+        raise ValueError(f"{len(rows)} row and {len(cols)} column labels for a matrix of shape {matrix.shape}.")
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["", *cols])
+    for label, values in zip(rows, matrix, strict=True):
+        writer.writerow([label, *(_cell(v) for v in values)])
+    return buffer.getvalue()
+
+
+def grid_to_csv(grid: np.ndarray) -> str:
+    """A (layer, head) grid as CSV, rows "layer 0", …, columns "head 0", ….
+
+    Shape: (layer, head).
+    """
+    grid = np.asarray(grid)
+    return matrix_to_csv(
+        grid, [f"layer {i}" for i in range(grid.shape[0])], [f"head {j}" for j in range(grid.shape[1])]
+    )
+
+
+def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A list of dicts (e.g. ``HeadStats.to_rows()``) as CSV; the first row's keys are the header."""
+    if not rows:
+        return ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(v) for k, v in row.items()})
+    return buffer.getvalue()
+
+
+def to_npz_bytes(arrays: Mapping[str, Any]) -> bytes:
+    """Compressed NPZ file contents holding ``arrays`` (strings become unicode arrays)."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **{name: np.asarray(value) for name, value in arrays.items()})
+    return buffer.getvalue()
+
+
+def to_json_str(data: Mapping[str, Any]) -> str:
+    """JSON text of ``data``: arrays become nested lists, NaN and infinities become null."""
+    return json.dumps(_jsonable(data), allow_nan=False)
+
+
+def analysis_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
+    """Every analysis of one trace that needs no extra input, as named arrays.
+
+    Keys: tokens, attentions, norm_weighted, rollout (layer, q_pos, k_pos), flow (q_pos, k_pos;
+    only up to ``FLOW_MAX_TOKENS`` tokens), special-token shares (layer, head), and every head
+    statistic as ``head_stats/<name>`` (layer, head).
+    """
+    arrays: dict[str, np.ndarray] = {
+        "tokens": np.asarray(trace.tokens),
+        "attentions": np.asarray(trace.attentions),
+        "norm_weighted": norm_weighted_attention(trace.attentions, trace.value_norms).astype(np.float32),
+        "rollout": attention_rollout(trace.attentions, trace.head_mask).astype(np.float32),
+    }
+    if trace.n_tokens <= FLOW_MAX_TOKENS:
+        arrays["flow"] = attention_flow(trace.attentions, trace.head_mask).astype(np.float32)
+    mass = special_token_mass(trace)
+    for name in ("raw_cls", "raw_sep", "norm_cls", "norm_sep"):
+        arrays[f"special_mass/{name}"] = getattr(mass, name)
+    for name, grid in head_stats(trace).to_dict().items():
+        arrays[f"head_stats/{name}"] = grid
+    return arrays
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, (float, np.floating)):
+        return "" if math.isnan(float(value)) else repr(float(value))
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return None if not math.isfinite(float(value)) else float(value)
+    if isinstance(value, (np.integer, np.bool_)):
+        return value.item()
+    return value

@@ -1,0 +1,113 @@
+"""Per-head statistics of attention, after Clark et al. (2019), "What Does BERT Look At? An Analysis
+of BERT's Attention" (BlackboxNLP).
+
+Every statistic is averaged over the query positions of one input, giving one number per
+(layer, head): how spread out the head's attention is, and how much of it goes to [CLS], to [SEP],
+to punctuation, to the token itself, to the previous and next token, and across the two sentences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from model_core.analysis._common import entropy_bits, token_flags
+from model_core.trace import AttentionTrace
+
+STAT_NAMES: tuple[str, ...] = (
+    "entropy", "to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "a_to_b", "b_to_a"
+)
+
+STAT_TITLES: dict[str, str] = {
+    "entropy": "Entropy (bits)",
+    "to_cls": "Share to [CLS]",
+    "to_sep": "Share to [SEP]",
+    "to_punct": "Share to punctuation",
+    "to_self": "Share to self",
+    "to_prev": "Share to previous token",
+    "to_next": "Share to next token",
+    "a_to_b": "Share from sentence A to B",
+    "b_to_a": "Share from sentence B to A",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class HeadStats:
+    """Clark et al.'s head statistics. Every field has Shape: (layer, head).
+
+    Attributes:
+        entropy: mean over queries of the entropy of the attention row, in bits.
+        to_cls: mean over queries of the weight on [CLS].
+        to_sep: mean over queries of the weight on all [SEP] tokens.
+        to_punct: mean over queries of the weight on punctuation tokens.
+        to_self: mean over queries i of α_ii.
+        to_prev: mean over queries i ≥ 1 of α_i,i-1.
+        to_next: mean over queries i < n-1 of α_i,i+1.
+        a_to_b: mean over the words of sentence A (specials excluded) of the weight on the words of
+            sentence B; NaN for a single sentence.
+        b_to_a: the same from B to A; NaN for a single sentence.
+    """
+
+    entropy: np.ndarray
+    to_cls: np.ndarray
+    to_sep: np.ndarray
+    to_punct: np.ndarray
+    to_self: np.ndarray
+    to_prev: np.ndarray
+    to_next: np.ndarray
+    a_to_b: np.ndarray
+    b_to_a: np.ndarray
+
+    def __post_init__(self) -> None:
+        shape = self.entropy.shape
+        if len(shape) != 2 or any(getattr(self, f.name).shape != shape for f in fields(self)):
+            raise ValueError("Every statistic must be a (layer, head) array of the same shape.")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(layer, head)."""
+        return self.entropy.shape  # type: ignore[return-value]
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        """Statistic name -> (layer, head) array."""
+        return {name: getattr(self, name) for name in STAT_NAMES}
+
+    def to_rows(self) -> list[dict[str, float | int]]:
+        """One dict per head, ``layer`` and ``head`` first, for CSV export (NaN where undefined)."""
+        n_layers, n_heads = self.shape
+        return [
+            {"layer": layer, "head": head, **{name: float(getattr(self, name)[layer, head]) for name in STAT_NAMES}}
+            for layer in range(n_layers)
+            for head in range(n_heads)
+        ]
+
+
+def head_stats(trace: AttentionTrace) -> HeadStats:
+    """Compute Clark et al.'s statistics for every head of ``trace``."""
+    att = np.asarray(trace.attentions, dtype=np.float64)  # (layer, head, q_pos, k_pos)
+    n = trace.n_tokens
+    flags = token_flags(trace.tokens)
+    diag = np.diagonal(att, axis1=2, axis2=3)  # (layer, head, pos)
+    nan = np.full(att.shape[:2], np.nan)
+    prev = np.diagonal(att, offset=-1, axis1=2, axis2=3).mean(axis=-1) if n > 1 else nan
+    nxt = np.diagonal(att, offset=1, axis1=2, axis2=3).mean(axis=-1) if n > 1 else nan
+    a_to_b, b_to_a = nan, nan
+    if trace.sentence_b_start is not None:
+        types = np.asarray(trace.token_type_ids)
+        words_a = (types == 0) & ~flags["special"]
+        words_b = (types == 1) & ~flags["special"]
+        if words_a.any() and words_b.any():
+            a_to_b = att[:, :, words_a][..., words_b].sum(-1).mean(-1)
+            b_to_a = att[:, :, words_b][..., words_a].sum(-1).mean(-1)
+    return HeadStats(
+        entropy=entropy_bits(att).mean(axis=-1),
+        to_cls=att[..., flags["cls"]].sum(-1).mean(-1),
+        to_sep=att[..., flags["sep"]].sum(-1).mean(-1),
+        to_punct=att[..., flags["punct"]].sum(-1).mean(-1),
+        to_self=diag.mean(axis=-1),
+        to_prev=prev,
+        to_next=nxt,
+        a_to_b=a_to_b,
+        b_to_a=b_to_a,
+    )
