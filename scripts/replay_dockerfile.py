@@ -14,9 +14,10 @@ What cannot be replayed is said out loud, never hidden:
     falls back to the indexes configured on this machine (PyPI and its local wheels);
   * ``PIP_NO_CACHE_DIR`` is ignored so that a second replay can reuse pip's cache.
 
-Usage (a fresh install takes several minutes; ``--reuse-venv .venv`` skips it):
+Usage (a fresh install takes minutes; ``--reuse-venv .venv --offline`` is the quick mode the
+test suite runs):
     .venv/bin/python scripts/replay_dockerfile.py
-    .venv/bin/python scripts/replay_dockerfile.py --reuse-venv .venv --build-arg PRELOAD_MODEL=
+    .venv/bin/python scripts/replay_dockerfile.py --reuse-venv .venv --offline
 Exit status 0 when every step passed.
 """
 
@@ -218,7 +219,8 @@ class Replayer:
     """Builds the image's file system under ``tmp`` by running the Dockerfile's steps on this host."""
 
     def __init__(self, dockerfile: Path, context: Path, tmp: Path, build_args: dict[str, str],
-                 reuse_venv: Path | None, torch_index: str | None, verbose: bool = False) -> None:
+                 reuse_venv: Path | None, torch_index: str | None, verbose: bool = False,
+                 offline: bool = False) -> None:
         self.instructions = parse_dockerfile(dockerfile.read_text())
         self.context = context
         self.tmp = tmp
@@ -226,6 +228,7 @@ class Replayer:
         self.reuse_venv = reuse_venv
         self.torch_index = torch_index
         self.verbose = verbose
+        self.offline = offline
         self.ignore_rules = load_dockerignore(context)
         self.roots = self._image_roots()
         self.stages: dict[str, Stage] = {}
@@ -289,6 +292,8 @@ class Replayer:
             log(f"base image {image} -> this host as it is (no equivalent known)")
         env["PATH"] = ":".join(path)
         env.pop("PIP_NO_CACHE_DIR", None)
+        if self.offline:  # every install must be satisfied by what is here already (caches, --reuse-venv)
+            env.update({"PIP_NO_INDEX": "1", "npm_config_offline": "true", "HF_HUB_OFFLINE": "1"})
         return env
 
     def do_FROM(self, ins: Instruction, global_args: dict[str, str]) -> None:
@@ -392,8 +397,9 @@ class Replayer:
             if self.torch_index:
                 log(f"SUBSTITUTED: {option.group(1)} {url} -> {self.torch_index} (--torch-index)")
                 return command.replace(option.group(0), f"{option.group(1)} {shlex.quote(self.torch_index)}")
-            if not reachable(url):
-                log(f"SUBSTITUTED: {option.group(1)} {url} is unreachable from here -> dropped; pip uses this "
+            if self.offline or not reachable(url):
+                why = "--offline" if self.offline else "unreachable from here"
+                log(f"SUBSTITUTED: {option.group(1)} {url} ({why}) -> dropped; pip uses this "
                     "machine's configured indexes (PyPI, local wheels). The image itself installs from the URL.")
                 return command.replace(option.group(0), "")
         return self.map_paths(command)
@@ -561,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--screenshot", type=Path, default=Path(tempfile.gettempdir()) / "replay_dockerfile.png")
     parser.add_argument("--keep", action="store_true", help="keep the temporary image folder")
     parser.add_argument("--verbose", action="store_true", help="show the output of every RUN step")
+    parser.add_argument("--offline", action="store_true",
+                        help="no network: pip and npm use only what is installed or cached (for the test suite)")
     args = parser.parse_args(argv)
 
     build_args = dict(arg.partition("=")[::2] for arg in args.build_arg)
@@ -570,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     try:
         replayer = Replayer(args.dockerfile.resolve(), args.context.resolve(), tmp, build_args,
-                            args.reuse_venv, args.torch_index, args.verbose)
+                            args.reuse_venv, args.torch_index, args.verbose, args.offline)
         log(f"{args.dockerfile}: {len(replayer.instructions)} instructions; image paths under /"
             f"{', /'.join(sorted(replayer.roots))} map to {tmp}")
         t0 = time.monotonic()
