@@ -1,0 +1,293 @@
+"""The Docker image, the Spaces front matter and the README agree, and the image really serves the app."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from model_core.settings import BUNDLED_MODEL_ID, ENV_VARS, load_settings
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+_spec = importlib.util.spec_from_file_location("replay_dockerfile", REPO / "scripts" / "replay_dockerfile.py")
+assert _spec is not None and _spec.loader is not None
+replay = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = replay
+_spec.loader.exec_module(replay)
+
+INSTRUCTIONS = replay.parse_dockerfile((REPO / "Dockerfile").read_text(encoding="utf-8"))
+SPACES_HARDWARE = {
+    "cpu-basic", "cpu-upgrade", "t4-small", "t4-medium", "l4x1", "l4x4", "a10g-small", "a10g-large",
+    "a10g-largex2", "a10g-largex4", "a100-large", "l40sx1", "l40sx4", "l40sx8", "h100", "h100x8",
+}
+
+
+# --- helpers ------------------------------------------------------------------------------------
+def front_matter() -> dict:
+    match = re.match(r"---\n(.*?)\n---\n", README, re.S)
+    assert match, "README.md must start with a --- YAML block --- for Hugging Face Spaces"
+    return yaml.safe_load(match.group(1))
+
+
+def final_stage() -> list:
+    starts = [i for i, ins in enumerate(INSTRUCTIONS) if ins.keyword == "FROM"]
+    return INSTRUCTIONS[starts[-1]:]
+
+
+def keyword(name: str, stage: list | None = None) -> list:
+    return [ins for ins in (stage if stage is not None else final_stage()) if ins.keyword == name]
+
+
+def image_env(build_args: dict[str, str]) -> dict[str, str]:
+    """The final stage's ENV as the image would have it, for these build arguments."""
+    variables: dict[str, str] = {}
+    env: dict[str, str] = {}
+    for ins in final_stage():
+        if ins.keyword == "ARG":
+            for key, default in replay.parse_key_values(ins.args):
+                variables[key] = build_args.get(key, replay.substitute(default, {**env, **variables}))
+        elif ins.keyword == "ENV":
+            for key, raw in replay.parse_key_values(ins.args):
+                env[key] = replay.substitute(raw, {**env, **variables})
+    return env
+
+
+def readme_section(name: str) -> str:
+    match = re.search(rf"<!-- section: {name} -->\n(.*?)(?=\n<!-- section: |\Z)", README, re.S)
+    assert match, f"README.md has no filled '{name}' section"
+    return match.group(1)
+
+
+def settings_table() -> dict[str, str]:
+    rows = re.findall(r"^\| `(\w+)` \| (.*?) \|", readme_section("settings"), re.M)
+    return {name: "" if default.strip() == "*(empty)*" else default.strip().strip("`") for name, default in rows}
+
+
+# --- Spaces front matter ------------------------------------------------------------------------
+def test_front_matter_has_the_keys_spaces_reads():
+    meta = front_matter()
+    for key in ("title", "emoji", "colorFrom", "colorTo", "sdk", "app_port", "short_description"):
+        assert meta.get(key), key
+    assert meta["sdk"] == "docker"
+
+
+def test_front_matter_short_description_fits_spaces_limit():
+    assert len(front_matter()["short_description"]) <= 60
+
+
+def test_front_matter_lists_the_models_the_app_uses():
+    models = front_matter()["models"]
+    assert "sentence-transformers/all-MiniLM-L6-v2" in models and "bert-base-uncased" in models
+
+
+def test_front_matter_has_tags_and_known_hardware():
+    meta = front_matter()
+    assert isinstance(meta["tags"], list) and meta["tags"]
+    assert meta["suggested_hardware"] in SPACES_HARDWARE
+
+
+# --- Dockerfile vs front matter -----------------------------------------------------------------
+def test_exposed_port_is_app_port():
+    exposed = [p.split("/")[0] for ins in keyword("EXPOSE") for p in ins.args.split()]
+    assert exposed == [str(front_matter()["app_port"])]
+
+
+def test_default_port_is_app_port():
+    assert image_env({})["PORT"] == str(front_matter()["app_port"])
+
+
+def test_runs_as_uid_1000():
+    useradd = [ins for ins in keyword("RUN") if ins.args.startswith("useradd")]
+    assert useradd, "the image must create its user"
+    words = useradd[0].args.split()
+    uid = words[words.index("--uid") + 1] if "--uid" in words else words[words.index("-u") + 1]
+    assert uid == "1000"
+    assert keyword("USER")[-1].args == words[-1] != "root"
+
+
+def test_home_cache_and_workdir_belong_to_the_user():
+    env = image_env({})
+    user = keyword("USER")[-1].args
+    assert env["HOME"] == f"/home/{user}"
+    assert env["HF_HOME"].startswith(env["HOME"] + "/")
+    assert keyword("WORKDIR")[-1].args.startswith(env["HOME"] + "/")
+
+
+def test_healthcheck_asks_streamlit_health_without_curl():
+    (health,) = keyword("HEALTHCHECK")
+    assert "/_stcore/health" in health.args and "CMD" in health.args
+    assert "curl" not in health.args and "wget" not in health.args
+    assert "urllib" in health.args and "PORT" in health.args
+
+
+def test_requirements_are_installed_before_the_code_is_copied():
+    stage = final_stage()
+    installs = [i for i, ins in enumerate(stage) if ins.keyword == "RUN" and "pip install" in ins.args]
+    copy_code = [i for i, ins in enumerate(stage) if ins.keyword == "COPY" and ins.args.endswith(" . .")]
+    assert installs and copy_code and max(installs) < min(copy_code)
+
+
+def test_torch_comes_alone_from_the_cpu_index_by_default():
+    stage = final_stage()
+    torch_runs = [ins for ins in keyword("RUN", stage) if "torch==" in ins.args]
+    assert len(torch_runs) == 1 and "--index-url" in torch_runs[0].args
+    url = re.search(r"--index-url\s+\"?\$\{?(\w+)", torch_runs[0].args).group(1)
+    defaults = dict(kv for ins in keyword("ARG", stage) for kv in replay.parse_key_values(ins.args))
+    assert defaults[url] == "https://download.pytorch.org/whl/cpu"
+    pin = re.search(r"^torch==(\S+)", (REPO / "requirements.txt").read_text(), re.M).group(1)
+    assert f"torch=={pin}" in torch_runs[0].args
+
+
+def test_python_base_is_at_least_3_11():
+    defaults = dict(kv for ins in INSTRUCTIONS if ins.keyword == "ARG" for kv in replay.parse_key_values(ins.args))
+    image = replay.substitute(final_stage()[0].args.split()[0], defaults)
+    major, minor = re.search(r"python:(\d+)\.(\d+)", image).groups()
+    assert (int(major), int(minor)) >= (3, 11) and "slim" in image
+
+
+def test_entrypoint_runs_streamlit_on_all_interfaces_and_port():
+    (entry,) = keyword("ENTRYPOINT")
+    (path,) = replay.command_words(entry.args)[0]
+    workdir = keyword("WORKDIR")[-1].args
+    script = REPO / Path(path).relative_to(workdir)
+    assert os.access(script, os.X_OK), f"{script} must be executable"
+    text = script.read_text()
+    assert "streamlit run app.py" in text and "--server.address=0.0.0.0" in text
+    assert '${PORT:-7860}' in text and '--server.port="$PORT"' in text
+
+
+def test_assets_stage_runs_install_assets_and_the_app_gets_static_vendor():
+    assert any(ins.keyword == "RUN" and "scripts/install_assets.sh" in ins.args for ins in INSTRUCTIONS)
+    copies = [ins for ins in keyword("COPY") if "--from=" in ins.args]
+    assert any(ins.args.split()[-1] == "static/vendor" for ins in copies)
+
+
+def test_file_watcher_is_off_in_the_image_only():
+    assert image_env({})["STREAMLIT_SERVER_FILE_WATCHER_TYPE"] == "none"
+    config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())
+    assert "fileWatcherType" not in config.get("server", {})
+
+
+# --- public-deployment mode and the preloaded model ---------------------------------------------
+def test_image_defaults_are_public_mode_with_the_bundled_model():
+    env = image_env({})
+    settings = load_settings(env)
+    assert settings.default_model == BUNDLED_MODEL_ID
+    assert settings.allow_local_models is False
+    assert set(settings.allowed_models) == {BUNDLED_MODEL_ID, "bert-base-uncased"}
+    assert env["HF_HUB_OFFLINE"] == ""  # online: a listed hub model can still download
+
+
+def test_a_preloaded_model_becomes_the_offline_default_and_is_allowed():
+    env = image_env({"PRELOAD_MODEL": "prajjwal1/bert-tiny"})
+    settings = load_settings(env)
+    assert settings.default_model == "prajjwal1/bert-tiny"
+    assert "prajjwal1/bert-tiny" in settings.allowed_models
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_preload_runs_as_the_user_before_the_code_is_copied():
+    stage = final_stage()
+    preload = next(i for i, ins in enumerate(stage) if ins.keyword == "RUN" and "preload_model.py" in ins.args)
+    user = next(i for i, ins in enumerate(stage) if ins.keyword == "USER")
+    copy_code = next(i for i, ins in enumerate(stage) if ins.keyword == "COPY" and ins.args.endswith(" . ."))
+    assert user < preload < copy_code
+
+
+def test_preload_with_no_model_downloads_nothing():
+    done = subprocess.run([sys.executable, str(REPO / "docker" / "preload_model.py"), ""],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "no model preloaded" in done.stdout
+
+
+# --- .dockerignore and the Streamlit config -----------------------------------------------------
+@pytest.mark.parametrize("path", [".venv/bin/python", "node_modules/d3/index.js", ".git/HEAD",
+                                  "model_core/__pycache__/x.pyc", ".pytest_cache/v", "static/vendor/d3v3.min.js",
+                                  "screenshots/a.png", ".hypothesis/examples/x"])
+def test_dockerignore_keeps_local_state_out(path):
+    assert replay.is_ignored(path, replay.load_dockerignore(REPO))
+
+
+@pytest.mark.parametrize("path", ["app.py", "requirements.txt", "model_core/settings.py", "docker/entrypoint.sh",
+                                  ".streamlit/config.toml", "package-lock.json", "scripts/install_assets.sh"])
+def test_dockerignore_keeps_what_the_image_needs(path):
+    assert not replay.is_ignored(path, replay.load_dockerignore(REPO))
+
+
+def test_every_copy_source_from_the_context_exists():
+    for ins in INSTRUCTIONS:
+        if ins.keyword == "COPY" and "--from=" not in ins.args:
+            _, rest = replay.split_flags(ins.args)
+            for source in rest.split()[:-1]:
+                assert (REPO / source).exists(), f"Dockerfile line {ins.line}: COPY {source} is missing"
+
+
+def test_streamlit_config_is_headless_private_and_serves_static():
+    config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["headless"] is True
+    assert config["server"]["enableStaticServing"] is True
+    assert config["browser"]["gatherUsageStats"] is False
+    assert config["theme"]
+
+
+# --- README ---------------------------------------------------------------------------------------
+def test_readme_settings_table_matches_env_vars():
+    assert settings_table() == {name: default for name, (default, _) in ENV_VARS.items()}
+
+
+def test_readme_deploy_section_documents_every_build_argument():
+    section = readme_section("deploy")
+    for ins in INSTRUCTIONS:
+        if ins.keyword == "ARG":
+            for key, _ in replay.parse_key_values(ins.args):
+                assert f"`{key}`" in section, key
+
+
+def test_readme_deploy_section_explains_the_replay_and_spaces():
+    section = readme_section("deploy")
+    assert "scripts/replay_dockerfile.py" in section and "sdk: docker" in section and "GPU" in section
+
+
+# --- the replay script's parser -------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [
+    ("${A:-x}", "x"), ("${B:-x}", "b"), ("${A:+y}", ""), ("${B:+y}", "y"), ("$B/$A.", "b/."), ("${B}c", "bc"),
+])
+def test_substitute_follows_docker_rules(text, expected):
+    assert replay.substitute(text, {"B": "b"}) == expected
+
+
+def test_parse_joins_continuations_and_skips_comments():
+    parsed = replay.parse_dockerfile("FROM x\n# note\nENV A=1 \\\n    # inside\n    B=2\nRUN echo hi\n")
+    assert [(i.keyword, i.args) for i in parsed] == [("FROM", "x"), ("ENV", "A=1 B=2"), ("RUN", "echo hi")]
+
+
+def test_dockerignore_exception_wins_when_last():
+    rules = [(False, replay._pattern_regex("**/*.png")), (True, replay._pattern_regex("docs/*.png"))]
+    assert replay.is_ignored("a/b.png", rules) and not replay.is_ignored("docs/b.png", rules)
+
+
+# --- the image, replayed without Docker (quick mode: the project's venv, no network) -------------
+@pytest.mark.slow
+@pytest.mark.browser
+def test_replayed_image_serves_the_app(tmp_path):
+    if not Path(replay.CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: the image's assets stage cannot be replayed")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "replay_dockerfile.py"), "--reuse-venv", str(Path(sys.prefix)),
+         "--offline", "--timeout", "240", "--screenshot", str(tmp_path / "page.png")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "replay_dockerfile: PASS" in done.stdout
