@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import socket
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,10 +79,11 @@ def resolve_model_source(model_id: str | None, settings: Settings | None = None)
     if not settings.is_model_allowed(model_id):
         allowed = ", ".join((BUNDLED_MODEL_ID, *settings.allowed_models))
         raise ModelLoadError(f"Model {model_id!r} is not allowed on this deployment. Allowed: {allowed}.")
+    if len(model_id) > 256 or any(unicodedata.category(c)[0] == "C" for c in model_id):
+        raise ModelLoadError("That model id is too long or has control characters; give a hub id or a folder path.")
     if ".." in model_id.replace("\\", "/").split("/"):
         raise ModelLoadError(f"{model_id!r} contains '..'; give a hub id (like bert-base-uncased) or a plain folder path.")
-    looks_like_path = model_id.startswith(("/", ".", "~")) or os.sep in model_id.strip("/").replace("/", "", 1) \
-        or Path(model_id).expanduser().is_dir()
+    looks_like_path = model_id.startswith(("/", ".", "~")) or model_id.count("/") > 1 or _is_dir(model_id)
     if looks_like_path:
         if not settings.allow_local_models:
             raise ModelLoadError(
@@ -100,6 +102,13 @@ def resolve_model_source(model_id: str | None, settings: Settings | None = None)
             f"google/bert_uncased_L-2_H-128_A-2, a folder path, or {BUNDLED_MODEL_ID}."
         )
     return ModelSource(model_id, "hub", model_id)
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).expanduser().is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def _hub_reachable(timeout: float = 2.0) -> bool:
@@ -131,7 +140,9 @@ class LoadedModel:
 
 def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the CLI and the server log should not fill with bars
     common: dict[str, Any] = {"trust_remote_code": False}
     local_only = source.kind != "hub"
     if source.kind == "hub":

@@ -1,0 +1,36 @@
+"""Shared fixtures: the real bundled model, traced once per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    from model_core.loading import load_pretrained
+
+    return load_pretrained(None, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def bert_pair_trace():
+    from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, build_trace
+
+    return build_trace("bert", DEFAULT_TEXT_A, DEFAULT_TEXT_B, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert():
+    """A tiny random transformers BertModel (fast parity checks)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, attn_implementation="eager")
+    return BertModel(config).eval()

@@ -1,0 +1,70 @@
+"""The export command: round trip through .npz and .json, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from model_core.export import EXPORT_KEYS, trace_arrays, write_trace
+from model_core import build_trace
+
+
+def test_npz_round_trip(tmp_path, bert_pair_trace):
+    path = write_trace(bert_pair_trace, tmp_path / "t.npz")
+    data = np.load(path)
+    assert set(data.files) == set(EXPORT_KEYS)
+    assert list(data["tokens"]) == list(bert_pair_trace.tokens)
+    np.testing.assert_array_equal(data["attentions"], bert_pair_trace.attentions)
+    for key in ("attentions", "scores", "masked_scores", "mask", "hidden_states", "queries", "keys"):
+        assert data[key].dtype == np.float32
+    assert data["scores"].shape == (6, 12, 13, 13) and data["mask"].shape == (13, 13)
+
+
+def test_json_round_trip_writes_minus_inf_as_null(tmp_path):
+    trace = build_trace("custom", "a b c", causal=True, num_layers=1, num_heads=2, hidden_size=8)
+    data = json.loads(write_trace(trace, tmp_path / "t.json").read_text())
+    assert data["masked_scores"][0][0][0][1] is None
+    np.testing.assert_allclose(np.array(data["attentions"], dtype=np.float32), trace.attentions, atol=1e-6)
+    assert data["tokens"] == list(trace.tokens)
+
+
+def test_bad_suffix(tmp_path, bert_pair_trace):
+    with pytest.raises(ValueError, match=".npz or .json"):
+        write_trace(bert_pair_trace, tmp_path / "t.csv")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "model_core", "export", *args], capture_output=True, text=True,
+                          timeout=180)
+
+
+@pytest.mark.slow
+def test_cli_writes_npz(tmp_path):
+    out = tmp_path / "x.npz"
+    r = _cli("--model", "custom", "--weights", "pretrained", "--causal", "--text", "time flies", "--text-b",
+             "fruit flies", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    data = np.load(out)
+    assert data["attentions"].shape == (6, 12, 7, 7)
+    assert np.isneginf(data["masked_scores"][0, 0, 0, 1])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "bert", "--text", "   ", "--out", "x.npz"], "empty"),
+    (["--model", "bert", "--model-id", "../x", "--text", "hi", "--out", "x.npz"], ".."),
+    (["--model", "bert", "--text", "hi", "--out", "x.txt"], ".npz or .json"),
+])
+def test_cli_bad_input_is_one_line(tmp_path, args, needle):
+    r = subprocess.run([sys.executable, "-m", "model_core", "export", *args], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=180, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                                                       "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])})
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert needle in r.stderr
+    assert len([line for line in r.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_trace_arrays_masks_are_float(bert_pair_trace):
+    assert trace_arrays(bert_pair_trace)["mask"].dtype == np.float32

@@ -1,0 +1,93 @@
+"""Model sources, devices and load failures: one clear message each, never trust_remote_code."""
+
+import json
+
+import pytest
+import torch
+
+from model_core.loading import ModelLoadError, load_pretrained, resolve_model_source, select_device
+from model_core.settings import BUNDLED_MODEL_ID, Settings
+
+
+def test_auto_device_is_cpu_without_gpu():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert select_device("auto").type in (expected, "mps")
+
+
+def test_unknown_device_is_refused():
+    with pytest.raises(ValueError, match="Unknown device"):
+        select_device("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_preference_without_gpu_says_so():
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        select_device("cuda")
+
+
+def test_bundled_model_loads_offline_in_eval_mode_with_eager_attention(bundled):
+    assert bundled.source.model_id == BUNDLED_MODEL_ID
+    assert not bundled.model.training
+    assert bundled.model.config._attn_implementation == "eager"
+    assert not any(p.requires_grad for p in bundled.model.parameters())
+    assert bundled.model.config.model_type == "bert"
+
+
+def test_load_is_cached(bundled):
+    assert load_pretrained(None, device="cpu") is bundled
+
+
+def test_folder_loads_as_model(tmp_path, tiny_bert):
+    from model_core.loading import load_tokenizer
+
+    tiny_bert.save_pretrained(tmp_path)
+    load_tokenizer().save_pretrained(tmp_path)
+    loaded = load_pretrained(str(tmp_path), device="cpu")
+    assert loaded.model.config.hidden_size == 32 and loaded.source.kind == "folder"
+
+
+def test_misspelled_or_uncached_id_fails_fast_with_advice(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="not in the local cache.*spelling"):
+        load_pretrained("bert-base-uncasd", device="cpu")
+
+
+def test_non_bert_model_is_refused(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_head=2, n_embd=8).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="not an encoder of the BERT family"):
+        load_pretrained(str(tmp_path), device="cpu")
+
+
+def test_folder_that_is_not_a_model(tmp_path):
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_pretrained(str(tmp_path), device="cpu")
+
+
+def test_remote_code_config_is_not_executed(tmp_path):
+    cfg = {"model_type": "evil", "auto_map": {"AutoConfig": "evil.EvilConfig"}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "evil.py").write_text("raise SystemExit('remote code ran')\n")
+    with pytest.raises(ModelLoadError):
+        load_pretrained(str(tmp_path), device="cpu")
+
+
+@pytest.mark.parametrize("bad", ["../etc", "models/../../x", "a b c", "<script>", "x" * 300])
+def test_bad_ids_are_refused(bad):
+    with pytest.raises(ModelLoadError):
+        resolve_model_source(bad, Settings())
+
+
+def test_local_folders_can_be_switched_off(tmp_path):
+    with pytest.raises(ModelLoadError, match="switched off"):
+        resolve_model_source(str(tmp_path), Settings(allow_local_models=False))
+
+
+def test_allowlist(tmp_path):
+    s = Settings(allowed_models=("bert-base-uncased",))
+    assert resolve_model_source("bert-base-uncased", s).kind == "hub"
+    assert resolve_model_source(BUNDLED_MODEL_ID, s).kind == "bundled"
+    with pytest.raises(ModelLoadError, match="not allowed"):
+        resolve_model_source("roberta-base", s)
