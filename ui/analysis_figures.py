@@ -1,0 +1,229 @@
+"""Plotly figures for the analysis pages (contexts, rollout and flow, norms, head statistics, masking).
+
+Figure builders only: each takes numbers from ``model_core.analysis`` and returns a plotly Figure.
+No streamlit here, so the figures can be built and checked in plain tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from model_core.analysis.contexts import ContextComparison
+from model_core.analysis.masking import MaskingEffect
+from model_core.analysis.norms import SpecialTokenMass
+
+FIGURE_FORMATS = ("png", "svg")
+
+
+def plotly_config(filename: str, fmt: str = "png") -> dict[str, Any]:
+    """The modebar configuration that makes the camera button download ``filename``.png/.svg."""
+    if fmt not in FIGURE_FORMATS:
+        raise ValueError(f"fmt must be one of {FIGURE_FORMATS}, not {fmt!r}.")
+    return {
+        "displaylogo": False,
+        "toImageButtonOptions": {"format": fmt, "filename": filename, "scale": 2 if fmt == "png" else 1},
+    }
+
+
+def _token_axis(tokens: Sequence[str]) -> dict[str, Any]:
+    # Numeric positions with token tick labels: a categorical axis would merge repeated words.
+    return {"tickmode": "array", "tickvals": list(range(len(tokens))), "ticktext": list(tokens)}
+
+
+def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin={"l": 60, "r": 20, "t": 50, "b": 50}, template="plotly_white")
+    return fig
+
+
+def token_matrix_figure(
+    matrix: np.ndarray, tokens: Sequence[str], title: str, *, zmax: float | None = None, colorbar: str = ""
+) -> go.Figure:
+    """Heatmap of a query x key matrix with token labels (query rows top to bottom).
+
+    Shape: matrix (q_pos, k_pos).
+    """
+    matrix = np.asarray(matrix, dtype=float)
+    n = len(tokens)
+    hover = [[f"{tokens[i]} ({i}) → {tokens[j]} ({j})" for j in range(n)] for i in range(n)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=matrix,
+            x=list(range(n)),
+            y=list(range(n)),
+            text=hover,
+            hovertemplate="%{text}<br>%{z:.4f}<extra></extra>",
+            colorscale="Blues",
+            zmin=0.0,
+            zmax=zmax,
+            colorbar={"title": colorbar},
+        )
+    )
+    fig.update_xaxes(title="key (attended to)", **_token_axis(tokens), tickangle=-60)
+    fig.update_yaxes(title="query", autorange="reversed", **_token_axis(tokens))
+    return _layout(fig, title, height=max(380, 22 * n + 140))
+
+
+def side_by_side_figure(
+    left: np.ndarray, right: np.ndarray, tokens: Sequence[str], titles: tuple[str, str], title: str
+) -> go.Figure:
+    """Two query x key heatmaps next to each other, each with its own colour scale.
+
+    Shape: left, right (q_pos, k_pos).
+    """
+    n = len(tokens)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.12)
+    for col, (matrix, x) in enumerate(((left, 0.44), (right, 1.0)), start=1):
+        fig.add_trace(
+            go.Heatmap(
+                z=np.asarray(matrix, dtype=float),
+                x=list(range(n)),
+                y=list(range(n)),
+                colorscale="Blues",
+                zmin=0.0,
+                colorbar={"x": x, "len": 0.9},
+                hovertemplate="query %{y} → key %{x}<br>%{z:.4f}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
+        fig.update_xaxes(**_token_axis(tokens), tickangle=-60, row=1, col=col)
+        fig.update_yaxes(**_token_axis(tokens), autorange="reversed", row=1, col=col)
+    return _layout(fig, title, height=max(380, 22 * n + 160))
+
+
+def layer_head_figure(
+    grid: np.ndarray,
+    title: str,
+    *,
+    colorscale: str = "Viridis",
+    zmin: float | None = None,
+    zmax: float | None = None,
+    colorbar: str = "",
+    clickable: bool = False,
+) -> go.Figure:
+    """A (layer, head) grid, layer 0 at the top. NaN cells stay blank.
+
+    With ``clickable`` the grid is drawn as square markers, so that Streamlit's point selection
+    reports the clicked (head, layer); a plotly heatmap cannot be selected.
+
+    Shape: grid (layer, head).
+    """
+    grid = np.asarray(grid, dtype=float)
+    n_layers, n_heads = grid.shape
+    if clickable:
+        layers, heads = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+        finite = np.isfinite(grid.ravel())
+        trace = go.Scatter(
+            x=heads.ravel()[finite],
+            y=layers.ravel()[finite],
+            mode="markers",
+            marker={
+                "symbol": "square",
+                "size": max(10, min(34, 560 // max(n_heads, n_layers))),
+                "color": grid.ravel()[finite],
+                "colorscale": colorscale,
+                "cmin": zmin,
+                "cmax": zmax,
+                "showscale": True,
+                "colorbar": {"title": colorbar},
+            },
+            customdata=grid.ravel()[finite],
+            hovertemplate="layer %{y}, head %{x}<br>%{customdata:.4f}<extra>click to open</extra>",
+        )
+    else:
+        trace = go.Heatmap(
+            z=grid,
+            x=list(range(n_heads)),
+            y=list(range(n_layers)),
+            colorscale=colorscale,
+            zmin=zmin,
+            zmax=zmax,
+            colorbar={"title": colorbar},
+            hovertemplate="layer %{y}, head %{x}<br>%{z:.4f}<extra></extra>",
+        )
+    fig = go.Figure(trace)
+    fig.update_xaxes(title="head", tickmode="linear", dtick=1, range=[-0.5, n_heads - 0.5])
+    fig.update_yaxes(title="layer", tickmode="linear", dtick=1, autorange="reversed")
+    return _layout(fig, title, height=max(300, 34 * n_layers + 130))
+
+
+def context_bins_figure(comparison: ContextComparison, layer: int, head: int) -> go.Figure:
+    """The two occurrences' binned attention in one head, as grouped bars over the common support."""
+    fig = go.Figure()
+    for span, dist in ((comparison.first, comparison.dist_first), (comparison.second, comparison.dist_second)):
+        fig.add_trace(go.Bar(name=span.label(), x=list(comparison.bins), y=dist[layer, head]))
+    fig.update_yaxes(title="share of attention", range=[0, 1])
+    js = comparison.js[layer, head]
+    return _layout(fig, f"Layer {layer}, head {head}: JS divergence {js:.3f} bits", height=360)
+
+
+def cosine_by_layer_figure(cosine: np.ndarray, title: str, *, ytitle: str = "cosine similarity") -> go.Figure:
+    """A line over the hidden-state layers (0 = embeddings).
+
+    Shape: cosine (layer + 1,).
+    """
+    x = list(range(len(cosine)))
+    fig = go.Figure(go.Scatter(x=x, y=np.asarray(cosine, dtype=float), mode="lines+markers"))
+    fig.update_xaxes(title="hidden state after layer (0 = embeddings)", tickmode="linear", dtick=1)
+    fig.update_yaxes(title=ytitle)
+    return _layout(fig, title, height=320)
+
+
+def relevance_figure(tokens: Sequence[str], series: Mapping[str, np.ndarray], title: str) -> go.Figure:
+    """Grouped bars of each token's relevance, one bar group per token.
+
+    Shape: each series (k_pos,).
+    """
+    fig = go.Figure()
+    for name, values in series.items():
+        fig.add_trace(go.Bar(name=name, x=list(range(len(tokens))), y=np.asarray(values, dtype=float)))
+    fig.update_xaxes(**_token_axis(tokens), tickangle=-60)
+    fig.update_yaxes(title="share")
+    return _layout(fig, title, height=360)
+
+
+def special_mass_figure(mass: SpecialTokenMass) -> go.Figure:
+    """Per layer, the share of raw and of norm-weighted attention on [CLS] and on [SEP]."""
+    fig = go.Figure()
+    styles = {"raw": "solid", "norm-weighted": "dash"}
+    for name, values in mass.per_layer().items():
+        kind = name.rsplit(" ", 1)[0]
+        fig.add_trace(
+            go.Scatter(
+                name=name, x=list(range(len(values))), y=values, mode="lines+markers", line={"dash": styles[kind]}
+            )
+        )
+    fig.update_xaxes(title="layer", tickmode="linear", dtick=1)
+    fig.update_yaxes(title="share of attention (mean over heads)", range=[0, 1])
+    return _layout(fig, "Attention on special tokens: raw α vs norm-weighted ‖α f(x)‖", height=360)
+
+
+def masking_hidden_figure(effect: MaskingEffect) -> go.Figure:
+    """Cosine and L2 distance of the [CLS] hidden state, baseline vs masked, per layer."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("cosine similarity", "L2 distance"))
+    x = list(range(len(effect.cls_cosine)))
+    fig.add_trace(go.Scatter(x=x, y=effect.cls_cosine, mode="lines+markers", name="cosine"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=effect.cls_l2, mode="lines+markers", name="L2"), row=1, col=2)
+    fig.update_xaxes(title="hidden state after layer (0 = embeddings)", tickmode="linear", dtick=1)
+    fig.update_layout(showlegend=False)
+    return _layout(fig, "[CLS] hidden state: baseline vs heads switched off", height=340)
+
+
+def logits_figure(effect: MaskingEffect) -> go.Figure:
+    """The classifier logits with and without the masked heads (custom encoder only)."""
+    if effect.logits_baseline is None or effect.logits_masked is None:
+        raise ValueError("This comparison has no logits: only the custom encoder has a classifier head.")
+    labels = [f"label {i}" for i in range(len(effect.logits_baseline))]
+    fig = go.Figure(
+        [
+            go.Bar(name="all heads on", x=labels, y=effect.logits_baseline),
+            go.Bar(name="heads switched off", x=labels, y=effect.logits_masked),
+        ]
+    )
+    fig.update_yaxes(title="logit")
+    return _layout(fig, "Classifier logits", height=320)
