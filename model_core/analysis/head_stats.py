@@ -101,7 +101,7 @@ def head_stats(trace: AttentionTrace) -> HeadStats:
             a_to_b = att[:, :, words_a][..., words_b].sum(-1).mean(-1)
             b_to_a = att[:, :, words_b][..., words_a].sum(-1).mean(-1)
     return HeadStats(
-        entropy=entropy_bits(att).mean(axis=-1),
+        entropy=np.stack([entropy_bits(layer).mean(axis=-1) for layer in att]),  # per layer: less memory
         to_cls=att[..., flags["cls"]].sum(-1).mean(-1),
         to_sep=att[..., flags["sep"]].sum(-1).mean(-1),
         to_punct=att[..., flags["punct"]].sum(-1).mean(-1),

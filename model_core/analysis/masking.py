@@ -100,11 +100,14 @@ def compare_masking(baseline: AttentionTrace, masked: AttentionTrace) -> Masking
     h1 = np.asarray(baseline.hidden_states[:, 0, :], dtype=np.float64)  # (layer + 1, hidden)
     h2 = np.asarray(masked.hidden_states[:, 0, :], dtype=np.float64)
     cosine = (h1 * h2).sum(-1) / np.maximum(np.linalg.norm(h1, axis=-1) * np.linalg.norm(h2, axis=-1), 1e-12)
-    a1 = np.asarray(baseline.attentions, dtype=np.float64)
-    a2 = np.asarray(masked.attentions, dtype=np.float64)
     queries = np.asarray(baseline.mask).any(axis=1)  # rows that attend to something
-    tv = (0.5 * np.abs(a1 - a2).sum(-1))[..., queries].mean(-1)
-    js = js_divergence(a1, a2)[..., queries].mean(-1)
+    tv = np.empty(off.shape)
+    js = np.empty(off.shape)
+    for layer in range(off.shape[0]):  # one layer at a time keeps float64 temporaries small at 512 tokens
+        a1 = np.asarray(baseline.attentions[layer], dtype=np.float64)  # (head, q_pos, k_pos)
+        a2 = np.asarray(masked.attentions[layer], dtype=np.float64)
+        tv[layer] = (0.5 * np.abs(a1 - a2).sum(-1))[:, queries].mean(-1)
+        js[layer] = js_divergence(a1, a2)[:, queries].mean(-1)
     tv = np.where(off, np.nan, tv)
     js = np.where(off, np.nan, js)
     logits_b = None if baseline.logits is None else np.asarray(baseline.logits, dtype=np.float64)
