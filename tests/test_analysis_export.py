@@ -52,6 +52,8 @@ def test_json_turns_nan_into_null():
 def test_analysis_arrays_has_every_analysis_and_drops_flow_past_the_limit():
     small = analysis_arrays(synthetic_trace(13, 2, 3))
     assert small["rollout"].shape == (2, 13, 13) and small["flow"].shape == (13, 13)
+    assert small["norm_weighted"].shape == (2, 3, 13, 13)
+    assert "norm_weighted" not in analysis_arrays(synthetic_trace(13, 2, 3), per_head_matrices=False)
     assert {f"head_stats/{n}" for n in STAT_NAMES} <= set(small)
     assert small["special_mass/norm_sep"].shape == (2, 3)
     big = analysis_arrays(synthetic_trace(FLOW_MAX_TOKENS + 1, 1, 1))

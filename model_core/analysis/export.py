@@ -80,19 +80,22 @@ def to_json_str(data: Mapping[str, Any]) -> str:
     return json.dumps(_jsonable(data), allow_nan=False)
 
 
-def analysis_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
+JSON_MAX_TOKENS_PER_HEAD = 64
+"""Past this many tokens the JSON export leaves out the (layer, head, q_pos, k_pos) arrays (hundreds of MB)."""
+
+
+def analysis_arrays(trace: AttentionTrace, *, per_head_matrices: bool = True) -> dict[str, np.ndarray]:
     """Every analysis of one trace that needs no extra input, as named arrays.
 
-    Keys: tokens, attentions, norm_weighted, rollout (layer, q_pos, k_pos), flow (q_pos, k_pos;
-    only up to ``FLOW_MAX_TOKENS`` tokens), special-token shares (layer, head), and every head
-    statistic as ``head_stats/<name>`` (layer, head).
+    Keys: tokens; norm_weighted (layer, head, q_pos, k_pos), unless ``per_head_matrices`` is
+    False; rollout (layer, q_pos, k_pos); flow (q_pos, k_pos; raw max-flow values, only up to
+    ``FLOW_MAX_TOKENS`` tokens); special_mass/<raw|norm>_<cls|sep> (layer, head); and every head
+    statistic as head_stats/<name> (layer, head).
     """
-    arrays: dict[str, np.ndarray] = {
-        "tokens": np.asarray(trace.tokens),
-        "attentions": np.asarray(trace.attentions),
-        "norm_weighted": norm_weighted_attention(trace.attentions, trace.value_norms).astype(np.float32),
-        "rollout": attention_rollout(trace.attentions, trace.head_mask).astype(np.float32),
-    }
+    arrays: dict[str, np.ndarray] = {"tokens": np.asarray(trace.tokens)}
+    if per_head_matrices:
+        arrays["norm_weighted"] = norm_weighted_attention(trace.attentions, trace.value_norms).astype(np.float32)
+    arrays["rollout"] = attention_rollout(trace.attentions, trace.head_mask).astype(np.float32)
     if trace.n_tokens <= FLOW_MAX_TOKENS:
         arrays["flow"] = attention_flow(trace.attentions, trace.head_mask).astype(np.float32)
     mass = special_token_mass(trace)

@@ -1,0 +1,79 @@
+"""Per-head statistics as a layer x head grid (Clark et al. 2019); a click opens the head."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from model_core.analysis import STAT_NAMES, STAT_TITLES, head_stats, rows_to_csv
+from ui.analysis_figures import layer_head_figure
+from ui.analysis_widgets import (
+    bundle_buttons,
+    cached_bundle,
+    clicked_cell,
+    csv_button,
+    figure_format,
+    how_to_read,
+    show_figure,
+    trace_cache_key,
+)
+from ui.context import require_trace
+from ui.state import select_head
+
+HEATMAPS_PAGE = "pages/heatmaps.py"
+
+OPEN_FLAG = "_stats_open_heatmaps"
+
+
+def _open_clicked() -> None:
+    # Callbacks run before the sidebar's head picker is drawn, so they may set its state.
+    cell = clicked_cell("stats_grid")
+    if cell is not None:
+        select_head(*cell)
+        st.session_state[OPEN_FLAG] = True
+
+
+def _open_picked() -> None:
+    select_head(st.session_state["stats_layer"], st.session_state["stats_head"])
+    st.session_state[OPEN_FLAG] = True
+
+
+if st.session_state.pop(OPEN_FLAG, False):
+    st.switch_page(HEATMAPS_PAGE)
+
+st.header("Head statistics")
+ctx = require_trace()
+trace = ctx.trace
+how_to_read(
+    "One number per head, averaged over the query tokens of this input. **Entropy** (bits): low = the head "
+    "focuses on few tokens, high = it spreads its attention (log₂ n is uniform). **Share to [CLS] / [SEP] / "
+    "punctuation / self**: the mean weight on those tokens. **Previous / next token**: the mean weight on "
+    "the token just before / after — positional heads score near 1. **A→B / B→A** (sentence pairs only): "
+    "the mean weight a word of one sentence puts on the words of the other, [CLS] and [SEP] excluded. "
+    "**Click a cell** to open that head in the focused heatmap.",
+    "Clark, Khandelwal, Levy & Manning (2019), “What Does BERT Look At? An Analysis of BERT's Attention”, "
+    "BlackboxNLP.",
+)
+
+stats = head_stats(trace)
+names = [n for n in STAT_NAMES if np.isfinite(getattr(stats, n)).any()]
+stat = st.selectbox("Statistic", names, format_func=STAT_TITLES.get, key="stats_name")
+grid = getattr(stats, stat)
+figure_format()
+zmax = float(np.log2(trace.n_tokens)) if stat == "entropy" else 1.0
+fig = layer_head_figure(grid, STAT_TITLES[stat], zmin=0.0, zmax=zmax, colorbar="bits" if stat == "entropy" else "share",
+                        clickable=True)
+show_figure(fig, f"{trace.model_kind}_head_stats_{stat}", key="stats_grid", on_select=_open_clicked)
+
+order = np.argsort(np.nan_to_num(grid, nan=-np.inf).ravel())[::-1][:3]
+top = ", ".join(f"layer {i // trace.n_heads} head {i % trace.n_heads} ({grid.ravel()[i]:.2f})" for i in order)
+st.caption(f"Highest: {top}.")
+c1, c2, c3 = st.columns([1, 1, 2])
+layer = c1.selectbox("Layer", range(trace.n_layers), index=min(ctx.layer, trace.n_layers - 1), key="stats_layer")
+head = c2.selectbox("Head", range(trace.n_heads), index=min(ctx.head, trace.n_heads - 1), key="stats_head")
+c3.button("Open this head in the heatmaps", key="stats_open", on_click=_open_picked)
+
+st.subheader("Download")
+csv_button("All statistics, one row per head (CSV)", rows_to_csv(stats.to_rows()), "head_stats.csv", "stats_csv")
+npz, json_text = cached_bundle(trace_cache_key(trace), trace)
+bundle_buttons(npz, json_text, f"{trace.model_kind}_analysis", "stats_bundle")

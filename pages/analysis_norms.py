@@ -1,0 +1,60 @@
+"""Norm-weighted attention ‖α f(x)‖ next to raw α (Kobayashi et al. 2020)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from model_core.analysis import grid_to_csv, matrix_to_csv, norm_weighted_attention, special_token_mass
+from ui.analysis_figures import layer_head_figure, side_by_side_figure, special_mass_figure
+from ui.analysis_widgets import (
+    bundle_buttons,
+    cached_bundle,
+    csv_button,
+    figure_format,
+    how_to_read,
+    show_figure,
+    trace_cache_key,
+)
+from ui.context import require_trace
+
+st.header("Norm-weighted attention")
+ctx = require_trace()
+trace = ctx.trace
+how_to_read(
+    "A head's output for a query is Σⱼ αᵢⱼ·f(xⱼ), where f(xⱼ) = vⱼ W_Oʰ is token *j*'s value after the "
+    "head's slice of the output projection. What token *j* really contributes is the vector αᵢⱼ·f(xⱼ), "
+    "whose size is αᵢⱼ·‖f(xⱼ)‖. **Left**: raw weights α of the focused head (pick it in the sidebar); "
+    "**right**: the norm-weighted ‖α f(x)‖ of the same head. A column that is dark on the left but pale on "
+    "the right is a token that receives attention but passes on little — typically [CLS] or [SEP], used "
+    "as a “no-op” sink. **Line chart**: per layer, the share of all attention mass that lands on [CLS] and "
+    "[SEP], raw (solid) and norm-weighted (dashed); the gap is attention that carries little.",
+    "Kobayashi, Kuribayashi, Yokoi & Inui (2020), “Attention is Not Only a Weight: Analyzing "
+    "Transformers with Vector Norms”, EMNLP.",
+)
+
+layer, head = min(ctx.layer, trace.n_layers - 1), min(ctx.head, trace.n_heads - 1)
+raw = trace.attentions[layer, head]
+weighted = norm_weighted_attention(trace.attentions[layer : layer + 1, head : head + 1],
+                                   trace.value_norms[layer : layer + 1, head : head + 1])[0, 0]
+figure_format()
+show_figure(side_by_side_figure(raw, weighted, trace.tokens, ("raw α", "norm-weighted ‖α f(x)‖"),
+                                f"Layer {layer}, head {head}"), f"{trace.model_kind}_L{layer}H{head}_norm_weighted")
+mass = special_token_mass(trace)
+show_figure(special_mass_figure(mass), f"{trace.model_kind}_special_token_mass")
+drop = (mass.raw_cls + mass.raw_sep) - (mass.norm_cls + mass.norm_sep)
+show_figure(layer_head_figure(drop, "Share on [CLS]+[SEP]: raw minus norm-weighted (per head)",
+                              colorscale="RdBu", zmin=-1.0, zmax=1.0, colorbar="share"),
+            f"{trace.model_kind}_special_share_drop")
+
+st.subheader("Download")
+labels = [f"{i} {t}" for i, t in enumerate(trace.tokens)]
+d1, d2, d3 = st.columns(3)
+with d1:
+    csv_button("Raw α, this head (CSV)", matrix_to_csv(raw, labels, labels), f"raw_L{layer}H{head}.csv", "norm_raw")
+with d2:
+    csv_button("‖α f(x)‖, this head (CSV)", matrix_to_csv(weighted, labels, labels),
+               f"norm_weighted_L{layer}H{head}.csv", "norm_weighted")
+with d3:
+    csv_button("Share drop per head (CSV)", grid_to_csv(drop), "special_share_drop.csv", "norm_drop")
+npz, json_text = cached_bundle(trace_cache_key(trace), trace)
+bundle_buttons(npz, json_text, f"{trace.model_kind}_analysis", "norm_bundle")

@@ -1,0 +1,78 @@
+"""Attention rollout and attention flow (Abnar & Zuidema 2020)."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from model_core.analysis import FLOW_MAX_TOKENS, FLOW_MAX_TOKENS_ONE_ROW, matrix_to_csv, normalize_rows
+from ui.analysis_figures import relevance_figure, token_matrix_figure
+from ui.analysis_widgets import (
+    bundle_buttons,
+    cached_bundle,
+    cached_rollout_and_flow,
+    csv_button,
+    figure_format,
+    how_to_read,
+    show_figure,
+    trace_cache_key,
+)
+from ui.context import require_trace
+
+st.header("Attention rollout and attention flow")
+ctx = require_trace()
+trace = ctx.trace
+how_to_read(
+    "Raw attention in a deep layer mixes tokens that were already mixed by the layers below. Both methods "
+    "follow the information back to the input tokens. Each layer's heads are averaged and the residual "
+    "connection is added as 0.5·I + 0.5·A (rows renormalised; heads switched off are left out). "
+    "**Rollout** multiplies these matrices through the layers: row *i* says how much of token *i*'s final "
+    "representation comes from each input token (rows sum to 1). **Flow** treats the layers as a network "
+    "whose edge capacities are the attention weights and takes the maximum flow from each input token to "
+    "each output token; it is shown with rows normalised to sum to 1. Flow solves one max-flow problem per "
+    f"token pair: the full matrix is computed up to {FLOW_MAX_TOKENS} tokens and the [CLS] row up to "
+    f"{FLOW_MAX_TOKENS_ONE_ROW}. The bars show each input token's relevance to [CLS], the token a "
+    "classifier reads.",
+    "Abnar & Zuidema (2020), “Quantifying Attention Flow in Transformers”, ACL.",
+)
+
+key = trace_cache_key(trace)
+result = cached_rollout_and_flow(key, trace)
+figure_format()
+layer = st.slider("Rollout up to layer", 0, trace.n_layers - 1, trace.n_layers - 1, key="rollout_layer")
+left, right = st.columns(2)
+with left:
+    show_figure(token_matrix_figure(result.rollout[layer], trace.tokens, f"Attention rollout after layer {layer}",
+                                    colorbar="share"), f"{trace.model_kind}_rollout_L{layer}")
+with right:
+    if result.flow is not None:
+        flow = normalize_rows(result.flow)
+        show_figure(token_matrix_figure(flow, trace.tokens, "Attention flow (rows normalised)", colorbar="share"),
+                    f"{trace.model_kind}_flow")
+    else:
+        st.info(f"The full flow matrix is limited to {FLOW_MAX_TOKENS} tokens and this input has "
+                f"{trace.n_tokens}: shorten the text to see it. Rollout above has no limit.")
+
+series = {"rollout": result.cls_rollout}
+if result.cls_flow is not None:
+    series["flow (normalised)"] = normalize_rows(result.cls_flow[None])[0]
+else:
+    st.info(f"Flow into [CLS] is limited to {FLOW_MAX_TOKENS_ONE_ROW} tokens; showing rollout only.")
+show_figure(relevance_figure(trace.tokens, series, "Relevance of each input token to [CLS] (last layer)"),
+            f"{trace.model_kind}_cls_relevance")
+
+st.subheader("Download")
+d1, d2, d3 = st.columns(3)
+labels = [f"{i} {t}" for i, t in enumerate(trace.tokens)]
+with d1:
+    csv_button(f"Rollout after layer {layer} (CSV)", matrix_to_csv(result.rollout[layer], labels, labels),
+               f"rollout_layer{layer}.csv", "rollout_csv")
+with d2:
+    if result.flow is not None:
+        csv_button("Flow, raw max-flow values (CSV)", matrix_to_csv(result.flow, labels, labels), "flow.csv",
+                   "flow_csv")
+with d3:
+    csv_button("Relevance to [CLS] (CSV)", matrix_to_csv(np.stack(list(series.values()), 1), labels, list(series)),
+               "cls_relevance.csv", "cls_csv")
+npz, json_text = cached_bundle(key, trace)
+bundle_buttons(npz, json_text, f"{trace.model_kind}_analysis", "rollout_bundle")

@@ -1,0 +1,99 @@
+"""Streamlit pieces the analysis pages share: figure download format, charts, export buttons, paper notes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from ui.analysis_figures import FIGURE_FORMATS, plotly_config
+
+FORMAT_KEY = "analysis_figure_format"
+
+
+def figure_format() -> str:
+    """A small radio (shared by every analysis page) choosing PNG or SVG for the camera button."""
+    return st.radio(
+        "Figure download format (camera icon above each chart)",
+        FIGURE_FORMATS,
+        format_func=str.upper,
+        horizontal=True,
+        key=FORMAT_KEY,
+    )
+
+
+def show_figure(fig: go.Figure, name: str, *, key: str | None = None, on_select: Callable[[], None] | None = None) -> Any:
+    """Draw ``fig`` with a modebar that downloads it as ``name``.png/.svg.
+
+    With ``on_select`` (a callback; it runs before the next script run, so it may set widget
+    state such as the focused head) clicking a point selects it.
+    """
+    fmt = st.session_state.get(FORMAT_KEY, FIGURE_FORMATS[0])
+    kwargs: dict[str, Any] = {"config": plotly_config(name, fmt), "key": key}
+    if on_select is not None:
+        kwargs |= {"on_select": on_select, "selection_mode": "points"}
+    return st.plotly_chart(fig, **kwargs)
+
+
+def clicked_cell(chart_key: str) -> tuple[int, int] | None:
+    """The (layer, head) of the point clicked in a ``layer_head_figure(clickable=True)`` chart, or None."""
+    state = st.session_state.get(chart_key)
+    try:
+        point = state["selection"]["points"][0]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return int(point["y"]), int(point["x"])
+
+
+def csv_button(label: str, text: str, file_name: str, key: str) -> None:
+    """A download button for CSV text."""
+    st.download_button(label, text, file_name=file_name, mime="text/csv", key=key)
+
+
+def bundle_buttons(npz: bytes, json_text: str, stem: str, key: str) -> None:
+    """Download buttons for the whole analysis as NPZ and as JSON, side by side."""
+    left, right = st.columns(2)
+    with left:
+        st.download_button(
+            "Whole analysis (NPZ)", npz, file_name=f"{stem}.npz", mime="application/octet-stream", key=f"{key}_npz"
+        )
+    with right:
+        st.download_button(
+            "Whole analysis (JSON)", json_text, file_name=f"{stem}.json", mime="application/json", key=f"{key}_json"
+        )
+
+
+def how_to_read(text: str, paper: str) -> None:
+    """The view's reading guide and its source, in an expander that starts open."""
+    with st.expander("How to read it", expanded=True):
+        st.markdown(text)
+        st.caption(f"Source: {paper}")
+
+
+def trace_cache_key(trace: Any) -> str:
+    """A string that identifies a trace: its model description, tokens and head mask."""
+    mask = "".join("1" if on else "0" for on in trace.head_mask.ravel())
+    return f"{trace.description}|{trace.causal}|{'␟'.join(trace.tokens)}|{trace.sentence_b_start}|{mask}"
+
+
+@st.cache_resource(max_entries=16, show_spinner="Computing attention flow…")
+def cached_rollout_and_flow(key: str, _trace: Any) -> Any:
+    """``rollout_and_flow`` of a trace, computed once per ``trace_cache_key`` (flow takes seconds)."""
+    from model_core.analysis import rollout_and_flow
+
+    return rollout_and_flow(_trace.attentions, _trace.head_mask)
+
+
+@st.cache_resource(max_entries=16, show_spinner="Preparing the export…")
+def cached_bundle(key: str, _trace: Any) -> tuple[bytes, str]:
+    """The whole analysis of a trace as (NPZ bytes, JSON text), computed once per key."""
+    from model_core.analysis import analysis_arrays, to_json_str, to_npz_bytes
+    from model_core.analysis.export import JSON_MAX_TOKENS_PER_HEAD
+
+    arrays = analysis_arrays(_trace)
+    for_json: dict[str, Any] = dict(arrays)
+    if _trace.n_tokens > JSON_MAX_TOKENS_PER_HEAD:
+        for_json["norm_weighted"] = f"left out past {JSON_MAX_TOKENS_PER_HEAD} tokens: use the NPZ"
+    return to_npz_bytes(arrays), to_json_str(for_json)
