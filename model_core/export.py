@@ -68,3 +68,20 @@ def write_trace(trace: AttentionTrace, path: str | Path) -> Path:
     else:
         raise ValueError(f"--out {str(path)!r} must end in .npz or .json.")
     return path
+
+
+def matrix_to_csv(matrix: np.ndarray, row_labels: list[str] | tuple[str, ...],
+                  col_labels: list[str] | tuple[str, ...]) -> str:
+    """A labelled matrix as CSV text (first column: row label; header: column labels).
+
+    Labels are prefixed with their position so repeated tokens stay distinct; -inf is written as -inf.
+    Shape: matrix (rows, cols).
+    """
+    import csv
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["query \\ key", *[f"{j}:{c}" for j, c in enumerate(col_labels)]])
+    for i, (label, row) in enumerate(zip(row_labels, np.asarray(matrix))):
+        writer.writerow([f"{i}:{label}", *[f"{v:.6g}" for v in row]])
+    return buffer.getvalue()

@@ -1,0 +1,81 @@
+"""Attention Explorer: page config, navigation, the shared sidebar, and the one trace all pages read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from model_core import InputError, ModelLoadError
+from model_core.settings import BUNDLED_MODEL_ID, load_settings
+from ui.context import AppContext, set_context
+from ui.loaders import get_trace
+from ui.state import init_state, render_controls, render_head_picker, sync_query_params
+
+ROOT = Path(__file__).parent
+
+st.set_page_config(page_title="Attention Explorer", page_icon=":material/visibility:", layout="wide")
+
+# (file, title, icon, section). Pages are thin: they read the context and draw.
+PAGES = [
+    ("pages/home.py", "Home", ":material/home:", "Attention"),
+    ("pages/heatmaps.py", "Attention heatmaps", ":material/grid_view:", "Attention"),
+    ("pages/causal.py", "Causal mask & masked scores", ":material/change_history:", "Attention"),
+    ("pages/inside.py", "Inside the encoder", ":material/account_tree:", "Attention"),
+    ("pages/bertviz.py", "bertviz views", ":material/hub:", "Attention"),
+    ("pages/analysis_contexts.py", "One word, two contexts", ":material/compare_arrows:", "Analyses"),
+    ("pages/analysis_rollout.py", "Rollout & flow", ":material/waves:", "Analyses"),
+    ("pages/analysis_norms.py", "Norm-weighted attention", ":material/straighten:", "Analyses"),
+    ("pages/analysis_head_stats.py", "Head statistics", ":material/bar_chart:", "Analyses"),
+    ("pages/analysis_masking.py", "Head masking", ":material/content_cut:", "Analyses"),
+]
+
+
+def _navigation() -> st.navigation:
+    sections: dict[str, list] = {}
+    for path, title, icon, section in PAGES:
+        if (ROOT / path).exists():
+            sections.setdefault(section, []).append(
+                st.Page(path, title=title, icon=icon, default=path == "pages/home.py"))
+    return st.navigation(sections)
+
+
+def _use_bundled() -> None:
+    st.session_state["ctl_model_id"] = BUNDLED_MODEL_ID
+
+
+def main() -> None:
+    try:
+        settings = load_settings()
+    except ValueError as exc:
+        st.error(f"The server's settings are wrong: {exc}")
+        st.stop()
+    problems = init_state(settings)
+    nav = _navigation()
+    for problem in problems:
+        st.toast(problem, icon="⚠️")
+    controls = render_controls(settings)
+    trace, error = None, None
+    try:
+        with st.spinner("Running the model…"):
+            trace = get_trace(**controls.trace_key())
+    except (InputError, ModelLoadError, ValueError) as exc:
+        error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
+        error = f"The model failed on this input ({type(exc).__name__}: {exc}). Try another text or model."
+    layer = head = 0
+    if trace is not None:
+        layer, head = render_head_picker(trace.n_layers, trace.n_heads)
+        st.sidebar.caption(f"{trace.description} · {trace.n_tokens} tokens")
+    else:
+        st.sidebar.error(error)
+        uses_other_bert = controls.model_id != BUNDLED_MODEL_ID and (
+            controls.model == "bert" or controls.weights == "pretrained")
+        if isinstance(error, str) and uses_other_bert:
+            st.sidebar.button("Use the bundled model", on_click=_use_bundled, type="primary")
+    set_context(AppContext(controls=controls, settings=settings, trace=trace, error=error, layer=layer, head=head))
+    sync_query_params(settings)
+    nav.run()
+
+
+main()

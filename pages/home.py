@@ -1,0 +1,39 @@
+"""Home: what the app shows, how to read each view, and a first heatmap of the default pair."""
+
+import streamlit as st
+
+from ui.context import get_context
+from ui.figures import PLOTLY_CONFIG, attention_heatmap
+
+st.title("Attention Explorer")
+st.markdown(
+    """
+See how attention works inside a transformer encoder. Pick a model and type a sentence, or a
+sentence pair, in the sidebar; every page reads the same forward pass.
+
+- **Attention heatmaps**: every layer × head at a glance, then one head in detail. Row *i* shows how
+  token *i* (the query) spreads its attention over all tokens (the keys); each row sums to 1.
+- **Causal mask & masked scores**: the steps from scores QKᵀ/√d to the mask, the masked scores
+  (−∞ where masked) and the softmax weights, bidirectional beside causal.
+- **Inside the encoder**: chapter 3's walk from WordPiece tokens to the classifier logits, with the
+  shape of every tensor.
+- **bertviz views**: bertviz's head, model and neuron views, served offline.
+- **Analyses**: one word in two contexts, attention rollout and flow, norm-weighted attention, head
+  statistics and head masking.
+
+The **custom encoder** is the from-scratch transformer of chapter 3 of *Natural Language Processing
+with Transformers* (random seeded weights, or a BERT checkpoint's weights loaded into it). The
+**pretrained BERT** defaults to a real MiniLM-L6-H384 BERT that ships with the app and works offline.
+"""
+)
+ctx = get_context()
+if ctx.trace is None:
+    st.info(ctx.error or "Type a sentence in the sidebar.")
+else:
+    t = ctx.trace
+    st.subheader(f"Layer {ctx.layer}, head {ctx.head}")
+    st.caption(t.description)
+    st.plotly_chart(attention_heatmap(t.attentions[ctx.layer, ctx.head], t.tokens,
+                                      sentence_b_start=t.sentence_b_start), config=PLOTLY_CONFIG, key="home_heatmap")
+    st.caption("Darker = more attention. The dotted line marks where sentence B starts. Pick another layer "
+               "or head in the sidebar, or open **Attention heatmaps** for all of them.")

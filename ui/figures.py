@@ -1,0 +1,159 @@
+"""Plotly figure builders for the attention pages (data in, figure out; no streamlit)."""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import plotly.graph_objects as go
+
+from model_core.summary import pool_matrix
+
+WEIGHT_SCALE = "Blues"
+SCORE_SCALE = "RdBu_r"
+MASKED_COLOR = "#3b3b3b"
+MAX_TICKS = 64
+PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+SVG_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "svg"}}
+
+
+def token_label(token: str) -> str:
+    """A token as plain text for Plotly, which would otherwise read some tags in labels and hovers."""
+    return html.escape(token, quote=False)
+
+
+def _ticks(tokens: tuple[str, ...], keep: np.ndarray) -> dict:
+    idx = np.arange(len(keep))
+    step = max(1, int(np.ceil(len(keep) / MAX_TICKS)))
+    shown = idx[::step]
+    return dict(tickmode="array", tickvals=shown.tolist(),
+                ticktext=[token_label(tokens[keep[i]]) for i in shown], tickfont=dict(size=10))
+
+
+def attention_heatmap(
+    matrix: np.ndarray,
+    tokens: tuple[str, ...],
+    *,
+    title: str = "",
+    sentence_b_start: int | None = None,
+    hide: list[int] | tuple[int, ...] = (),
+    colorscale: str = WEIGHT_SCALE,
+    zmin: float | None = 0.0,
+    zmax: float | None = None,
+    value_name: str = "weight",
+    height: int | None = None,
+) -> go.Figure:
+    """A query x key heatmap with tokens on both axes and the exact value on hover.
+
+    Cells that are -inf (masked scores) are drawn as dark hatched cells labelled -inf, never as a
+    colour of the scale. ``hide`` drops those positions (e.g. [CLS]/[SEP]) without renormalising.
+
+    Shape: matrix (q_pos, k_pos).
+    """
+    keep = np.array([i for i in range(len(tokens)) if i not in set(hide)], dtype=int)
+    z = np.asarray(matrix, dtype=np.float64)[np.ix_(keep, keep)]
+    neg_inf = np.isneginf(z)
+    shown = np.where(neg_inf, np.nan, z)
+    labels = [f"{i}: {token_label(tokens[i])}" for i in keep]
+    n = len(keep)
+    custom = np.empty((n, n, 2), dtype=object)
+    custom[:, :, 0] = np.array(labels, dtype=object)[:, None]
+    custom[:, :, 1] = np.array(labels, dtype=object)[None, :]
+    fig = go.Figure(go.Heatmap(
+        z=np.round(shown, 5), customdata=custom, colorscale=colorscale, zmin=zmin, zmax=zmax,
+        hovertemplate=f"query %{{customdata[0]}}<br>key %{{customdata[1]}}<br>{value_name} %{{z:.4f}}<extra></extra>",
+        colorbar=dict(title=dict(text=value_name), thickness=12), hoverongaps=False,
+    ))
+    if neg_inf.any():
+        qi, ki = np.nonzero(neg_inf)
+        fig.add_trace(go.Scatter(
+            x=ki, y=qi, mode="markers", marker=dict(symbol="square", size=max(4, min(22, 420 // max(n, 1))),
+                                                   color=MASKED_COLOR, line=dict(color="#999", width=0.5)),
+            customdata=np.stack([np.array(labels, dtype=object)[qi], np.array(labels, dtype=object)[ki]], -1),
+            hovertemplate=f"query %{{customdata[0]}}<br>key %{{customdata[1]}}<br>{value_name} -inf (masked)<extra></extra>",
+            name="-inf (masked)", showlegend=True))
+        if n <= 24:
+            fig.add_trace(go.Scatter(x=ki, y=qi, mode="text", text=["−∞"] * len(qi), textfont=dict(color="white", size=10),
+                                     hoverinfo="skip", showlegend=False))
+    if sentence_b_start is not None and sentence_b_start not in set(hide):
+        b = int(np.searchsorted(keep, sentence_b_start)) - 0.5
+        for shape in (dict(x0=b, x1=b, y0=-0.5, y1=n - 0.5), dict(y0=b, y1=b, x0=-0.5, x1=n - 0.5)):
+            fig.add_shape(type="line", line=dict(color="#e4572e", width=2, dash="dot"), **shape)
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=14)), height=height or min(760, 260 + 14 * n),
+        margin=dict(l=10, r=10, t=40 if title else 10, b=10), plot_bgcolor="white",
+        legend=dict(orientation="h", y=-0.12),
+        xaxis=dict(title="key (attended to)", side="top", **_ticks(tokens, keep)),
+        yaxis=dict(title="query (attending)", autorange="reversed", **_ticks(tokens, keep)),
+    )
+    return fig
+
+
+def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tuple[int, int] | None = None) -> go.Figure:
+    """All layers x heads as small multiples in ONE Plotly heatmap (fast at any length).
+
+    Each head is block-averaged to at most ``max_cells`` squared cells; a one-cell gap separates
+    heads. Clicking a cell reports (layer, head) through customdata.
+
+    Shape: attentions (layer, head, q_pos, k_pos).
+    """
+    n_layers, n_heads, n, _ = attentions.shape
+    m = min(n, max_cells)
+    step = m + 1
+    mosaic = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)
+    owner = np.full(mosaic.shape + (2,), -1, dtype=np.int16)
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            r, c = layer * step, head * step
+            mosaic[r:r + m, c:c + m] = pool_matrix(attentions[layer, head], m)
+            owner[r:r + m, c:c + m] = (layer, head)
+    fig = go.Figure(go.Heatmap(
+        z=np.round(mosaic, 3), customdata=owner, colorscale=WEIGHT_SCALE, zmin=0, zmax=1, showscale=True,
+        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>weight %{z:.3f}<extra></extra>",
+        hoverongaps=False, colorbar=dict(thickness=10, title=dict(text="weight")),
+    ))
+    centers_x = [h * step + (m - 1) / 2 for h in range(n_heads)]
+    centers_y = [layer * step + (m - 1) / 2 for layer in range(n_layers)]
+    if selected is not None:
+        layer, head = selected
+        fig.add_shape(type="rect", x0=head * step - 0.5, x1=head * step + m - 0.5, y0=layer * step - 0.5,
+                      y1=layer * step + m - 0.5, line=dict(color="#e4572e", width=2))
+    cell_px = max(2, min(10, 900 // (n_heads * step)))
+    fig.update_layout(
+        height=min(900, 80 + n_layers * step * cell_px), margin=dict(l=10, r=10, t=30, b=10), plot_bgcolor="white",
+        xaxis=dict(tickmode="array", tickvals=centers_x, ticktext=[f"H{h}" for h in range(n_heads)], side="top",
+                   showgrid=False, zeroline=False),
+        yaxis=dict(tickmode="array", tickvals=centers_y, ticktext=[f"L{i}" for i in range(n_layers)],
+                   autorange="reversed", showgrid=False, zeroline=False, scaleanchor="x"),
+    )
+    return fig
+
+
+def summary_grid(values: np.ndarray, *, title: str, colorscale: str = "Viridis", fmt: str = ".2f",
+                 zmin: float | None = None, zmax: float | None = None) -> go.Figure:
+    """A layer x head grid of one number per head. Shape: values (layer, head)."""
+    n_layers, n_heads = values.shape
+    fig = go.Figure(go.Heatmap(
+        z=np.round(values, 4), x=[f"H{h}" for h in range(n_heads)], y=[f"L{i}" for i in range(n_layers)],
+        colorscale=colorscale, zmin=zmin, zmax=zmax, text=np.round(values, 2), texttemplate=f"%{{z:{fmt}}}" if n_heads <= 16 else None,
+        hovertemplate="%{y} %{x}<br>%{z:.4f}<extra></extra>", colorbar=dict(thickness=10)))
+    fig.update_layout(title=dict(text=title, font=dict(size=13)), height=90 + 28 * n_layers,
+                      margin=dict(l=10, r=10, t=36, b=10), yaxis=dict(autorange="reversed"))
+    return fig
+
+
+def vector_heatmap(matrix: np.ndarray, tokens: tuple[str, ...], *, title: str, colorscale: str = SCORE_SCALE,
+                   x_title: str = "dimension", max_dims: int = 128) -> go.Figure:
+    """Rows are tokens, columns are vector dimensions (the first ``max_dims``). Shape: (pos, dim)."""
+    m = np.asarray(matrix)[:, :max_dims]
+    limit = float(np.abs(m).max()) or 1.0
+    labels = [f"{i}: {token_label(t)}" for i, t in enumerate(tokens)]
+    fig = go.Figure(go.Heatmap(z=np.round(m, 4), y=list(range(len(tokens))), colorscale=colorscale, zmin=-limit,
+                               zmax=limit, customdata=np.repeat(np.array(labels, dtype=object)[:, None], m.shape[1], 1),
+                               hovertemplate="%{customdata}<br>dim %{x}: %{z:.4f}<extra></extra>",
+                               colorbar=dict(thickness=10)))
+    fig.update_layout(title=dict(text=title, font=dict(size=13)), height=min(600, 140 + 16 * len(tokens)),
+                      margin=dict(l=10, r=10, t=36, b=10),
+                      xaxis=dict(title=x_title),
+                      yaxis=dict(autorange="reversed", **_ticks(tokens, np.arange(len(tokens)))))
+    return fig

@@ -1,0 +1,209 @@
+"""Shared controls: one sidebar on every page, kept across pages and mirrored in the URL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import streamlit as st
+
+from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B
+from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
+
+MODEL_LABELS = {"bert": "Pretrained BERT", "custom": "Custom encoder"}
+WEIGHT_LABELS = {"random": "Random (seeded)", "pretrained": "Loaded from BERT"}
+MAX_SEED = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Controls:
+    """What the user chose in the shared controls (everything that identifies one trace)."""
+
+    model: str = "bert"
+    model_id: str = BUNDLED_MODEL_ID
+    weights: str = "random"
+    seed: int = 0
+    norm_placement: str = "pre"
+    causal: bool = False
+    num_layers: int = 12
+    num_heads: int = 12
+    hidden_size: int = 768
+    text_a: str = DEFAULT_TEXT_A
+    text_b: str = DEFAULT_TEXT_B
+    truncate: bool = False
+
+    def trace_key(self) -> dict[str, Any]:
+        """The keyword arguments of ui.loaders.get_trace; options that do not apply are normalised."""
+        if self.model == "bert":
+            return dict(model="bert", model_id=self.model_id, text_a=self.text_a, text_b=self.text_b,
+                        truncate=self.truncate)
+        pretrained = self.weights == "pretrained"
+        return dict(model="custom", model_id=self.model_id if pretrained else None, text_a=self.text_a,
+                    text_b=self.text_b, truncate=self.truncate, weights=self.weights, seed=self.seed,
+                    causal=self.causal, norm_placement="post" if pretrained else self.norm_placement,
+                    num_layers=self.num_layers, num_heads=self.num_heads, hidden_size=self.hidden_size)
+
+
+# Query-parameter name -> (session key, parser). Parsers raise ValueError on bad values.
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if not lo <= value <= hi:
+            raise ValueError(f"{value} is outside {lo}-{hi}")
+        return value
+    return parse
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"{raw!r} is not one of {', '.join(options)}")
+        return raw
+    return parse
+
+
+def _flag(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{raw!r} is not true/false")
+
+
+def _text(raw: str) -> str:
+    if len(raw) > 20_000:
+        raise ValueError("longer than 20,000 characters")
+    return raw
+
+
+QUERY_PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "model": ("ctl_model", _choice("bert", "custom")),
+    "model_id": ("ctl_model_id", _text),
+    "weights": ("ctl_weights", _choice("random", "pretrained")),
+    "seed": ("ctl_seed", _int_in(0, MAX_SEED)),
+    "norm": ("ctl_norm", _choice("pre", "post")),
+    "causal": ("ctl_causal", _flag),
+    "layers": ("ctl_layers", _int_in(1, 24)),
+    "heads": ("ctl_heads", _int_in(1, 16)),
+    "hidden": ("ctl_hidden", _int_in(16, 1024)),
+    "a": ("ctl_text_a", _text),
+    "b": ("ctl_text_b", _text),
+    "truncate": ("ctl_truncate", _flag),
+    "layer": ("sel_layer", _int_in(0, 23)),
+    "head": ("sel_head", _int_in(0, 15)),
+}
+
+
+def _defaults(settings: Settings) -> dict[str, Any]:
+    c = Controls(model_id=settings.default_model)
+    return {"ctl_model": c.model, "ctl_model_id": c.model_id, "ctl_weights": c.weights, "ctl_seed": c.seed,
+            "ctl_norm": c.norm_placement, "ctl_causal": c.causal, "ctl_layers": c.num_layers,
+            "ctl_heads": c.num_heads, "ctl_hidden": c.hidden_size, "ctl_text_a": c.text_a,
+            "ctl_text_b": c.text_b, "ctl_truncate": c.truncate, "sel_layer": 0, "sel_head": 0}
+
+
+def init_state(settings: Settings | None = None) -> list[str]:
+    """Fill session state once per session: defaults, overridden by valid query parameters.
+
+    Returns:
+        One message per query parameter that was ignored, saying why.
+    """
+    if st.session_state.get("_initialised"):
+        return []
+    settings = settings or load_settings()
+    problems = []
+    values = _defaults(settings)
+    for name, (key, parse) in QUERY_PARAMS.items():
+        if name not in st.query_params:
+            continue
+        raw = st.query_params[name]
+        try:
+            values[key] = parse(raw)
+        except ValueError as exc:
+            problems.append(f"Ignored the link's `{name}` ({exc}); using the default.")
+    for key, value in values.items():
+        st.session_state.setdefault(key, value)
+    st.session_state["_initialised"] = True
+    return problems
+
+
+def _persist(*keys: str) -> None:
+    """Re-assign widget values so Streamlit keeps them when a page does not draw the widget."""
+    for key in keys:
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]
+
+
+def render_controls(settings: Settings | None = None) -> Controls:
+    """Draw the shared model and text controls in the sidebar and return the choice."""
+    settings = settings or load_settings()
+    _persist(*(key for key, _ in QUERY_PARAMS.values()))
+    sb = st.sidebar
+    sb.radio("Model", list(MODEL_LABELS), format_func=MODEL_LABELS.get, key="ctl_model", horizontal=True,
+             help="The from-scratch encoder of chapter 3 of NLP with Transformers, or a real pretrained BERT.")
+    model = st.session_state["ctl_model"]
+    if model == "custom":
+        sb.radio("Weights", list(WEIGHT_LABELS), format_func=WEIGHT_LABELS.get, key="ctl_weights",
+                 horizontal=True, help="Random weights as in the book, or a BERT checkpoint's weights loaded "
+                                       "into the custom encoder (post-LayerNorm, like BERT).")
+        pretrained = st.session_state["ctl_weights"] == "pretrained"
+        sb.toggle("Causal mask", key="ctl_causal",
+                  help="torch.tril mask applied with masked_fill(mask == 0, -inf) before the softmax.")
+        if pretrained:
+            sb.text_input("BERT weights from", key="ctl_model_id", help=_model_help(settings))
+        else:
+            sb.number_input("Seed", min_value=0, max_value=MAX_SEED, step=1, key="ctl_seed")
+            sb.radio("LayerNorm", ["pre", "post"], key="ctl_norm", horizontal=True,
+                     format_func={"pre": "Pre-LN (book)", "post": "Post-LN (BERT)"}.get)
+            c1, c2, c3 = sb.columns(3)
+            c1.number_input("Layers", 1, 24, step=1, key="ctl_layers")
+            c2.number_input("Heads", 1, 16, step=1, key="ctl_heads")
+            c3.number_input("Hidden", 16, 1024, step=16, key="ctl_hidden")
+    else:
+        sb.text_input("Model id", key="ctl_model_id", help=_model_help(settings))
+    sb.text_area("Sentence A", key="ctl_text_a", height=80, max_chars=20_000)
+    sb.text_area("Sentence B (optional)", key="ctl_text_b", height=68, max_chars=20_000)
+    sb.checkbox(f"Truncate past {settings.max_tokens} tokens", key="ctl_truncate")
+    s = st.session_state
+    return Controls(model=s["ctl_model"], model_id=(s["ctl_model_id"] or "").strip() or settings.default_model,
+                    weights=s["ctl_weights"], seed=int(s["ctl_seed"]), norm_placement=s["ctl_norm"],
+                    causal=bool(s["ctl_causal"]), num_layers=int(s["ctl_layers"]), num_heads=int(s["ctl_heads"]),
+                    hidden_size=int(s["ctl_hidden"]), text_a=s["ctl_text_a"], text_b=s["ctl_text_b"],
+                    truncate=bool(s["ctl_truncate"]))
+
+
+def _model_help(settings: Settings) -> str:
+    allowed = ", ".join(settings.allowed_models) if settings.allowed_models else "any BERT-family hub id or folder"
+    return (f"`{BUNDLED_MODEL_ID}` is a real pretrained BERT (MiniLM-L6-H384, uncased) that ships with the app and "
+            f"works offline. Also allowed: {allowed}.")
+
+
+def render_head_picker(n_layers: int, n_heads: int) -> tuple[int, int]:
+    """Layer and head selectors in the sidebar, clamped to the current model's size."""
+    s = st.session_state
+    s["sel_layer"] = min(max(int(s.get("sel_layer", 0)), 0), n_layers - 1)
+    s["sel_head"] = min(max(int(s.get("sel_head", 0)), 0), n_heads - 1)
+    c1, c2 = st.sidebar.columns(2)
+    c1.selectbox("Layer", range(n_layers), key="sel_layer")
+    c2.selectbox("Head", range(n_heads), key="sel_head")
+    return int(s["sel_layer"]), int(s["sel_head"])
+
+
+def select_head(layer: int, head: int) -> None:
+    """Focus another head (e.g. from a click on a grid); takes effect on the next run."""
+    st.session_state["sel_layer"] = int(layer)
+    st.session_state["sel_head"] = int(head)
+
+
+def sync_query_params(settings: Settings | None = None) -> None:
+    """Write the non-default state into the URL, so a view can be shared and reloads keep it."""
+    settings = settings or load_settings()
+    defaults = _defaults(settings)
+    wanted = {}
+    for name, (key, _) in QUERY_PARAMS.items():
+        value = st.session_state.get(key, defaults[key])
+        if value != defaults[key]:
+            wanted[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    current = {k: st.query_params[k] for k in st.query_params}
+    if current != wanted:
+        st.query_params.from_dict(wanted)
