@@ -26,8 +26,9 @@ A, B = "time flies like an arrow", "fruit flies like a banana"
 
 
 @pytest.fixture(scope="module")
-def bert():
-    return build_trace(model="bert", text=A, text_b=B)
+def bert(bert_pair_trace):
+    assert bert_pair_trace.tokens[2] == bert_pair_trace.tokens[8] == "flies"  # the default pair
+    return bert_pair_trace
 
 
 def test_contexts_of_flies_match_a_naive_recomputation(bert):
