@@ -7,6 +7,7 @@ from model_core.export import matrix_to_csv, trace_to_npz_bytes
 from model_core.summary import head_summary, special_token_positions
 from ui.context import require_trace
 from ui.figures import PLOTLY_CONFIG, attention_heatmap, overview_mosaic, summary_grid
+from ui.guard import view_guard
 from ui.state import select_head
 
 ctx = require_trace()
@@ -19,22 +20,24 @@ pooled = t.n_tokens > 32
 st.caption("Each small square is one head's attention matrix (queries down, keys across). Click one to focus it."
            + (f" At {t.n_tokens} tokens each head is block-averaged to 32 × 32 cells here; the focused heatmap "
               "below is exact." if pooled else ""))
-event = st.plotly_chart(overview_mosaic(t.attentions, selected=(layer, head)), config=PLOTLY_CONFIG,
-                        key="overview", on_select="rerun", selection_mode="points")
-points = (event or {}).get("selection", {}).get("points", []) if event else []
-if points:
-    owner = points[0].get("customdata")
-    if owner and owner[0] >= 0 and (owner[0], owner[1]) != (layer, head):
-        select_head(owner[0], owner[1])
-        st.rerun()
+with view_guard("overview"):
+    event = st.plotly_chart(overview_mosaic(t.attentions, selected=(layer, head)), config=PLOTLY_CONFIG,
+                            key="overview", on_select="rerun", selection_mode="points")
+    points = (event or {}).get("selection", {}).get("points", []) if event else []
+    if points:
+        owner = points[0].get("customdata")
+        if owner and owner[0] >= 0 and (owner[0], owner[1]) != (layer, head):
+            select_head(owner[0], owner[1])
+            st.rerun()
 
 st.subheader(f"Layer {layer}, head {head}")
 hide_special = st.toggle("Hide [CLS] and [SEP]", key="hide_special",
                          help="Drops their rows and columns without renormalising, so the other weights stay exact.")
 hidden = special_token_positions(t.tokens) if hide_special else []
 matrix = t.attentions[layer, head]
-st.plotly_chart(attention_heatmap(matrix, t.tokens, sentence_b_start=t.sentence_b_start, hide=hidden),
-                config=PLOTLY_CONFIG, key="focus")
+with view_guard("focused heatmap"):
+    st.plotly_chart(attention_heatmap(matrix, t.tokens, sentence_b_start=t.sentence_b_start, hide=hidden),
+                    config=PLOTLY_CONFIG, key="focus")
 st.caption("Row = query token, column = key token; hover for the exact weight. Rows sum to 1. "
            "The dotted red line marks where sentence B starts.")
 keep = [i for i in range(t.n_tokens) if i not in set(hidden)]
@@ -47,14 +50,17 @@ c2.download_button("Download the whole trace (NPZ)", data=lambda: trace_to_npz_b
                    file_name="attention_trace.npz", mime="application/octet-stream", on_click="ignore")
 
 st.subheader("Per-head summary")
-s = head_summary(t)
 st.caption("Entropy in bits (low = focused, high = spread out; a uniform row has log₂ n bits), the largest "
            "single weight, and the average share of each query's attention that goes to [CLS] and to [SEP]. "
            "Heads that park most of their attention on [SEP] are often 'no-op' heads (Clark et al., 2019).")
-g1, g2 = st.columns(2)
-g1.plotly_chart(summary_grid(s.entropy, title="Entropy (bits)"), config=PLOTLY_CONFIG, key="sum_entropy")
-g2.plotly_chart(summary_grid(s.max_weight, title="Maximum weight", zmin=0, zmax=1), config=PLOTLY_CONFIG,
-                key="sum_max")
-g3, g4 = st.columns(2)
-g3.plotly_chart(summary_grid(s.to_cls, title="Share to [CLS]", zmin=0, zmax=1), config=PLOTLY_CONFIG, key="sum_cls")
-g4.plotly_chart(summary_grid(s.to_sep, title="Share to [SEP]", zmin=0, zmax=1), config=PLOTLY_CONFIG, key="sum_sep")
+with view_guard("per-head summary"):
+    s = head_summary(t)
+    g1, g2 = st.columns(2)
+    g1.plotly_chart(summary_grid(s.entropy, title="Entropy (bits)"), config=PLOTLY_CONFIG, key="sum_entropy")
+    g2.plotly_chart(summary_grid(s.max_weight, title="Maximum weight", zmin=0, zmax=1), config=PLOTLY_CONFIG,
+                    key="sum_max")
+    g3, g4 = st.columns(2)
+    g3.plotly_chart(summary_grid(s.to_cls, title="Share to [CLS]", zmin=0, zmax=1), config=PLOTLY_CONFIG,
+                    key="sum_cls")
+    g4.plotly_chart(summary_grid(s.to_sep, title="Share to [SEP]", zmin=0, zmax=1), config=PLOTLY_CONFIG,
+                    key="sum_sep")

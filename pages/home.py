@@ -4,6 +4,7 @@ import streamlit as st
 
 from ui.context import get_context
 from ui.figures import PLOTLY_CONFIG, attention_heatmap
+from ui.guard import view_guard
 
 st.title("Attention Explorer")
 st.markdown(
@@ -33,7 +34,9 @@ else:
     t = ctx.trace
     st.subheader(f"Layer {ctx.layer}, head {ctx.head}")
     st.caption(t.description)
-    st.plotly_chart(attention_heatmap(t.attentions[ctx.layer, ctx.head], t.tokens,
-                                      sentence_b_start=t.sentence_b_start), config=PLOTLY_CONFIG, key="home_heatmap")
+    with view_guard("heatmap"):
+        st.plotly_chart(attention_heatmap(t.attentions[ctx.layer, ctx.head], t.tokens,
+                                          sentence_b_start=t.sentence_b_start), config=PLOTLY_CONFIG,
+                        key="home_heatmap")
     st.caption("Darker = more attention. The dotted line marks where sentence B starts. Pick another layer "
                "or head in the sidebar, or open **Attention heatmaps** for all of them.")

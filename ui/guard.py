@@ -1,0 +1,56 @@
+"""view_guard: one failing view shows a short error and the views after it still draw."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
+
+import streamlit as st
+from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException
+
+LOG = logging.getLogger("attention_explorer.views")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Streamlit's st.rerun/st.stop and st.switch_page are control flow, not failures: let them through.
+_CONTROL_FLOW: tuple[type[BaseException], ...] = (ScriptControlException,)
+
+
+def view_error_message(name: str, exc: BaseException) -> str:
+    """The short text the user sees; the traceback stays in the server log."""
+    detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return (f"The {name} view failed ({type(exc).__name__}{': ' + detail if detail else ''}). "
+            "The other views on this page are unaffected; try another layer, head or text.")
+
+
+@contextmanager
+def view_guard(name: str) -> Iterator[None]:
+    """Run one view; on any exception show ``st.error`` with a short message and carry on.
+
+    Usage::
+
+        with view_guard("focused heatmap"):
+            st.plotly_chart(attention_heatmap(...))
+
+    Streamlit's control flow (``st.rerun``, ``st.stop``, ``st.switch_page``) passes through.
+    """
+    try:
+        yield
+    except _CONTROL_FLOW:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the point is that one view cannot take the page down
+        LOG.exception("view %r failed", name)
+        st.error(view_error_message(name, exc), icon=":material/error:")
+
+
+def guarded(name: str) -> Callable[[F], F]:
+    """Decorator form of :func:`view_guard` for a function that draws one view (returns None on failure)."""
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with view_guard(name):
+                return fn(*args, **kwargs)
+            return None
+        return run  # type: ignore[return-value]
+    return wrap
