@@ -1,0 +1,258 @@
+"""Chapter 3's walk through one encoder layer: every step's tensor, for the "Inside the encoder" page.
+
+The numbers come from one forward pass of the from-scratch encoder: the layer's own records
+(queries, keys, values, scores, weights, head outputs, concatenation, attention output) plus
+forward hooks on the modules whose inputs and outputs the records do not keep (the three
+embedding lookups, the two LayerNorms, the feed-forward's linears and GELU). Nothing is
+recomputed by hand, so the walk shows exactly what the model computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from model_core.encoder import TransformerForSequenceClassification
+from model_core.trace import AttentionTrace
+from model_core.tracing import EncodedInput
+
+
+@dataclass(frozen=True, eq=False)
+class Walkthrough:
+    """Every tensor of one forward pass that the chapter walks through, for one layer.
+
+    Arrays are read-only float32 numpy arrays with the batch dimension dropped (ids are int64).
+
+    Attributes:
+        tokens: WordPiece tokens, [CLS] and [SEP] included.
+        token_ids: Shape: (pos,).
+        token_type_ids: Shape: (pos,).
+        sentence_b_start: first token of sentence B, or None.
+        layer: the layer walked through.
+        norm_placement: "pre" (LayerNorm before each sublayer) or "post" (after the residual sum, BERT).
+        causal: whether the causal mask was applied.
+        token_embeddings: Shape: (pos, hidden).
+        position_embeddings: Shape: (pos, hidden).
+        token_type_embeddings: Shape: (pos, hidden).
+        embedding_sum: token + position + token type, before LayerNorm. Shape: (pos, hidden).
+        embeddings: after the embeddings' LayerNorm (the input of layer 0). Shape: (pos, hidden).
+        layer_input: the residual stream entering ``layer``. Shape: (pos, hidden).
+        attention_input: what the heads read (LayerNorm'd for pre-LN, raw for post-LN). Shape: (pos, hidden).
+        queries: Shape: (head, pos, d_head).
+        keys: Shape: (head, pos, d_head).
+        values: Shape: (head, pos, d_head).
+        scores: QKᵀ/√d_head before any mask. Shape: (head, q_pos, k_pos).
+        masked_scores: scores with -inf where masked. Shape: (head, q_pos, k_pos).
+        weights: softmax of the masked scores. Shape: (head, q_pos, k_pos).
+        mask: True where a query may attend to a key. Shape: (q_pos, k_pos) bool.
+        head_outputs: weights @ V per head. Shape: (head, pos, d_head).
+        concat: the heads' outputs side by side. Shape: (pos, hidden).
+        attention_output: the output projection of ``concat``. Shape: (pos, hidden).
+        residual_1: layer input + attention output (before LayerNorm for post-LN). Shape: (pos, hidden).
+        ffn_input: what the feed-forward reads. Shape: (pos, hidden).
+        ffn_hidden: first linear's output, before GELU. Shape: (pos, intermediate).
+        ffn_activation: after GELU. Shape: (pos, intermediate).
+        ffn_output: second linear's output. Shape: (pos, hidden).
+        residual_2: the second residual sum (before LayerNorm for post-LN). Shape: (pos, hidden).
+        layer_output: the residual stream leaving ``layer``. Shape: (pos, hidden).
+        final_hidden: the last layer's output. Shape: (pos, hidden).
+        logits: the classifier head on [CLS]. Shape: (num_labels,).
+        probabilities: softmax of ``logits``. Shape: (num_labels,).
+    """
+
+    tokens: tuple[str, ...]
+    token_ids: np.ndarray
+    token_type_ids: np.ndarray
+    sentence_b_start: int | None
+    layer: int
+    norm_placement: str
+    causal: bool
+    token_embeddings: np.ndarray
+    position_embeddings: np.ndarray
+    token_type_embeddings: np.ndarray
+    embedding_sum: np.ndarray
+    embeddings: np.ndarray
+    layer_input: np.ndarray
+    attention_input: np.ndarray
+    queries: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    scores: np.ndarray
+    masked_scores: np.ndarray
+    weights: np.ndarray
+    mask: np.ndarray
+    head_outputs: np.ndarray
+    concat: np.ndarray
+    attention_output: np.ndarray
+    residual_1: np.ndarray
+    ffn_input: np.ndarray
+    ffn_hidden: np.ndarray
+    ffn_activation: np.ndarray
+    ffn_output: np.ndarray
+    residual_2: np.ndarray
+    layer_output: np.ndarray
+    final_hidden: np.ndarray
+    logits: np.ndarray
+    probabilities: np.ndarray
+
+    def __post_init__(self) -> None:
+        n, (n_heads, _, d_head) = len(self.tokens), self.queries.shape
+        hidden = self.embeddings.shape[-1]
+        assert self.weights.shape == (n_heads, n, n), self.weights.shape
+        assert self.concat.shape == (n, hidden) and n_heads * d_head == hidden
+        assert self.norm_placement in ("pre", "post")
+        for value in self.__dict__.values():
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.queries.shape[0])
+
+    @property
+    def d_head(self) -> int:
+        return int(self.queries.shape[-1])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.embeddings.shape[-1])
+
+    @property
+    def intermediate_size(self) -> int:
+        return int(self.ffn_hidden.shape[-1])
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each array field's shape, by field name."""
+        return {f.name: tuple(getattr(self, f.name).shape) for f in fields(self)
+                if isinstance(getattr(self, f.name), np.ndarray)}
+
+    def token_norms(self, name: str) -> np.ndarray:
+        """The L2 norm of each token's vector in the field ``name``.
+
+        Shape: (pos, dim) -> (pos,).
+
+        Raises:
+            ValueError: ``name`` is not a (pos, dim) field.
+        """
+        value = getattr(self, name, None)
+        if not isinstance(value, np.ndarray) or value.shape[:1] != (self.n_tokens,) or value.ndim != 2:
+            raise ValueError(f"{name!r} is not a per-token field; use one of "
+                             f"{', '.join(k for k, s in self.shapes().items() if len(s) == 2 and s[0] == self.n_tokens)}.")
+        return np.linalg.norm(value.astype(np.float64), axis=-1).astype(np.float32)
+
+
+def encoded_from_trace(trace: AttentionTrace) -> EncodedInput:
+    """The exact input a trace was computed from, so a walk reads the same tokens as every page."""
+    return EncodedInput(
+        tokens=tuple(trace.tokens),
+        input_ids=torch.as_tensor(np.array(trace.token_ids, dtype=np.int64))[None],  # (1, pos)
+        token_type_ids=torch.as_tensor(np.array(trace.token_type_ids, dtype=np.int64))[None],
+        sentence_b_start=trace.sentence_b_start,
+    )
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float32).numpy().copy()
+
+
+@torch.no_grad()
+def walk_layer(model: TransformerForSequenceClassification, encoded: EncodedInput, layer: int) -> Walkthrough:
+    """Run the encoder once and keep every step of layer ``layer``, from tokens to logits.
+
+    Args:
+        model: the from-scratch encoder (random, or BERT's weights via ``custom_from_bert``), eval mode.
+        encoded: the tokenised input (``model_core.tracing.encode``).
+        layer: which encoder layer to walk through.
+
+    Raises:
+        ValueError: ``layer`` is out of range, or the model is in training mode (dropout would
+            make the numbers random).
+    """
+    n_layers = len(model.encoder.layers)
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer {layer} is out of range: this model has layers 0-{n_layers - 1}.")
+    if model.training:
+        raise ValueError("The model is in training mode; call model.eval() so dropout is off.")
+    emb = model.encoder.embeddings
+    block = model.encoder.layers[layer]
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, what: str = "output"):
+        def hook(_module, inputs, output):
+            seen[name] = (inputs[0] if what == "input" else output)[0]  # drop the batch dimension
+        return hook
+
+    modules = [
+        (emb.token_embeddings, "token_embeddings", "output"),
+        (emb.position_embeddings, "position_embeddings", "output"),
+        (emb.token_type_embeddings, "token_type_embeddings", "output"),
+        (emb.layer_norm, "embedding_sum", "input"),
+        (block.layer_norm_1, "ln1_in", "input"),
+        (block.layer_norm_1, "ln1_out", "output"),
+        (block.layer_norm_2, "ln2_in", "input"),
+        (block.layer_norm_2, "ln2_out", "output"),
+        (block.feed_forward.linear_1, "ffn_input", "input"),
+        (block.feed_forward.linear_1, "ffn_hidden", "output"),
+        (block.feed_forward.gelu, "ffn_activation", "output"),
+        (block.feed_forward, "ffn_output", "output"),
+    ]
+    handles = [m.register_forward_hook(keep(name, what)) for m, name, what in modules]
+    try:
+        device = next(model.parameters()).device
+        out = model(encoded.input_ids.to(device), encoded.token_type_ids.to(device))
+    finally:
+        for h in handles:
+            h.remove()
+    enc = out.encoder
+    record = enc.layers[layer]
+    heads = record.heads
+    stack = lambda pick: _np(torch.stack([pick(h)[0] for h in heads]))  # noqa: E731  (head, ...)
+    n = encoded.input_ids.shape[1]
+    pre = model.config.norm_placement == "pre"
+    logits = out.logits[0]
+    return Walkthrough(
+        tokens=tuple(encoded.tokens),
+        token_ids=encoded.input_ids[0].cpu().numpy().astype(np.int64),
+        token_type_ids=encoded.token_type_ids[0].cpu().numpy().astype(np.int64),
+        sentence_b_start=encoded.sentence_b_start,
+        layer=layer,
+        norm_placement=model.config.norm_placement,
+        causal=bool(model.config.causal),
+        token_embeddings=_np(seen["token_embeddings"]),
+        # The position lookup has batch 1 by construction (arange(pos).unsqueeze(0)).
+        position_embeddings=_np(seen["position_embeddings"]),
+        token_type_embeddings=_np(seen["token_type_embeddings"]),
+        embedding_sum=_np(seen["embedding_sum"]),
+        embeddings=_np(enc.hidden_states[0][0]),
+        layer_input=_np(enc.hidden_states[layer][0]),
+        # Pre-LN: the heads read LayerNorm(x); post-LN (BERT): they read x itself.
+        attention_input=_np(seen["ln1_out"] if pre else enc.hidden_states[layer][0]),
+        queries=stack(lambda h: h.query),
+        keys=stack(lambda h: h.key),
+        values=stack(lambda h: h.value),
+        scores=stack(lambda h: h.step.scores),
+        masked_scores=stack(lambda h: h.step.masked_scores),
+        weights=stack(lambda h: h.step.weights),
+        mask=np.ones((n, n), dtype=bool) if enc.mask is None else _np(enc.mask[0]) > 0.5,
+        head_outputs=stack(lambda h: h.step.output),
+        concat=_np(record.concat[0]),
+        attention_output=_np(record.attention_output[0]),
+        # Pre-LN: x + attn enters the second LayerNorm; post-LN: it enters the first.
+        residual_1=_np(seen["ln2_in"] if pre else seen["ln1_in"]),
+        ffn_input=_np(seen["ffn_input"]),
+        ffn_hidden=_np(seen["ffn_hidden"]),
+        ffn_activation=_np(seen["ffn_activation"]),
+        ffn_output=_np(seen["ffn_output"]),
+        # Pre-LN: the layer output is the raw sum; post-LN: the sum enters the second LayerNorm.
+        residual_2=_np(record.output[0] if pre else seen["ln2_in"]),
+        layer_output=_np(record.output[0]),
+        final_hidden=_np(enc.last_hidden_state[0]),
+        logits=_np(logits),
+        probabilities=_np(torch.softmax(logits, dim=-1)),
+    )
