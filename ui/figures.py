@@ -65,16 +65,14 @@ def attention_heatmap(
         colorbar=dict(title=dict(text=value_name), thickness=12), hoverongaps=False,
     ))
     if neg_inf.any():
-        qi, ki = np.nonzero(neg_inf)
-        fig.add_trace(go.Scatter(
-            x=ki, y=qi, mode="markers", marker=dict(symbol="square", size=max(4, min(22, 420 // max(n, 1))),
-                                                   color=MASKED_COLOR, line=dict(color="#999", width=0.5)),
-            customdata=np.stack([np.array(labels, dtype=object)[qi], np.array(labels, dtype=object)[ki]], -1),
+        # A separate grey layer, so -inf can never be read as a value of the colour scale.
+        fig.add_trace(go.Heatmap(
+            z=np.where(neg_inf, 1.0, np.nan), customdata=custom, colorscale=[[0, MASKED_COLOR], [1, MASKED_COLOR]],
+            showscale=False, hoverongaps=False, name="-inf (masked)",
+            text=np.where(neg_inf, "−∞", "") if n <= 24 else None,
+            texttemplate="%{text}" if n <= 24 else None, textfont=dict(color="white", size=10),
             hovertemplate=f"query %{{customdata[0]}}<br>key %{{customdata[1]}}<br>{value_name} -inf (masked)<extra></extra>",
-            name="-inf (masked)", showlegend=True))
-        if n <= 24:
-            fig.add_trace(go.Scatter(x=ki, y=qi, mode="text", text=["−∞"] * len(qi), textfont=dict(color="white", size=10),
-                                     hoverinfo="skip", showlegend=False))
+        ))
     if sentence_b_start is not None and sentence_b_start not in set(hide):
         b = int(np.searchsorted(keep, sentence_b_start)) - 0.5
         for shape in (dict(x0=b, x1=b, y0=-0.5, y1=n - 0.5), dict(y0=b, y1=b, x0=-0.5, x1=n - 0.5)):

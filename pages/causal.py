@@ -1,0 +1,93 @@
+"""Causal mask and masked scores: scores -> mask -> masked scores -> weights, bidirectional beside causal."""
+
+import streamlit as st
+
+from model_core.export import matrix_to_csv
+from model_core.mask_steps import MaskSteps, mask_steps
+from ui.context import require_trace
+from ui.figures import PLOTLY_CONFIG, SCORE_SCALE, attention_heatmap
+from ui.loaders import get_trace
+
+ctx = require_trace()
+t, layer, head = ctx.trace, ctx.layer, ctx.head
+st.title("Causal mask & masked scores")
+st.caption(f"{t.description} · layer {layer}, head {head} · {t.n_tokens} tokens")
+
+if t.model_kind == "custom":
+    other_key = {**ctx.controls.trace_key(), "causal": not t.causal}
+    with st.spinner("Running the other variant of the model…"):
+        other = get_trace(**other_key)
+    bidirectional, causal = (other, t) if t.causal else (t, other)
+    rows = [("Bidirectional (the model with causal off)", mask_steps(bidirectional, layer, head)),
+            ("Causal (the model with causal on)", mask_steps(causal, layer, head))]
+    st.info("The custom encoder really runs with or without the causal mask: both rows are the model's own "
+            "numbers. (From layer 1 on the inputs differ too, because the causal model's earlier layers "
+            "were masked.)")
+else:
+    rows = [("Bidirectional (what BERT does)", mask_steps(t, layer, head)),
+            ("Causal — an illustration", mask_steps(t, layer, head, apply_causal=True))]
+    st.info("BERT is bidirectional: it never uses a causal mask. The causal row applies `torch.tril` to this "
+            "head's real scores to show what the mask would do; it is an illustration, not BERT's behaviour.")
+
+tokens, b = t.tokens, t.sentence_b_start
+height = 360 if t.n_tokens <= 32 else 520
+STEP_TITLES = ["1 · scores QKᵀ/√d", "2 · mask", "3 · masked scores (−∞ where masked)", "4 · softmax weights"]
+
+
+def panel(step: int, steps: MaskSteps):
+    """The figure of one step of one variant."""
+    lim = float(abs(steps.scores).max()) or 1.0
+    if step == 0:
+        matrix, style = steps.scores, dict(colorscale=SCORE_SCALE, zmin=-lim, zmax=lim, value_name="score")
+    elif step == 1:
+        matrix = steps.mask.astype(float)
+        style = dict(colorscale=[[0, "#f4f4f4"], [1, "#4c78a8"]], zmin=0, zmax=1, value_name="mask (1 = may attend)")
+    elif step == 2:
+        matrix, style = steps.masked_scores, dict(colorscale=SCORE_SCALE, zmin=-lim, zmax=lim, value_name="masked score")
+    else:
+        matrix, style = steps.weights, dict(zmin=0, zmax=1, value_name="weight")
+    fig = attention_heatmap(matrix, tokens, sentence_b_start=b, height=height, **style)
+    fig.update_layout(xaxis_title=None, yaxis_title=None, showlegend=False, margin=dict(t=10))
+    return fig
+
+
+headers = st.columns(2)
+for col, (title, _) in zip(headers, rows):
+    col.markdown(f"#### {title}")
+for step, step_title in enumerate(STEP_TITLES):
+    st.markdown(f"**{step_title}**" + (" — `torch.tril`: 1 on and below the diagonal" if step == 1 else ""))
+    cols = st.columns(2)
+    for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
+        col.plotly_chart(panel(step, steps), config=PLOTLY_CONFIG, key=f"step{step}_row{i}")
+cols = st.columns(2)
+for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
+    masked_cells = int((~steps.mask).sum())
+    zero = int((steps.weights[~steps.mask] == 0).sum())
+    col.caption(f"{masked_cells} masked cells; {zero} of them have weight exactly 0 after the softmax. "
+                "Dark cells (−∞) are masked, not a value of the colour scale.")
+    kind = "causal" if steps.causal else "bidirectional"
+    col.download_button(f"Masked scores, {kind} (CSV)", data=lambda s=steps: matrix_to_csv(s.masked_scores, tokens, tokens),
+                        file_name=f"masked_scores_L{layer}_H{head}_{kind}.csv", mime="text/csv",
+                        on_click="ignore", key=f"csv_{i}")
+
+st.markdown("### Why these steps")
+s = rows[0][1]
+st.markdown(
+    f"""
+**Why divide by √d.** A query and a key are vectors of d = {t.d_head} numbers. If their entries have
+unit variance, their dot product has variance d, so raw scores grow with the head size and the softmax
+saturates into a near one-hot row whose gradients vanish. Dividing by √d = {t.d_head ** 0.5:.2f} brings the
+variance back to about 1. In this head, the raw dot products have a standard deviation of
+**{s.unscaled_std:.2f}**; after scaling, **{s.scaled_std:.2f}**.
+
+**Why −∞ gives exactly 0.** The softmax computes exp(score) / Σ exp(scores). With
+`masked_fill(mask == 0, -inf)`, a masked score becomes −∞ and exp(−∞) = 0 exactly, so a masked key
+gets no weight at all, and the remaining weights still sum to 1. A large finite negative number (say −10⁴)
+would only make the weight small, never zero. Every row keeps at least one unmasked key (itself, on the
+diagonal), so no row is all −∞.
+
+**Reading the panels.** Row *i* is query token *i*; column *j* is key token *j*. The causal mask
+(`torch.tril`) keeps the lower triangle: token *i* may attend to tokens 0…*i* only, as in a decoder that must
+not see the future.
+"""
+)

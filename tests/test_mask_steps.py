@@ -1,0 +1,46 @@
+"""Mask steps: the model's own numbers, and the causal illustration on BERT's real scores."""
+
+import numpy as np
+
+from model_core import build_trace
+from model_core.mask_steps import causal_mask_np, mask_steps, softmax_rows
+
+
+def test_causal_mask_equals_naive_loop():
+    n = 6
+    naive = np.array([[j <= i for j in range(n)] for i in range(n)])
+    assert np.array_equal(causal_mask_np(n), naive)
+
+
+def test_softmax_gives_exact_zero_for_minus_inf():
+    w = softmax_rows(np.array([[1.0, -np.inf, 2.0]], dtype=np.float32))
+    assert w[0, 1] == 0.0 and np.isclose(w.sum(), 1.0)
+
+
+def test_bert_steps_are_the_models_own(bert_pair_trace):
+    s = mask_steps(bert_pair_trace, 2, 3)
+    assert not s.illustrative and not s.causal and s.mask.all()
+    np.testing.assert_array_equal(s.weights, bert_pair_trace.attentions[2, 3])
+
+
+def test_bert_causal_illustration(bert_pair_trace):
+    s = mask_steps(bert_pair_trace, 2, 3, apply_causal=True)
+    upper = np.triu(np.ones((13, 13), dtype=bool), 1)
+    assert s.illustrative and s.causal
+    assert np.isneginf(s.masked_scores[upper]).all() and (s.weights[upper] == 0).all()
+    np.testing.assert_allclose(s.weights.sum(-1), 1.0, atol=1e-6)
+    assert s.weights[0, 0] == 1.0  # the first query can only see itself
+    np.testing.assert_allclose(s.scores, bert_pair_trace.head_scores(2, 3))
+
+
+def test_custom_causal_steps_are_real():
+    t = build_trace("custom", "time flies like an arrow", causal=True, num_layers=2, num_heads=2, hidden_size=16)
+    s = mask_steps(t, 1, 1)
+    assert s.causal and not s.illustrative
+    np.testing.assert_allclose(softmax_rows(s.masked_scores), s.weights, atol=1e-6)
+
+
+def test_scaling_keeps_std_near_one_for_random_heads():
+    t = build_trace("custom", "word " * 60, num_layers=1, num_heads=1, hidden_size=256)
+    s = mask_steps(t, 0, 0)
+    assert np.isclose(s.unscaled_std / s.scaled_std, 16.0)
