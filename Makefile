@@ -23,6 +23,8 @@ run: setup
 	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
 
 test: setup
+	@command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || \
+		echo "NOTE: Chromium is not installed, so the browser tests will be SKIPPED (apt-get install chromium)."
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 bench: setup
