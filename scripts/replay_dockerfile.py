@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="link the image's venv to this one instead of `python -m venv` (quick mode)")
     parser.add_argument("--torch-index", default=None, help="use this index instead of the Dockerfile's torch index")
     parser.add_argument("--port", type=int, default=None, help="PORT for the container (default: the Dockerfile's)")
-    parser.add_argument("--expect", default="Attention", help="text the rendered page must contain")
+    parser.add_argument("--expect", default="Attention Explorer", help="text the rendered page must contain")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for health and for the page")
     parser.add_argument("--screenshot", type=Path, default=Path(tempfile.gettempdir()) / "replay_dockerfile.png")
     parser.add_argument("--keep", action="store_true", help="keep the temporary image folder")
