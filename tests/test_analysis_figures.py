@@ -34,9 +34,10 @@ def test_clickable_grid_has_one_point_per_defined_head():
     grid = np.arange(6.0).reshape(2, 3)
     grid[1, 2] = np.nan
     fig = layer_head_figure(grid, "g", clickable=True)
-    points = list(zip(fig.data[0].y, fig.data[0].x, strict=True))
+    points = list(zip(fig.data[1].y, fig.data[1].x, strict=True))
     assert points == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
-    np.testing.assert_allclose(fig.data[0].marker.color, [0, 1, 2, 3, 4])
+    np.testing.assert_allclose(fig.data[1].customdata, [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(np.asarray(fig.data[0].z), grid)
 
 
 def test_context_and_mass_figures_plot_the_analysis_numbers():

@@ -108,35 +108,16 @@ def layer_head_figure(
 ) -> go.Figure:
     """A (layer, head) grid, layer 0 at the top. NaN cells stay blank.
 
-    With ``clickable`` the grid is drawn as square markers, so that Streamlit's point selection
-    reports the clicked (head, layer); a plotly heatmap cannot be selected.
+    With ``clickable`` an invisible square marker sits on every defined cell: Streamlit's point
+    selection then reports the clicked (head, layer), which a plotly heatmap alone cannot.
 
     Shape: grid (layer, head).
     """
     grid = np.asarray(grid, dtype=float)
     n_layers, n_heads = grid.shape
-    if clickable:
-        layers, heads = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
-        finite = np.isfinite(grid.ravel())
-        trace = go.Scatter(
-            x=heads.ravel()[finite],
-            y=layers.ravel()[finite],
-            mode="markers",
-            marker={
-                "symbol": "square",
-                "size": max(10, min(34, 560 // max(n_heads, n_layers))),
-                "color": grid.ravel()[finite],
-                "colorscale": colorscale,
-                "cmin": zmin,
-                "cmax": zmax,
-                "showscale": True,
-                "colorbar": {"title": colorbar},
-            },
-            customdata=grid.ravel()[finite],
-            hovertemplate="layer %{y}, head %{x}<br>%{customdata:.4f}<extra>click to open</extra>",
-        )
-    else:
-        trace = go.Heatmap(
+    hover = "layer %{y}, head %{x}<br>%{z:.4f}<extra></extra>"
+    fig = go.Figure(
+        go.Heatmap(
             z=grid,
             x=list(range(n_heads)),
             y=list(range(n_layers)),
@@ -144,11 +125,27 @@ def layer_head_figure(
             zmin=zmin,
             zmax=zmax,
             colorbar={"title": colorbar},
-            hovertemplate="layer %{y}, head %{x}<br>%{z:.4f}<extra></extra>",
+            hovertemplate=hover,
+            hoverinfo="skip" if clickable else None,
         )
-    fig = go.Figure(trace)
-    fig.update_xaxes(title="head", tickmode="linear", dtick=1, range=[-0.5, n_heads - 0.5])
-    fig.update_yaxes(title="layer", tickmode="linear", dtick=1, autorange="reversed")
+    )
+    if clickable:
+        layers, heads = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+        finite = np.isfinite(grid.ravel())
+        fig.add_trace(
+            go.Scatter(
+                x=heads.ravel()[finite],
+                y=layers.ravel()[finite],
+                mode="markers",
+                marker={"symbol": "square", "size": 26, "color": "rgba(0,0,0,0)"},
+                customdata=grid.ravel()[finite],
+                hovertemplate="layer %{y}, head %{x}<br>%{customdata:.4f}<extra>click to open</extra>",
+                showlegend=False,
+            )
+        )
+    fig.update_xaxes(title="head", tickmode="linear", dtick=1, range=[-0.5, n_heads - 0.5], showgrid=False)
+    fig.update_yaxes(title="layer", tickmode="linear", dtick=1, range=[n_layers - 0.5, -0.5], showgrid=False)
+    fig.update_layout(clickmode="event+select", dragmode=False)
     return _layout(fig, title, height=max(300, 34 * n_layers + 130))
 
 
