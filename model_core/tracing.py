@@ -41,9 +41,10 @@ class EncodedInput:
 
 
 def _clean(text: str | None) -> str:
-    """Drop control and zero-width characters; they carry nothing a tokenizer keeps."""
+    """Drop control, zero-width and lone surrogate characters; they carry nothing a tokenizer keeps."""
     text = text or ""
-    return "".join(c for c in text if not (unicodedata.category(c) in ("Cc", "Cf") and c not in "\t\n")).strip()
+    # Cs: a lone surrogate (e.g. from a malformed URL) makes the Rust tokenizer raise TypeError.
+    return "".join(c for c in text if not (unicodedata.category(c) in ("Cc", "Cf", "Cs") and c not in "\t\n")).strip()
 
 
 def encode(
@@ -70,6 +71,14 @@ def encode(
         raise InputError("The text is empty; type a sentence.")
     full = tokenizer(a, b or None, add_special_tokens=True, truncation=False)
     n = len(full["input_ids"])
+    # Words per sentence, without [CLS]/[SEP]: e.g. only combining accents, which uncased BERT
+    # strips, leave none, and there is nothing to attend to.
+    all_types = full.get("token_type_ids") or [0] * n
+    n_words_b = all_types.count(1) - 1 if b else 0
+    for name, words in (("Sentence A", n - (3 if b else 2) - n_words_b), ("Sentence B", n_words_b if b else 1)):
+        if words <= 0:
+            raise InputError(f"{name} gives no tokens the model knows (only accents, marks or spaces); "
+                             "type some words.")
     truncated = False
     if n > max_tokens:
         if not truncate:
