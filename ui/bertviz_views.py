@@ -320,17 +320,20 @@ def bertviz_inputs(
     """The arguments of bertviz's ``head_view``/``model_view`` for this trace.
 
     ``attention`` follows bertviz's contract (one tensor per layer, batch of one) but holds
-    integers in 1/SCALE, and only the layers in ``include_layers`` (the others are None, which
-    bertviz never reads).
+    integers in 1/SCALE. Layers outside ``include_layers`` are zeros that take no memory
+    (a broadcast view): bertviz reads their shape (the model view counts heads in layer 0)
+    but never their values.
 
-    Shape: attention[layer] is (1, head, q_pos, k_pos) int32 for each shown layer.
+    Shape: attention[layer] is (1, head, q_pos, k_pos) int32.
     """
     import torch
 
     shown = _shown(trace, token_window)
     layers = _check_indices("layer", layers, trace.n_layers)
     heads = _check_indices("head", heads, trace.n_heads)
-    attention: list[Any] = [None] * trace.n_layers
+    n = len(shown.tokens)
+    unsent = torch.zeros((1, 1, 1, 1), dtype=torch.int32).expand(1, trace.n_heads, n, n)
+    attention: list[Any] = [unsent] * trace.n_layers
     for layer in layers:
         attention[layer] = torch.from_numpy(quantize(shown.attentions[layer]))[None]  # (1, head, q_pos, k_pos)
     return {
