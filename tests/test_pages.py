@@ -1,0 +1,196 @@
+"""AppTest of the "Attention" section's pages, bad text, and links that carry (or break) the state.
+
+Streamlit 1.67's AppTest resets ``PagesManager.uses_pages_directory`` before every run, so with a
+``pages/`` folder every run after the first executes the current page file alone (legacy
+multipage mode): app.py's sidebar is not drawn and the page would read the context of the run
+before. ``_run`` therefore drops the stored context first; ``ui.context.get_context`` then does
+what it does for a fresh server's first visitor (switches legacy mode off and reruns), so each
+run goes through app.py, its sidebar and its trace, as in the browser.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+TIMEOUT = 180
+# A small custom encoder where the model's size does not matter (each run takes well under a second).
+SMALL = {"ctl_layers": 2, "ctl_heads": 2, "ctl_hidden": 32}
+
+# page -> (title, what must be drawn: minimum number of plotly charts)
+PAGES = {
+    "pages/home.py": ("Attention Explorer", 1),
+    "pages/heatmaps.py": ("Attention heatmaps", 6),
+    "pages/causal.py": ("Causal mask & masked scores", 4),
+    "pages/inside.py": ("Inside the encoder", 15),
+}
+INSIDE_HEADERS = 7  # tokens, embeddings, one head, concat + W_O, feed-forward, LayerNorm, classifier
+
+
+def _page_params():
+    return [pytest.param(page, marks=pytest.mark.skipif(not (ROOT / page).exists(),
+                                                        reason=f"{page} does not exist yet"), id=Path(page).stem)
+            for page in PAGES]
+
+
+def _app(**state) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in state.items():
+        at.session_state[key] = value
+    return at
+
+
+def _clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert not at.sidebar.error, [e.value for e in at.sidebar.error]
+
+
+def _run(at: AppTest) -> AppTest:
+    """One run through app.py (see the module docstring)."""
+    if "_app_context" in at.session_state:
+        del at.session_state["_app_context"]
+    at.run()
+    assert len(at.sidebar.radio) >= 1, "app.py's sidebar was not drawn"
+    return at
+
+
+def _open(at: AppTest, page: str) -> AppTest:
+    if page != "pages/home.py":
+        at.switch_page(page)
+        _run(at)
+    return at
+
+
+def _check_page(at: AppTest, page: str, model: str) -> None:
+    _clean(at)
+    title, min_charts = PAGES[page]
+    assert [t.value for t in at.title] == [title]
+    charts = at.get("plotly_chart")
+    assert len(charts) >= min_charts, f"{page} drew {len(charts)} charts, expected at least {min_charts}"
+    assert at.session_state["_app_context"].trace.model_kind == model
+    if page == "pages/inside.py":
+        assert len(at.header) == INSIDE_HEADERS, [h.value for h in at.header]
+        text = " ".join(m.value for m in at.markdown)
+        if model == "bert":
+            assert "custom_from_bert" in " ".join(i.value for i in at.info)
+            assert "post-LayerNorm" in text
+        else:
+            assert "pre-LayerNorm" in text  # the sidebar's default for the custom encoder
+
+
+@pytest.mark.parametrize("page", _page_params())
+def test_page_with_default_inputs(page):
+    at = _app()
+    _run(at)
+    _open(at, page)
+    _check_page(at, page, "bert")
+
+
+@pytest.mark.parametrize("page", _page_params())
+def test_page_after_switching_to_the_custom_encoder(page):
+    at = _app(**SMALL)
+    _run(at)
+    assert at.session_state["_app_context"].trace.model_kind == "bert"
+    at.sidebar.radio(key="ctl_model").set_value("custom")
+    _run(at)
+    _clean(at)
+    trace = at.session_state["_app_context"].trace
+    assert (trace.model_kind, trace.n_layers, trace.n_heads, trace.hidden_size) == ("custom", 2, 2, 32)
+    _open(at, page)
+    _check_page(at, page, "custom")
+
+
+# -- bad text -------------------------------------------------------------------------------------
+def test_empty_sentence_a_says_what_to_type_on_home():
+    at = _app(ctl_text_a="   ", **SMALL)
+    _run(at)
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["_app_context"].trace is None
+    assert any("Sentence A is empty" in i.value for i in at.info), [i.value for i in at.info]
+    assert any("Sentence A is empty" in e.value for e in at.sidebar.error)
+
+
+@pytest.mark.parametrize("page", [p for p in _page_params() if p.values[0] != "pages/home.py"])
+def test_empty_sentence_a_stops_the_page_with_the_reason(page):
+    at = _app(ctl_text_a="", ctl_model="custom", **SMALL)
+    _run(at)
+    _open(at, page)
+    assert not at.exception, [e.value for e in at.exception]
+    assert [i.value for i in at.info] == ["Sentence A is empty; type sentence A (sentence B is optional)."]
+    assert not at.get("plotly_chart")
+
+
+def test_typing_a_sentence_again_brings_the_trace_back():
+    at = _app(ctl_text_a="", ctl_model="custom", **SMALL)
+    _run(at)
+    assert at.session_state["_app_context"].trace is None
+    at.sidebar.text_area(key="ctl_text_a").input("the cat sat")
+    _run(at)
+    _clean(at)
+    assert at.session_state["_app_context"].trace.tokens[:4] == ("[CLS]", "the", "cat", "sat")
+
+
+# -- links ----------------------------------------------------------------------------------------
+def _linked(**params: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for name, value in params.items():
+        at.query_params[name] = value
+    return at
+
+
+def test_link_restores_model_size_layer_and_head():
+    at = _linked(model="custom", layers="4", heads="2", hidden="32", layer="3", head="1", a="the cat sat")
+    _run(at)
+    _clean(at)
+    assert not at.toast, [t.value for t in at.toast]
+    ctx = at.session_state["_app_context"]
+    assert (ctx.trace.model_kind, ctx.trace.n_layers, ctx.layer, ctx.head) == ("custom", 4, 3, 1)
+    assert at.sidebar.radio(key="ctl_model").value == "custom"
+    assert at.sidebar.selectbox(key="sel_layer").value == 3
+    assert "Layer 3, head 1" in [s.value for s in at.subheader]
+    # The URL keeps the state (non-defaults only), so reloading the link gives the same view.
+    assert (at.query_params["layer"], at.query_params["model"], at.query_params["head"]) == ("3", "custom", "1")
+
+
+def test_link_opens_a_page_with_its_state():
+    at = _linked(model="custom", layers="4", heads="2", hidden="32", layer="3")
+    _run(at)
+    _open(at, "pages/inside.py")
+    _clean(at)
+    assert at.header[2].value.startswith("3 · Layer 3, head 0")
+
+
+def test_out_of_range_layer_in_a_link_warns_and_uses_the_default():
+    at = _linked(layer="99", model="custom", layers="2", heads="2", hidden="32")
+    _run(at)
+    _clean(at)
+    assert [t.value for t in at.toast] == ["Ignored the link's `layer` (99 is outside 0-23); using the default."]
+    ctx = at.session_state["_app_context"]
+    assert (ctx.trace.model_kind, ctx.layer) == ("custom", 0)
+    assert "layer" not in at.query_params  # the bad value is dropped from the URL
+
+
+def test_unknown_model_in_a_link_warns_and_uses_the_default():
+    at = _linked(model="gpt2", heads="x")
+    _run(at)
+    _clean(at)
+    toasts = " ".join(t.value for t in at.toast)
+    assert "`model` ('gpt2' is not one of bert, custom)" in toasts
+    assert "`heads`" in toasts
+    assert at.session_state["_app_context"].trace.model_kind == "bert"
+
+
+def test_layer_beyond_the_models_depth_is_clamped_to_its_last_layer():
+    # 0-23 parses, but this model has 2 layers: the picker clamps rather than failing.
+    at = _linked(model="custom", layers="2", heads="2", hidden="32", layer="5", head="9")
+    _run(at)
+    _clean(at)
+    ctx = at.session_state["_app_context"]
+    assert (ctx.layer, ctx.head) == (1, 1)
