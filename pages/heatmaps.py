@@ -20,15 +20,21 @@ pooled = t.n_tokens > 32
 st.caption("Each small square is one head's attention matrix (queries down, keys across). Click one to focus it."
            + (f" At {t.n_tokens} tokens each head is block-averaged to 32 × 32 cells here; the focused heatmap "
               "below is exact." if pooled else ""))
+
+
+def _focus_clicked_head() -> None:
+    """Runs before the script, so the sidebar's layer/head pickers can still take the new value."""
+    points = st.session_state["overview"].get("selection", {}).get("points", [])
+    # The clickable layer is the mosaic's second trace: one marker per head, in (layer, head) order.
+    clicked = [p for p in points if p.get("curve_number") == 1 and "point_index" in p]
+    if clicked:
+        layer_, head_ = divmod(int(clicked[0]["point_index"]), t.n_heads)
+        select_head(layer_, head_)
+
+
 with view_guard("overview"):
-    event = st.plotly_chart(overview_mosaic(t.attentions, selected=(layer, head)), config=PLOTLY_CONFIG,
-                            key="overview", on_select="rerun", selection_mode="points")
-    points = (event or {}).get("selection", {}).get("points", []) if event else []
-    if points:
-        owner = points[0].get("customdata")
-        if owner and owner[0] >= 0 and (owner[0], owner[1]) != (layer, head):
-            select_head(owner[0], owner[1])
-            st.rerun()
+    st.plotly_chart(overview_mosaic(t.attentions, selected=(layer, head)), config=PLOTLY_CONFIG,
+                    key="overview", on_select=_focus_clicked_head, selection_mode="points")
 
 st.subheader(f"Layer {layer}, head {head}")
 hide_special = st.toggle("Hide [CLS] and [SEP]", key="hide_special",

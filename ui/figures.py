@@ -117,7 +117,17 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tu
         fig.add_shape(type="rect", x0=head * step - 0.5, x1=head * step + m - 0.5, y0=layer * step - 0.5,
                       y1=layer * step + m - 0.5, line=dict(color="#e4572e", width=2))
     cell_px = max(2, min(10, 900 // (n_heads * step)))
+    # A heatmap alone reports no point selection to Streamlit; an invisible square marker on each
+    # head's centre does, so a click on a thumbnail focuses that head.
+    layers, heads = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    fig.add_trace(go.Scatter(
+        x=np.asarray(centers_x)[heads.ravel()], y=np.asarray(centers_y)[layers.ravel()], mode="markers",
+        marker=dict(symbol="square", size=max(10, int(m * cell_px * 0.8)), color="rgba(0,0,0,0)"),
+        customdata=np.stack([layers.ravel(), heads.ravel()], -1),
+        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<extra>click to focus</extra>",
+        showlegend=False))
     fig.update_layout(
+        clickmode="event+select", dragmode=False,
         height=min(900, 80 + n_layers * step * cell_px), margin=dict(l=10, r=10, t=30, b=10), plot_bgcolor="white",
         xaxis=dict(tickmode="array", tickvals=centers_x, ticktext=[f"H{h}" for h in range(n_heads)], side="top",
                    showgrid=False, zeroline=False),
