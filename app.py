@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import streamlit as st
@@ -40,6 +41,15 @@ def _navigation() -> st.navigation:
     return st.navigation(sections)
 
 
+# Markdown that could draw a link, an image, LaTeX or an icon out of a model id typed by a user.
+_MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]<>$~|:])")
+
+
+def _as_text(message: str) -> str:
+    """Escape Markdown so an error quoting user input shows it as typed (st.error and st.info render Markdown)."""
+    return _MARKDOWN_ACTIVE.sub(r"\\\1", message)
+
+
 def _use_bundled() -> None:
     st.session_state["ctl_model_id"] = BUNDLED_MODEL_ID
 
@@ -60,9 +70,9 @@ def main() -> None:
         with st.spinner("Running the model…"):
             trace = get_trace(**controls.trace_key())
     except (InputError, ModelLoadError, ValueError) as exc:
-        error = str(exc)
+        error = _as_text(str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
-        error = f"The model failed on this input ({type(exc).__name__}: {exc}). Try another text or model."
+        error = _as_text(f"The model failed on this input ({type(exc).__name__}: {exc}). Try another text or model.")
     layer = head = 0
     if trace is not None:
         layer, head = render_head_picker(trace.n_layers, trace.n_heads)
