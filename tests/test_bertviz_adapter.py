@@ -135,6 +135,8 @@ def test_only_the_shown_layers_and_heads_are_sent():
     trace = synthetic_trace(5, 0, n_layers=4, n_heads=4)
     head = bv.decode_params(bv.head_view_html(trace, layers=[2]))
     assert np.asarray(head["attention"][0]["attn"]).shape == (1, 4, 5, 5) and head["include_layers"] == [2]
+    two_heads = bv.decode_params(bv.head_view_html(trace, layers=[1], heads=[3, 1]))
+    np.testing.assert_allclose(two_heads["attention"][0]["attn"][0], trace.attentions[1, [3, 1]], atol=5e-4 + 1e-7)
     model = bv.decode_params(bv.model_view_html(trace, layers=[1, 3], heads=[0, 2]))
     assert np.asarray(model["attention"][0]["attn"]).shape == (2, 2, 5, 5)
     np.testing.assert_allclose(model["attention"][0]["attn"][1][1], trace.attentions[3, 2], atol=5e-4 + 1e-7)
@@ -281,5 +283,5 @@ def test_every_view_of_both_models_carries_the_trace(real_traces, model, kind):
     full = params["attention"]["all"] if kind == "neuron" else params["attention"][0]
     assert full["left_text"] == list(trace.tokens)
     sent = np.asarray(full["attn"])
-    expected = trace.attentions[[1]][:, [0]] if kind == "model" else trace.attentions[[1]]
+    expected = trace.attentions[[1]] if kind == "neuron" else trace.attentions[[1]][:, [0]]
     assert sent.shape == expected.shape and np.abs(sent - expected).max() <= 5e-4 + 1e-7

@@ -47,10 +47,11 @@ VENDOR_FILES = ("require.js", "d3v3.min.js", "d3v5.min.js", "jquery.min.js")
 # d3.scale.category10), the model and neuron views need d3 >= 4 (d3.schemeCategory10, d3.line).
 _D3_FOR_VIEW = {"head": "d3v3.min", "model": "d3v5.min", "neuron": "d3v5.min"}
 
-# SVG elements the browser can draw within about 3 s on a 2-core machine (bench/bench_bertviz.py
-# measures the curve: drawing time grows linearly with the number of elements). Past this, the
-# page offers a token window or the heatmaps instead of freezing the browser.
-MAX_ELEMENTS = 150_000
+# SVG elements the browser draws within about 3 s on a busy 2-core machine (bench/bench_bertviz.py:
+# drawing time grows linearly with the number of elements, about 25-50k elements a second, all of
+# it in one JavaScript task that freezes the tab). Past this, the page offers a token window,
+# fewer heads, or the heatmaps instead.
+MAX_ELEMENTS = 100_000
 
 _CDN = re.compile(r"https://cdnjs\.cloudflare\.com/ajax/libs/(require\.js|d3|jquery)/[^'\"]+?\.min(\.js)?(?=['\"])")
 
@@ -207,8 +208,8 @@ def check_size(
     """
     start, stop = check_window(trace, token_window)
     n_layers = len(_check_indices("layer", layers, trace.n_layers))
-    # The head view draws every head of its layer whatever is ticked; the model view only those sent.
-    n_heads = trace.n_heads if kind == "head" else len(_check_indices("head", heads, trace.n_heads))
+    # The head view draws every head sent (ticked or not), the neuron view one head.
+    n_heads = len(_check_indices("head", heads, trace.n_heads))
     n_elements = count_elements(kind, stop - start, n_layers, n_heads, trace.d_head)
     max_tokens = 1
     while max_tokens < trace.n_tokens and count_elements(kind, max_tokens + 1, n_layers, n_heads, trace.d_head) <= limit:
@@ -218,7 +219,7 @@ def check_size(
     message = (
         f"bertviz's {kind} view of {stop - start} tokens would draw about {n_elements:,} SVG elements; "
         f"past {limit:,} the browser stops responding. Show a token window of at most {max_tokens} tokens"
-        + (", fewer layers or heads," if kind == "model" else "")
+        + {"model": ", fewer layers or heads,", "head": ", fewer heads,"}.get(kind, "")
         + " or use the heatmaps, which have no such limit."
     )
     return SizeCheck(False, n_elements, limit, max_tokens, message)
@@ -357,7 +358,7 @@ def head_view_html(
     Args:
         trace: the forward pass to show.
         layers: layers the view's own layer menu offers (default: all); only these are sent.
-        heads: heads ticked at first (default: all); the view lets the user tick the others.
+        heads: heads sent (default: all), in this order: the view's colour squares stand for them.
         token_window: (start, stop) positions to show, half-open; None for the whole input.
         asset_base: where the page loads require.js, d3 and jQuery from.
 
@@ -367,25 +368,29 @@ def head_view_html(
     from bertviz import head_view
 
     args = bertviz_inputs(trace, layers, heads, token_window)
+    # bertviz's head view has no include_heads: send it only the chosen heads' rows.
+    sent_heads, shown_layers = args["heads"], set(args["include_layers"])
+    n = len(args["tokens"])
+    unsent = args["attention"][0].new_zeros((1, 1, 1, 1)).expand(1, len(sent_heads), n, n)
+    attention = [a[:, sent_heads] if layer in shown_layers else unsent  # (1, head, q_pos, k_pos)
+                 for layer, a in enumerate(args["attention"])]
     html = head_view(
-        attention=args["attention"],
+        attention=attention,
         tokens=args["tokens"],
         sentence_b_start=args["sentence_b_start"],
         include_layers=args["include_layers"],
         layer=args["include_layers"][0],
-        heads=args["heads"],
         html_action="return",
     ).data
     start, end, params = _find_params(html, "const params = ")
     _compact_pairs(params["attention"])
-    n = len(args["tokens"])
     height = math.ceil(n * _HEAD_BOX_HEIGHT + _HEAD_TEXT_TOP) + _CONTROLS
     return BertvizView(
         kind="head",
         html=_finish(html, "head", "const params = ", params, (start, end), asset_base),
         height=height,
         n_tokens=n,
-        n_elements=count_elements("head", n, 1, trace.n_heads, trace.d_head),
+        n_elements=count_elements("head", n, 1, len(sent_heads), trace.d_head),
     )
 
 

@@ -1,0 +1,81 @@
+"""bertviz's head, model and neuron views of the shared trace, drawn offline from local JavaScript."""
+
+from pathlib import Path
+
+import streamlit as st
+
+from ui import bertviz_views as bv
+from ui.context import require_trace
+from ui.guard import view_guard
+
+STATIC = Path(__file__).resolve().parents[1] / "static"
+HEATMAPS_PAGE = "pages/heatmaps.py"
+VIEW_LABELS = {
+    "head": "Head view",
+    "model": "Model view",
+    "neuron": "Neuron view",
+}
+VIEW_HELP = {
+    "head": "Lines from each token (left) to the tokens it attends to (right), one colour per head of the "
+            "chosen layer. Click a colour square to hide or show a head; double-click to show only it. "
+            "Hover a token to see only its lines.",
+    "model": "One thumbnail per layer and head (rows: layers, columns: heads). Click a thumbnail to enlarge it.",
+    "neuron": "How one head computes its weights: hover a token on the left, then click the ⊕ beside it to "
+              "see its query q, every key k, their elementwise product, the dot product q·k/√d and the "
+              "softmax. The vectors come from the trace, so this works for the custom encoder too.",
+}
+
+ctx = require_trace()
+t, layer, head = ctx.trace, ctx.layer, ctx.head
+st.title("bertviz views")
+st.caption(f"{t.description} · {t.n_tokens} tokens · layer {layer}, head {head} (sidebar)")
+
+missing = bv.vendor_missing(str(STATIC))
+if missing:
+    st.error(f"The JavaScript these views need is not installed ({', '.join(missing)} missing from static/vendor/). "
+             "Run `make setup` (it calls scripts/install_assets.sh, which needs npm), then reload.")
+    st.stop()
+
+kind = st.radio("View", list(VIEW_LABELS), format_func=VIEW_LABELS.get, horizontal=True, key="bv_kind")
+st.caption(VIEW_HELP[kind])
+
+layers: list[int] | None
+heads: list[int] | None
+if kind == "head":
+    c1, c2 = st.columns([1, 2])
+    all_layers = c1.toggle("All layers in the view's layer menu", key="bv_all_layers",
+                           help="Off: only the sidebar's layer is sent to the browser (smaller and faster).")
+    heads = c2.multiselect("Heads", range(t.n_heads), default=list(range(t.n_heads)), key="bv_head_heads",
+                           help="The colour squares stand for these heads, in this order.") or None
+    layers = None if all_layers else [layer]
+elif kind == "model":
+    c1, c2 = st.columns(2)
+    layers = c1.multiselect("Layers", range(t.n_layers), default=list(range(t.n_layers)), key="bv_layers") or None
+    heads = c2.multiselect("Heads", range(t.n_heads), default=list(range(t.n_heads)), key="bv_heads") or None
+else:
+    layers, heads = [layer], [head]
+    st.caption(f"Layer {layer}; the view's head menu starts at head {head}. Change the layer in the sidebar.")
+
+size = bv.check_size(kind, t, layers, heads)
+window = None
+if not size.ok:
+    st.warning(size.message, icon=":material/speed:")
+    st.page_link(HEATMAPS_PAGE, label="Open the heatmaps instead", icon=":material/grid_view:")
+if not size.ok or st.toggle("Show only a span of tokens", key="bv_use_window"):
+    lo, hi = st.slider("Token window (positions, end excluded)", 0, t.n_tokens,
+                       (0, min(size.max_tokens, t.n_tokens)), key="bv_window")
+    if hi - lo > size.max_tokens:
+        hi = lo + size.max_tokens
+        st.caption(f"Shortened to {size.max_tokens} tokens, the most this view draws without freezing the browser.")
+    if hi <= lo:
+        lo, hi = (lo, lo + 1) if lo < t.n_tokens else (lo - 1, lo)
+    window = (lo, hi)
+    st.caption(f"Tokens {lo}–{hi - 1}: {' '.join(t.tokens[lo:hi])}. The lines are the full model's weights "
+               "between these tokens; rows need not sum to 1 here, because weights to tokens outside the "
+               "window are not drawn.")
+
+with view_guard(f"bertviz {kind}"):
+    view = bv.view_html(kind, t, layers, heads, token_window=window)
+    st.iframe(view.html, height=view.height, alt=f"bertviz {VIEW_LABELS[kind].lower()}")
+    st.caption(f"{len(view.html.encode()) / 1e3:,.0f} kB sent · about {view.n_elements:,} SVG elements · "
+               "bertviz's own JavaScript, served by this app with d3 and jQuery from static/vendor/.")
