@@ -15,7 +15,9 @@ from ui.state import init_state, render_controls, render_head_picker, sync_query
 
 ROOT = Path(__file__).parent
 
-st.set_page_config(page_title="Attention Explorer", page_icon=":material/visibility:", layout="wide")
+# An emoji favicon is drawn as a data: URL; a :material/...: one is fetched from fonts.gstatic.com,
+# a request outside the app that a public, offline deployment must not make.
+st.set_page_config(page_title="Attention Explorer", page_icon="👁️", layout="wide")
 
 # (file, title, icon, section). Pages are thin: they read the context and draw.
 PAGES = [
@@ -41,13 +43,18 @@ def _navigation() -> st.navigation:
     return st.navigation(sections)
 
 
-# Markdown that could draw a link, an image, LaTeX or an icon out of a model id typed by a user.
-_MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]<>$~|:])")
+# Characters with which Markdown could draw a link, an image, LaTeX or an icon out of a model id
+# typed by a user. They become HTML character references, which Markdown shows as the character.
+_MARKDOWN_ACTIVE = re.compile(r"[\\`*_\[\]<>$~|:@&]")
+# Streamlit links bare URLs, www. names and e-mail addresses even when escaped; an invisible word
+# joiner (U+2060) after ":", "www" and before "@" stops that and reads the same.
+_AUTOLINK = re.compile(r"(&#58;)(?=//)|(?i:(www))(?=\.)|(?=&#64;)")
 
 
 def _as_text(message: str) -> str:
     """Escape Markdown so an error quoting user input shows it as typed (st.error and st.info render Markdown)."""
-    return _MARKDOWN_ACTIVE.sub(r"\\\1", message)
+    escaped = _MARKDOWN_ACTIVE.sub(lambda m: f"&#{ord(m.group())};", message)
+    return _AUTOLINK.sub(lambda m: (m.group(1) or m.group(2) or "") + "\u2060", escaped)
 
 
 def _use_bundled() -> None:
