@@ -285,3 +285,38 @@ def test_every_view_of_both_models_carries_the_trace(real_traces, model, kind):
     sent = np.asarray(full["attn"])
     expected = trace.attentions[[1]] if kind == "neuron" else trace.attentions[[1]][:, [0]]
     assert sent.shape == expected.shape and np.abs(sent - expected).max() <= 5e-4 + 1e-7
+
+
+# -- the page, in Streamlit's AppTest -----------------------------------------------------------------
+def _bertviz_page(**state):
+    """app.py on the home page (sidebar, trace), then the bertviz page (see tests/test_pages_analysis.py)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.switch_page("pages/bertviz.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(bv.vendor_missing(str(ROOT / "static"))), reason="static/vendor/ missing: run scripts/install_assets.sh")
+@pytest.mark.parametrize("kind", bv.VIEW_KINDS)
+def test_page_draws_each_view_of_a_short_pair_without_a_warning(kind):
+    at = _bertviz_page(ctl_model="custom", ctl_layers=2, ctl_heads=2, ctl_hidden=32, bv_kind=kind)
+    assert [t.value for t in at.title] == ["bertviz views"]
+    assert not at.error and not at.warning, [e.value for e in (*at.error, *at.warning)]
+    assert len(at.get("iframe")) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(bv.vendor_missing(str(ROOT / "static"))), reason="static/vendor/ missing: run scripts/install_assets.sh")
+def test_page_warns_and_windows_a_long_model_view():
+    words = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)
+    at = _bertviz_page(ctl_text_a=words, ctl_text_b="", bv_kind="model")
+    assert len(at.warning) == 1 and "token window" in at.warning[0].value
+    assert at.slider(key="bv_window").value == (0, 37)
+    assert len(at.get("iframe")) == 1
