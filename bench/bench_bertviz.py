@@ -163,7 +163,8 @@ def draw(browser, pages: Pages, name: str, html: str, timeout_s: float, screensh
                     raise
         result["ms"] = page.evaluate(PAINT_JS)
         result["elements"] = page.evaluate("document.querySelectorAll('svg *').length")
-        result["content_height"] = page.evaluate("Math.ceil(document.body.getBoundingClientRect().bottom)")
+        result["content_height"] = page.evaluate(
+            "Math.ceil(document.querySelector('[id^=bertviz-]').getBoundingClientRect().bottom)")
         if screenshot is not None:
             page.screenshot(path=str(screenshot), full_page=False)
     except Exception as exc:  # a timeout is a result here: the browser did not finish
