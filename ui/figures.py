@@ -30,6 +30,14 @@ def _ticks(tokens: tuple[str, ...], keep: np.ndarray) -> dict:
                 ticktext=[token_label(tokens[keep[i]]) for i in shown], tickfont=dict(size=10))
 
 
+def _category_ticks(labels: list[str]) -> dict:
+    """Ticks for an axis whose categories are ``labels`` ("i: token"): at most MAX_TICKS, showing the token."""
+    step = max(1, int(np.ceil(len(labels) / MAX_TICKS)))
+    shown = labels[::step]
+    return dict(type="category", tickmode="array", tickvals=shown,
+                ticktext=[label.split(": ", 1)[1] for label in shown], tickfont=dict(size=10))
+
+
 def attention_heatmap(
     matrix: np.ndarray,
     tokens: tuple[str, ...],
@@ -53,25 +61,26 @@ def attention_heatmap(
     keep = np.array([i for i in range(len(tokens)) if i not in set(hide)], dtype=int)
     z = np.asarray(matrix, dtype=np.float64)[np.ix_(keep, keep)]
     neg_inf = np.isneginf(z)
-    shown = np.where(neg_inf, np.nan, z)
+    # float32 goes to the browser as a base64 typed array (4 bytes a cell) rather than JSON text.
+    shown = np.round(np.where(neg_inf, np.nan, z), 5).astype(np.float32)
     labels = [f"{i}: {token_label(tokens[i])}" for i in keep]
     n = len(keep)
-    custom = np.empty((n, n, 2), dtype=object)
-    custom[:, :, 0] = np.array(labels, dtype=object)[:, None]
-    custom[:, :, 1] = np.array(labels, dtype=object)[None, :]
+    # The axes are categories named "i: token", so the hover reads the exact labels from x and y:
+    # no (n, n, 2) customdata of strings, which at 512 tokens was 9 MB of JSON.
     fig = go.Figure(go.Heatmap(
-        z=np.round(shown, 5), customdata=custom, colorscale=colorscale, zmin=zmin, zmax=zmax,
-        hovertemplate=f"query %{{customdata[0]}}<br>key %{{customdata[1]}}<br>{value_name} %{{z:.4f}}<extra></extra>",
+        z=shown, x=labels, y=labels, colorscale=colorscale, zmin=zmin, zmax=zmax,
+        hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
         colorbar=dict(title=dict(text=value_name), thickness=12), hoverongaps=False,
     ))
     if neg_inf.any():
         # A separate grey layer, so -inf can never be read as a value of the colour scale.
         fig.add_trace(go.Heatmap(
-            z=np.where(neg_inf, 1.0, np.nan), customdata=custom, colorscale=[[0, MASKED_COLOR], [1, MASKED_COLOR]],
+            z=np.where(neg_inf, 1.0, np.nan).astype(np.float32), x=labels, y=labels,
+            colorscale=[[0, MASKED_COLOR], [1, MASKED_COLOR]],
             showscale=False, hoverongaps=False, name="-inf (masked)",
             text=np.where(neg_inf, "−∞", "") if n <= 24 else None,
             texttemplate="%{text}" if n <= 24 else None, textfont=dict(color="white", size=10),
-            hovertemplate=f"query %{{customdata[0]}}<br>key %{{customdata[1]}}<br>{value_name} -inf (masked)<extra></extra>",
+            hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{value_name} -inf (masked)<extra></extra>",
         ))
     if sentence_b_start is not None and sentence_b_start not in set(hide):
         b = int(np.searchsorted(keep, sentence_b_start)) - 0.5
@@ -81,8 +90,8 @@ def attention_heatmap(
         title=dict(text=title, font=dict(size=14)), height=height or min(760, 260 + 14 * n),
         margin=dict(l=10, r=10, t=40 if title else 10, b=10), plot_bgcolor="white",
         legend=dict(orientation="h", y=-0.12),
-        xaxis=dict(title="key (attended to)", side="top", **_ticks(tokens, keep)),
-        yaxis=dict(title="query (attending)", autorange="reversed", **_ticks(tokens, keep)),
+        xaxis=dict(title="key (attended to)", side="top", **_category_ticks(labels)),
+        yaxis=dict(title="query (attending)", autorange="reversed", **_category_ticks(labels)),
     )
     return fig
 
@@ -91,7 +100,7 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tu
     """All layers x heads as small multiples in ONE Plotly heatmap (fast at any length).
 
     Each head is block-averaged to at most ``max_cells`` squared cells; a one-cell gap separates
-    heads. Clicking a cell reports (layer, head) through customdata.
+    heads. Clicking a head reports (layer, head) through the invisible marker on its centre.
 
     Shape: attentions (layer, head, q_pos, k_pos).
     """
@@ -99,23 +108,28 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tu
     m = min(n, max_cells)
     step = m + 1
     mosaic = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)
-    owner = np.full(mosaic.shape + (2,), -1, dtype=np.int16)
+    pooled = pool_matrix(attentions, m)  # every head at once: (layer, head, m, m)
     for layer in range(n_layers):
         for head in range(n_heads):
             r, c = layer * step, head * step
-            mosaic[r:r + m, c:c + m] = pool_matrix(attentions[layer, head], m)
-            owner[r:r + m, c:c + m] = (layer, head)
+            mosaic[r:r + m, c:c + m] = pooled[layer, head]
+    # Cell coordinates in head (x) and layer (y) units: head h's cells lie within h ± 0.47, so the
+    # hover reads layer and head as %{y:.0f} and %{x:.0f}, with no per-cell customdata to send.
+    offset = (m - 1) / 2
+    xs = (np.arange(mosaic.shape[1]) - offset) / step
+    ys = (np.arange(mosaic.shape[0]) - offset) / step
     fig = go.Figure(go.Heatmap(
-        z=np.round(mosaic, 3), customdata=owner, colorscale=WEIGHT_SCALE, zmin=0, zmax=1, showscale=True,
-        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>weight %{z:.3f}<extra></extra>",
+        z=np.round(mosaic, 3), x=xs, y=ys, colorscale=WEIGHT_SCALE, zmin=0, zmax=1, showscale=True,
+        hovertemplate="layer %{y:.0f}, head %{x:.0f}<br>weight %{z:.3f}<extra></extra>",
         hoverongaps=False, colorbar=dict(thickness=10, title=dict(text="weight")),
     ))
-    centers_x = [h * step + (m - 1) / 2 for h in range(n_heads)]
-    centers_y = [layer * step + (m - 1) / 2 for layer in range(n_layers)]
+    centers_x = list(range(n_heads))
+    centers_y = list(range(n_layers))
     if selected is not None:
         layer, head = selected
-        fig.add_shape(type="rect", x0=head * step - 0.5, x1=head * step + m - 0.5, y0=layer * step - 0.5,
-                      y1=layer * step + m - 0.5, line=dict(color="#e4572e", width=2))
+        half = m / (2 * step)
+        fig.add_shape(type="rect", x0=head - half, x1=head + half, y0=layer - half, y1=layer + half,
+                      line=dict(color="#e4572e", width=2))
     cell_px = max(2, min(10, 900 // (n_heads * step)))
     # A heatmap alone reports no point selection to Streamlit; an invisible square marker on each
     # head's centre does, so a click on a thumbnail focuses that head.
