@@ -1,0 +1,209 @@
+"""Every page of app.py's PAGES in headless Chromium: it finishes, draws a figure, shows no error.
+
+The app starts as ``make run`` starts it (``.venv/bin/streamlit run app.py``), headless on a free
+port. Screenshots go to ``$AE_SCREENSHOT_DIR`` (default: a pytest temporary folder). Requests
+that leave 127.0.0.1 are recorded in ``outside_requests.json`` there and reported as a warning,
+not a failure: the zero-outside-requests test lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import warnings
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+START_TIMEOUT_S = 120
+PAGE_TIMEOUT_S = 180
+QUIET_S = 2.0
+# Pages that by design draw their figures only after the user picks something; the message they
+# show instead must be there.
+NO_FIGURE_UNTIL_INPUT = {"pages/analysis_masking.py": "Pick at least one head"}
+# Streamlit's frontend, opened at /<page>, first probes /<page>/_stcore/... to find the app's base
+# path; the 404s it logs for those probes are Streamlit's, not ours.
+BASE_PATH_PROBES = ("/_stcore/health", "/_stcore/host-config")  # the status widget must stay away this long before a run counts as finished
+
+if not CHROMIUM.exists():
+    pytest.skip("Chromium not installed: apt-get install chromium", allow_module_level=True)
+
+
+def app_pages() -> list[tuple[str, str]]:
+    """(file, title) of every page in app.py's PAGES, read without running app.py."""
+    tree = ast.parse((ROOT / "app.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PAGES" for t in node.targets):
+            return [(path, title) for path, title, *_ in ast.literal_eval(node.value)]
+    raise AssertionError("app.py has no PAGES list")
+
+
+PAGES = app_pages()
+
+
+def _url_path(page: str) -> str:
+    return "" if page == "pages/home.py" else Path(page).stem  # home is the default page, at /
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _streamlit_command(port: int) -> list[str]:
+    exe = ROOT / ".venv" / "bin" / "streamlit"
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "streamlit"]
+    return base + ["run", "app.py", "--server.port", str(port), "--server.headless", "true"]
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory):
+    """The app, started once for the session as `make run` starts it; stopped at the end."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(_streamlit_command(port), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"streamlit exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"/_stcore/health did not answer in {START_TIMEOUT_S} s:\n"
+                                     f"{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="session")
+def screenshot_dir(tmp_path_factory) -> Path:
+    folder = os.environ.get("AE_SCREENSHOT_DIR")
+    path = Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def outside_requests(screenshot_dir):
+    """page -> URLs it requested outside 127.0.0.1; written out and warned about at the end."""
+    seen: dict[str, list[str]] = {}
+    yield seen
+    outside = {page: sorted(set(urls)) for page, urls in seen.items() if urls}
+    (screenshot_dir / "outside_requests.json").write_text(json.dumps(outside, indent=2))
+    if outside:
+        warnings.warn(f"requests leaving 127.0.0.1: {json.dumps(outside)}", stacklevel=1)
+
+
+def _wait_for_run(page, timeout_s: float) -> None:
+    """Until the app has drawn and the status widget ("Running…") has stayed away for QUIET_S."""
+    page.wait_for_selector('[data-testid="stSidebar"]', timeout=timeout_s * 1000)
+    deadline = time.monotonic() + timeout_s
+    quiet_since = None
+    while time.monotonic() < deadline:
+        busy = page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"]').count() > 0
+        if busy:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= QUIET_S:
+            return
+        page.wait_for_timeout(250)
+    raise AssertionError(f"the page was still running after {timeout_s} s")
+
+
+SCROLL_HEIGHT_JS = """() => Math.max(1000, ...["stAppViewContainer", "stMain", "stMainBlockContainer"].map(
+    id => (document.querySelector(`[data-testid="${id}"]`) || {scrollHeight: 0}).scrollHeight))"""
+def _is_base_path_probe(message, page_file: str) -> bool:
+    url = urlparse(message.location.get("url") or "")
+    prefix = f"/{_url_path(page_file)}"
+    return ("404" in message.text and url.hostname in LOCAL_HOSTS and prefix != "/"
+            and url.path in {prefix + probe for probe in BASE_PATH_PROBES})
+
+
+FIGURES = ('[data-testid="stMain"] .main-svg, [data-testid="stMain"] iframe, '
+           '[data-testid="stMain"] img, [data-testid="stMain"] canvas')
+
+
+@pytest.mark.parametrize("page_file,title", PAGES, ids=[Path(p).stem for p, _ in PAGES])
+def test_page_renders_in_chromium(page_file, title, app_url, browser, screenshot_dir, outside_requests):
+    if not (ROOT / page_file).exists():
+        pytest.skip(f"{page_file} does not exist yet")
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    console_errors, page_errors, outside = [], [], outside_requests.setdefault(page_file, [])
+    page.on("console", lambda m: console_errors.append(f"{m.text} @ {m.location.get('url')}")
+            if m.type == "error" and not _is_base_path_probe(m, page_file) else None)
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    page.on("request", lambda r: outside.append(r.url)
+            if urlparse(r.url).scheme in ("http", "https", "ws", "wss")
+            and urlparse(r.url).hostname not in LOCAL_HOSTS else None)
+    try:
+        page.goto(f"{app_url}/{_url_path(page_file)}", wait_until="domcontentloaded")
+        _wait_for_run(page, PAGE_TIMEOUT_S)
+        try:
+            page.wait_for_selector(FIGURES, state="attached", timeout=30_000)
+        except Exception:  # noqa: BLE001 - the assertion below says what is missing
+            pass
+        page.wait_for_timeout(1000)  # let plotly finish laying out before the screenshot
+        # Streamlit scrolls inside stMain, not the window: grow the window to the content for one picture.
+        height = page.evaluate(SCROLL_HEIGHT_JS)
+        page.set_viewport_size({"width": 1400, "height": min(int(height) + 100, 16000)})
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(screenshot_dir / f"{Path(page_file).stem}.png"), full_page=True)
+
+        exceptions = page.locator('[data-testid="stException"]')
+        assert exceptions.count() == 0, exceptions.all_inner_texts()
+        errors = page.locator('[data-testid="stAlertContentError"]')
+        assert errors.count() == 0, errors.all_inner_texts()
+        if page_file in NO_FIGURE_UNTIL_INPUT:
+            info = " ".join(page.locator('[data-testid="stAlertContentInfo"]').all_inner_texts())
+            assert NO_FIGURE_UNTIL_INPUT[page_file] in info, info
+        else:
+            assert page.locator(FIGURES).count() > 0, f"{page_file} drew no figure (plotly chart, iframe, image)"
+        headings = page.locator('[data-testid="stMain"] h1, [data-testid="stMain"] h2').all_inner_texts()
+        assert headings, f"{page_file} has no heading"
+        assert not page_errors, page_errors
+        assert not console_errors, console_errors
+    finally:
+        context.close()
