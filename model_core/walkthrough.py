@@ -127,6 +127,11 @@ class Walkthrough:
     def intermediate_size(self) -> int:
         return int(self.ffn_hidden.shape[-1])
 
+    def score_limit(self, head: int) -> float:
+        """The largest finite |score| of ``head``, for a colour scale centred on 0 (1.0 if all are 0)."""
+        scores = self.scores[head]
+        return float(np.abs(scores[np.isfinite(scores)]).max(initial=0.0)) or 1.0
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Each array field's shape, by field name."""
         return {f.name: tuple(getattr(self, f.name).shape) for f in fields(self)

@@ -67,7 +67,7 @@ st.markdown("The tokenizer splits the text into WordPiece units (`##` marks a pi
 with view_guard("token table"):
     st.dataframe(pd.DataFrame({"position": range(n), "token": wt.tokens, "id": wt.token_ids,
                                "token type": ["A (0)" if k == 0 else "B (1)" for k in wt.token_type_ids]}),
-                 hide_index=True, width="stretch", height=min(400, 38 + 35 * n))
+                 hide_index=True, width="stretch", height=min(560, 40 + 35 * (n + 1)))
     shape_line("token_ids", "token_type_ids")
 
 # -- (b) embeddings -----------------------------------------------------------------------------
@@ -112,8 +112,9 @@ with view_guard("scores and weights"):
     with c1:
         st.plotly_chart(attention_heatmap(wt.masked_scores[head], wt.tokens, title="Scores QKᵀ/√d_head"
                                           + (" after the causal mask (−∞ above the diagonal)" if wt.causal else ""),
-                                          sentence_b_start=wt.sentence_b_start, colorscale=SCORE_SCALE, zmin=None,
-                                          value_name="score"), config=PLOTLY_CONFIG, key="scores")
+                                          sentence_b_start=wt.sentence_b_start, colorscale=SCORE_SCALE,
+                                          zmin=-wt.score_limit(head), zmax=wt.score_limit(head), value_name="score"),
+                        config=PLOTLY_CONFIG, key="scores")
         shape_line("scores")
     with c2:
         st.plotly_chart(attention_heatmap(wt.weights[head], wt.tokens, title="Weights = softmax(scores)",

@@ -183,6 +183,12 @@ def test_arrays_are_read_only(custom_case):
     assert isinstance(wt, Walkthrough)
 
 
+def test_score_limit_is_the_largest_finite_absolute_score(custom_case):
+    wt = custom_case[2][1]
+    assert wt.score_limit(1) == pytest.approx(float(np.abs(wt.scores[1]).max()))
+    assert np.isfinite(wt.score_limit(0))
+
+
 def test_token_norms_rejects_a_non_token_field(custom_case):
     wt = custom_case[2][0]
     assert wt.token_norms("embeddings").shape == (wt.n_tokens,)
