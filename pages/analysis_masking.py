@@ -35,7 +35,9 @@ how_to_read(
 )
 
 pairs = [(layer, head) for layer in range(trace.n_layers) for head in range(trace.n_heads)]
-st.session_state[OFF_KEY] = [p for p in st.session_state.get(OFF_KEY, []) if tuple(p) in set(pairs)]
+# First visit: switch off the head focused in the sidebar, so the page opens on a result.
+default_off = [(ctx.layer, ctx.head)] if OFF_KEY not in st.session_state else st.session_state[OFF_KEY]
+st.session_state[OFF_KEY] = [p for p in default_off if tuple(p) in set(pairs)]
 c1, c2 = st.columns([3, 1])
 off = c1.multiselect("Heads to switch off", pairs, format_func=_label, key=OFF_KEY,
                      placeholder="e.g. layer 0 · head 0")

@@ -35,7 +35,7 @@ PAGE_TIMEOUT_S = 180
 QUIET_S = 2.0
 # Pages that by design draw their figures only after the user picks something; the message they
 # show instead must be there.
-NO_FIGURE_UNTIL_INPUT = {"pages/analysis_masking.py": "Pick at least one head"}
+NO_FIGURE_UNTIL_INPUT: dict[str, str] = {}  # page file -> the message it shows instead of a figure
 # Streamlit's frontend, opened at /<page>, first probes /<page>/_stcore/... to find the app's base
 # path; the 404s it logs for those probes are Streamlit's, not ours.
 BASE_PATH_PROBES = ("/_stcore/health", "/_stcore/host-config")  # the status widget must stay away this long before a run counts as finished

@@ -96,12 +96,16 @@ def test_head_stats_open_button_focuses_the_head_in_heatmaps():
     assert at.title[0].value == "Attention heatmaps"
 
 
-def test_masking_asks_for_heads_then_compares():
+def test_masking_opens_on_the_focused_head_and_asks_when_none_is_off():
     at = _open("pages/analysis_masking.py")
+    assert not at.exception, [e.value for e in at.exception]
+    assert list(at.multiselect(key="mask_off_heads").value) == [(0, 0)]
+    assert len(_charts(at)) == 3  # [CLS] hidden state, TV grid, JS grid
+    at.multiselect(key="mask_off_heads").set_value([]).run()
     assert "Pick at least one head" in at.info[0].value
     at.selectbox(key="mask_whole_layer").set_value(0).run()
     assert not at.exception
-    assert len(_charts(at)) == 3  # [CLS] hidden state, TV grid, JS grid
+    assert len(_charts(at)) == 3
 
 
 def test_masking_shows_logits_for_the_custom_encoder():

@@ -76,8 +76,9 @@ def side_by_side_figure(
     Shape: left, right (q_pos, k_pos).
     """
     n = len(tokens)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.12)
-    for col, (matrix, x) in enumerate(((left, 0.44), (right, 1.0)), start=1):
+    # Wide spacing: the left colour bar and the right heatmap's token labels both live in the gap.
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.25)
+    for col, (matrix, x) in enumerate(((left, 0.385), (right, 1.01)), start=1):
         fig.add_trace(
             go.Heatmap(
                 z=np.asarray(matrix, dtype=float),
@@ -85,7 +86,7 @@ def side_by_side_figure(
                 y=list(range(n)),
                 colorscale="Blues",
                 zmin=0.0,
-                colorbar={"x": x, "len": 0.9},
+                colorbar={"x": x, "len": 0.9, "thickness": 12},
                 hovertemplate="query %{y} → key %{x}<br>%{z:.4f}<extra></extra>",
             ),
             row=1,

@@ -181,8 +181,12 @@ def _model_help(settings: Settings) -> str:
 def render_head_picker(n_layers: int, n_heads: int) -> tuple[int, int]:
     """Layer and head selectors in the sidebar, clamped to the current model's size."""
     s = st.session_state
-    s["sel_layer"] = min(max(int(s.get("sel_layer", 0)), 0), n_layers - 1)
-    s["sel_head"] = min(max(int(s.get("sel_head", 0)), 0), n_heads - 1)
+    for key, name, count in (("sel_layer", "Layer", n_layers), ("sel_head", "Head", n_heads)):
+        wanted = int(s.get(key, 0))
+        s[key] = min(max(wanted, 0), count - 1)
+        if s[key] != wanted:
+            st.toast(f"{name} {wanted} does not exist in this model ({name.lower()}s 0-{count - 1}); "
+                     f"showing {name.lower()} {s[key]}.", icon="⚠️")
     c1, c2 = st.sidebar.columns(2)
     c1.selectbox("Layer", range(n_layers), key="sel_layer")
     c2.selectbox("Head", range(n_heads), key="sel_head")
