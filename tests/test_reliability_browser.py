@@ -1,0 +1,264 @@
+"""The real app in headless Chromium: hostile text stays text, no request leaves the app's origin,
+and ten concurrent sessions each see only their own text.
+
+The server starts as ``make run`` starts it (``.venv/bin/streamlit run app.py``, so the repository's
+``.streamlit/config.toml`` applies), headless on a free port, offline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlencode, urlparse
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+START_TIMEOUT_S = 120
+RUN_TIMEOUT_S = 240
+QUIET_S = 1.5
+
+if not CHROMIUM.exists():
+    pytest.skip("Chromium not installed: apt-get install chromium", allow_module_level=True)
+
+SCRIPT = "<script>alert(1)</script>"
+IMG = '"><img src=x onerror=alert(1)>'
+HOSTILE_QUERY = {"a": f"{SCRIPT} {{{{7*7}}}}", "b": IMG}
+# Every element an injection could create; none may exist in the page or in any iframe.
+INJECTED = 'img[src="x"], img[onerror], [onerror*="alert"], a[href*="evil.example"], a[href^="javascript:"]'
+INJECTED_SCRIPT_JS = """() => [...document.querySelectorAll('script')].filter(s => s.textContent.includes('alert(1)')).length"""
+
+
+def _pages() -> list[str]:
+    import ast
+
+    tree = ast.parse((ROOT / "app.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PAGES" for t in node.targets):
+            return [path for path, *_ in ast.literal_eval(node.value) if (ROOT / path).exists()]
+    raise AssertionError("app.py has no PAGES list")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One streamlit process for this module; ``rss_mb`` reads its resident memory."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        exe = ROOT / ".venv" / "bin" / "streamlit"
+        cmd = ([str(exe)] if exe.exists() else [sys.executable, "-m", "streamlit"]) + [
+            "run", "app.py", "--server.port", str(self.port), "--server.headless", "true"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        self.log_path = log_path
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"streamlit exited with {self.proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"no health answer in {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            kb = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+        return kb / 1024
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("reliability") / "server.log")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _wait_for_run(page, timeout_s: float = RUN_TIMEOUT_S, quiet_s: float = QUIET_S) -> None:
+    """Until the app has drawn and the status widget has stayed away for ``quiet_s``."""
+    page.wait_for_selector('[data-testid="stSidebar"]', timeout=timeout_s * 1000)
+    deadline = time.monotonic() + timeout_s
+    quiet_since = None
+    while time.monotonic() < deadline:
+        busy = page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"]').count() > 0
+        if busy:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            return
+        page.wait_for_timeout(200)
+    raise AssertionError(f"the page was still running after {timeout_s} s")
+
+
+def _watch(page, origin_host: str) -> dict[str, list]:
+    """Record dialogs (and dismiss them), page errors, and requests that leave the app's origin."""
+    seen: dict[str, list] = {"dialogs": [], "outside": [], "requests": []}
+
+    def on_dialog(dialog) -> None:
+        seen["dialogs"].append(f"{dialog.type}: {dialog.message}")
+        dialog.dismiss()
+
+    def on_request(request) -> None:
+        seen["requests"].append(request.url)
+        parsed = urlparse(request.url)
+        if parsed.scheme in ("data", "blob", "about"):
+            return
+        if parsed.hostname != origin_host:
+            seen["outside"].append(request.url)
+
+    page.on("dialog", on_dialog)
+    page.on("request", on_request)
+    return seen
+
+
+def _injected_elements(page) -> list[str]:
+    """Injected elements and scripts in the page and in every iframe (bertviz views live in iframes)."""
+    found = []
+    for frame in page.frames:
+        try:
+            n = frame.locator(INJECTED).count()
+            scripts = frame.evaluate(INJECTED_SCRIPT_JS)
+        except Exception:  # noqa: BLE001 - a frame that navigated away mid-check has nothing left in it
+            continue
+        if n or scripts:
+            found.append(f"{frame.url}: {n} injected elements, {scripts} injected scripts")
+    return found
+
+
+@pytest.mark.parametrize("page_file", _pages(), ids=lambda p: Path(p).stem)
+def test_hostile_text_stays_text_and_nothing_leaves_the_origin(page_file, server, browser):
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    page = context.new_page()
+    seen = _watch(page, "127.0.0.1")
+    path = "" if page_file == "pages/home.py" else Path(page_file).stem
+    try:
+        page.goto(f"{server.url}/{path}?{urlencode(HOSTILE_QUERY)}", wait_until="domcontentloaded")
+        _wait_for_run(page)
+        page.wait_for_timeout(1500)  # plotly and the iframes finish drawing; an onerror would have fired
+        for frame in page.frames:  # scroll lazy content into view so every iframe loads
+            try:
+                frame.evaluate("() => window.scrollTo(0, document.body.scrollHeight)")
+            except Exception:  # noqa: BLE001
+                pass
+        page.wait_for_timeout(1000)
+        assert not seen["dialogs"], seen["dialogs"]
+        assert not _injected_elements(page), _injected_elements(page)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        # The input is shown as typed, as text.
+        assert page.get_by_label("Sentence B (optional)").input_value() == IMG
+        assert not seen["outside"], f"requests outside the app's origin: {sorted(set(seen['outside']))}"
+        assert seen["requests"], "the listener saw no request at all; it cannot be trusted"
+    finally:
+        page.screenshot(path=f"/tmp/rel8_{Path(page_file).stem}.png", full_page=False)
+        context.close()
+
+
+@pytest.mark.parametrize("model_id", ["[x](https://evil.example/)", "<img src=x onerror=alert(1)>",
+                                      "www.evil.example/a@evil.example/$x$"])
+def test_hostile_model_id_is_shown_as_text(model_id, server, browser):
+    context = browser.new_context()
+    page = context.new_page()
+    seen = _watch(page, "127.0.0.1")
+    try:
+        page.goto(f"{server.url}/?{urlencode({'model_id': model_id})}", wait_until="domcontentloaded")
+        _wait_for_run(page)
+        error = page.locator('[data-testid="stSidebar"] [data-testid="stAlertContentError"]')
+        assert error.count() == 1
+        # Shown literally, brackets and angle brackets included (app.py adds invisible word joiners).
+        assert model_id in error.inner_text().replace("\u2060", "")
+        assert not _injected_elements(page)
+        assert not seen["dialogs"] and not seen["outside"]
+    finally:
+        context.close()
+
+
+WORDS = ["apple", "river", "mountain", "violin", "tiger", "castle", "pepper", "rocket", "garden", "silver"]
+NEW_WORDS = ["orange", "ocean", "valley", "guitar", "lion", "palace", "ginger", "planet", "forest", "golden"]
+
+
+def _wait_for_token(page, word: str, timeout_s: float = RUN_TIMEOUT_S) -> None:
+    """Until the focused heatmap's key axis shows ``word`` as a token."""
+    page.wait_for_function(
+        "w => [...document.querySelectorAll('[data-testid=stMain] .xtick text')].some(t => t.textContent === w)",
+        arg=word, timeout=timeout_s * 1000)
+
+
+def _own_words_only(page, own: str, others: list[str]) -> None:
+    ticks = " ".join(page.locator('[data-testid="stMain"] .xtick text').all_text_contents())
+    assert own in ticks.split(), f"{own!r} not among the heatmap's tokens: {ticks!r}"
+    html = page.content().lower()
+    leaked = [w for w in others if re.search(rf"\b{w}\b", html)]
+    assert not leaked, f"session of {own!r} shows another session's text: {leaked}"
+
+
+def test_ten_concurrent_sessions_each_see_only_their_own_text(server, browser):
+    contexts = [browser.new_context(viewport={"width": 1200, "height": 900}) for _ in WORDS]
+    pages = [c.new_page() for c in contexts]
+    rss = [server.rss_mb()]
+    t0 = time.monotonic()
+    try:
+        for page, word in zip(pages, WORDS):  # all ten sessions start before any is awaited
+            page.goto(f"{server.url}/?{urlencode({'a': f'the {word} sleeps', 'b': ''})}", wait_until="commit")
+        for page, word in zip(pages, WORDS):
+            _wait_for_token(page, word)
+            _own_words_only(page, word, [w for w in WORDS + NEW_WORDS if w != word])
+        t1 = time.monotonic()
+        rss.append(server.rss_mb())
+        # Every session now types a new sentence at once: ten reruns race on one process.
+        for page, word in zip(pages, NEW_WORDS):
+            box = page.get_by_label("Sentence A")
+            box.fill(f"a {word} waits")
+            box.press("Control+Enter")
+        for page, word in zip(pages, NEW_WORDS):
+            _wait_for_token(page, word)
+            _wait_for_run(page, quiet_s=0.5)
+            _own_words_only(page, word, [w for w in WORDS + NEW_WORDS if w != word])
+        rss.append(server.rss_mb())
+    finally:
+        for c in contexts:
+            c.close()
+    print(f"10 sessions x 2 texts in {time.monotonic() - t0:.1f} s (first texts, model load included: "
+          f"{t1 - t0:.1f} s); server RSS MB before/after first/after second: "
+          f"{[round(r) for r in rss]}")
