@@ -148,6 +148,22 @@ def test_allowlist_refuses_other_models(monkeypatch):
     monkeypatch.setenv("AE_ALLOWED_MODELS", "bert-base-uncased")
     at = _run({"ctl_model_id": "prajjwal1/bert-tiny"})
     assert "is not allowed on this deployment" in _sidebar_error(at)
+    assert _run().session_state["_app_context"].trace is not None  # the bundled default still works
+
+
+def test_remote_code_in_a_model_folder_is_never_run(tmp_path):
+    """A folder whose config points at its own Python code: the code must not be imported."""
+    marker = tmp_path / "remote_code_ran"
+    folder = tmp_path / "evil-bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "bert", "architectures": ["EvilModel"], "hidden_size": 8, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "intermediate_size": 16, "vocab_size": 30,
+        "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}}))
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    at = _run({"ctl_model_id": str(folder)})
+    assert _sidebar_error(at)  # no weights, no tokenizer: refused with a message
+    assert not marker.exists(), "the folder's Python code was executed"
 
 
 def test_local_folders_refused_when_switched_off(monkeypatch):
@@ -170,9 +186,10 @@ def test_markdown_in_a_model_id_is_shown_as_text():
 # -- links (query parameters) --------------------------------------------------------------------
 
 def test_out_of_range_query_params_are_ignored_with_a_toast():
-    at = _run(query={"layer": "99", "head": "-1", "seed": "1e99", "layers": "0", "model": "gpt2", "causal": "maybe"})
+    at = _run(query={"layer": "99", "head": "-1", "seed": "1e99", "layers": "0", "model": "gpt2", "causal": "maybe",
+                     "a": "x" * 20_001})
     toasts = " ".join(t.value for t in at.toast)
-    for name in ("layer", "head", "seed", "layers", "model", "causal"):
+    for name in ("layer", "head", "seed", "layers", "model", "causal", "a"):
         assert f"`{name}`" in toasts
     ctx = _ctx(at)
     assert ctx.trace is not None and (ctx.layer, ctx.head) == (0, 0)
