@@ -6,6 +6,7 @@ from model_core.export import matrix_to_csv
 from model_core.mask_steps import MaskSteps, mask_steps
 from ui.context import require_trace
 from ui.figures import PLOTLY_CONFIG, SCORE_SCALE, attention_heatmap
+from ui.guard import view_guard
 from ui.loaders import get_trace
 
 ctx = require_trace()
@@ -58,7 +59,8 @@ for step, step_title in enumerate(STEP_TITLES):
     st.markdown(f"**{step_title}**" + (" — `torch.tril`: 1 on and below the diagonal" if step == 1 else ""))
     cols = st.columns(2)
     for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
-        col.plotly_chart(panel(step, steps), config=PLOTLY_CONFIG, key=f"step{step}_row{i}")
+        with col, view_guard(f"{step_title} ({'causal' if steps.causal else 'bidirectional'})"):
+            st.plotly_chart(panel(step, steps), config=PLOTLY_CONFIG, key=f"step{step}_row{i}")
 cols = st.columns(2)
 for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
     masked_cells = int((~steps.mask).sum())

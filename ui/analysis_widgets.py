@@ -8,6 +8,7 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
+from ui.guard import view_guard
 from ui.analysis_figures import FIGURE_FORMATS, plotly_config
 
 FORMAT_KEY = "analysis_figure_format"
@@ -34,7 +35,9 @@ def show_figure(fig: go.Figure, name: str, *, key: str | None = None, on_select:
     kwargs: dict[str, Any] = {"config": plotly_config(name, fmt), "key": key}
     if on_select is not None:
         kwargs |= {"on_select": on_select, "selection_mode": "points"}
-    return st.plotly_chart(fig, **kwargs)
+    with view_guard(name.replace("_", " ")):
+        return st.plotly_chart(fig, **kwargs)
+    return None
 
 
 def clicked_cell(chart_key: str) -> tuple[int, int] | None:
