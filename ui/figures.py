@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import html
+import threading
+import weakref
 
 import numpy as np
 import plotly.graph_objects as go
@@ -96,6 +99,38 @@ def attention_heatmap(
     return fig
 
 
+# The pooled mosaic of the last few read-only attention arrays (a trace's), so a rerun that only
+# changes the focused head does not pool 144 heads of 512 x 512 again.
+_MOSAICS: "collections.OrderedDict[tuple[int, int], tuple[weakref.ref, np.ndarray]]" = collections.OrderedDict()
+_MOSAICS_LOCK = threading.Lock()
+_MOSAICS_KEPT = 8
+
+
+def _mosaic(attentions: np.ndarray, m: int) -> np.ndarray:
+    """Every head block-averaged to m x m, laid out with one NaN cell between heads. Read-only."""
+    key = (id(attentions), m)
+    with _MOSAICS_LOCK:
+        hit = _MOSAICS.get(key)
+        if hit is not None and hit[0]() is attentions:
+            _MOSAICS.move_to_end(key)
+            return hit[1]
+    n_layers, n_heads = attentions.shape[:2]
+    step = m + 1
+    mosaic = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)
+    pooled = pool_matrix(attentions, m)  # every head at once: (layer, head, m, m)
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            r, c = layer * step, head * step
+            mosaic[r:r + m, c:c + m] = pooled[layer, head]
+    mosaic.setflags(write=False)
+    if not attentions.flags.writeable:  # only a read-only array can't change under its cached mosaic
+        with _MOSAICS_LOCK:
+            _MOSAICS[key] = (weakref.ref(attentions), mosaic)
+            while len(_MOSAICS) > _MOSAICS_KEPT:
+                _MOSAICS.popitem(last=False)
+    return mosaic
+
+
 def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tuple[int, int] | None = None) -> go.Figure:
     """All layers x heads as small multiples in ONE Plotly heatmap (fast at any length).
 
@@ -107,12 +142,7 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tu
     n_layers, n_heads, n, _ = attentions.shape
     m = min(n, max_cells)
     step = m + 1
-    mosaic = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)
-    pooled = pool_matrix(attentions, m)  # every head at once: (layer, head, m, m)
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            r, c = layer * step, head * step
-            mosaic[r:r + m, c:c + m] = pooled[layer, head]
+    mosaic = _mosaic(attentions, m)
     # Cell coordinates in head (x) and layer (y) units: head h's cells lie within h ± 0.47, so the
     # hover reads layer and head as %{y:.0f} and %{x:.0f}, with no per-cell customdata to send.
     offset = (m - 1) / 2

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import streamlit as st
+import torch
 
 from model_core import AttentionTrace, CustomSpec, build_custom_model, encode, load_pretrained, trace_bert, trace_custom
 from model_core.loading import LoadedModel, load_tokenizer, select_device
@@ -16,6 +18,25 @@ from model_core.tracing import describe_custom
 # is ~230 MB). The bound keeps memory flat however many texts come in.
 TRACE_CACHE_ENTRIES = 24
 TRACE_TTL_S = 3600
+
+
+def cpu_threads() -> int:
+    """Threads for torch's CPU kernels in the server: half the cores (at least 1), unless set.
+
+    Measured on a 2-core machine shared with other jobs (bench/bench_app.py): a 512-token bert-base
+    forward pass takes 0.6 s with 2 threads when the machine is quiet but 7-20 s when another job
+    or another session holds a core (OpenMP threads wait on each other), and a steady 1.0-1.3 s
+    with 1 thread. A server runs several sessions' forward passes side by side, so it keeps half
+    the cores free. OMP_NUM_THREADS (or AE_TORCH_THREADS) overrides.
+    """
+    for name in ("AE_TORCH_THREADS", "OMP_NUM_THREADS"):
+        raw = os.environ.get(name, "").strip()
+        if raw.isdigit() and int(raw) > 0:
+            return int(raw)
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+torch.set_num_threads(cpu_threads())
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)

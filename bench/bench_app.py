@@ -1,0 +1,457 @@
+"""Benchmark the real app in headless Chromium: time and bytes per page, redraws, and memory per session.
+
+Run: ``.venv/bin/python bench/bench_app.py`` (about 10 minutes on 2 cores; ``--quick`` for one repeat).
+
+It starts ``streamlit run app.py`` on a free port (offline, no file watcher) and drives it with
+Playwright. For the custom encoder at bert-base shape (12 layers x 12 heads, hidden 768, random
+weights) and for the bundled BERT, at 13, 128 and 512 tokens:
+
+* **heatmaps page**: the time from submitting new text in the sidebar (Ctrl+Enter) to every Plotly
+  figure on the page being drawn with the new numbers (the overview, the focused head and the four
+  summary grids: the script has finished, no element is stale, all six are drawn, the focused
+  heatmap shows the new tokens, two animation frames have passed), and the bytes the browser received meanwhile (websocket frames plus HTTP
+  response bodies). The text is new each time, so the time includes the forward pass.
+* **layer/head change**: choosing another head in the sidebar (no new forward pass) until the
+  focused heatmap is redrawn.
+* **raw bertviz**: the bytes of bertviz's ``head_view`` and ``model_view`` (``html_action="return"``)
+  for the same attentions, beside ours (``ui.bertviz_views``) when that module exists.
+* **10 sessions**: one fresh server, the heatmaps page open in 1 then 10 browser sessions at 128
+  tokens (each with its own text, custom encoder): the server's RSS for 1 and for 10 sessions.
+
+Timings on a shared CPU are noisy: each is repeated (``--repeat``, default 3) and the median is
+printed with the range. Needs /usr/bin/chromium.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+WORDS = ("the quick brown fox jumps over the lazy dog while a small bird sings in the old tree near the river "
+         "and children play with a red ball on the green grass under the warm sun of a long summer day").split()
+MODELS = {  # label -> query parameters that pick the model (custom: bert-base shape is the default)
+    "custom 12x12x768": {"model": "custom", "layers": "12", "heads": "12", "hidden": "768"},
+    "bundled BERT 6x12x384": {"model": "bert"},
+}
+N_FIGURES = 6  # heatmaps page: overview, focused head, four summary grids
+TIMEOUT_MS = 120_000
+
+# -- browser-side helpers ------------------------------------------------------------------------
+# A cheap fingerprint of every Plotly figure on the page: its data's size and a few sums. It changes
+# when a figure is redrawn with new numbers.
+FINGERPRINT_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+    if (!gd._fullData || !gd.querySelector('.main-svg')) return null;
+    return gd._fullData.map(t => {
+        const z = t.z, x = Array.from(t.x || []); if (!z) return x.length;
+        const labels = x.slice(0, 3).join(',') + x.slice(-1);
+        const rows = z.length, mid = z[Math.floor(rows / 2)] || [], first = z[0] || [];
+        let s = 0; for (let i = 0; i < first.length; i++) s += (+first[i] || 0) * (i + 1);
+        for (let i = 0; i < mid.length; i++) s += (+mid[i] || 0) * (i + 7);
+        return rows + ':' + first.length + ':' + s.toFixed(6) + ':' + labels;
+    }).join('|');
+})"""
+RUNNING_JS = """() => document.querySelector('[data-testid="stStatusWidget"]') !== null
+    && /Running|Stop/i.test(document.querySelector('[data-testid="stStatusWidget"]').innerText)"""
+PAINT_JS = """() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(performance.now()))))"""
+
+
+def wait_redrawn_js(before: list, n_figures: int, which: list[int] | None, must_text: str | None) -> str:
+    """JS predicate: the script is idle, no element is stale, all figures are drawn, and the chosen
+    figures' fingerprints differ from ``before``.
+
+    Only the figures that must change are checked: a summary grid can be identical for two texts
+    (a random-weight model at 512 tokens attends almost uniformly: every entropy rounds to 9.0000),
+    and then Streamlit keeps it as it is.
+    """
+    import json
+
+    return f"""() => {{
+        const before = {json.dumps(before)}, which = {json.dumps(which)}, mustText = {json.dumps(must_text)};
+        const status = document.querySelector('[data-testid="stStatusWidget"]');
+        if (status && /Running|Stop/i.test(status.innerText)) return false;
+        if (mustText && !document.body.innerText.includes(mustText)) return false;
+        if (document.querySelector('[data-stale="true"]')) return false;
+        const now = ({FINGERPRINT_JS})();
+        if (now.length !== {n_figures} || now.some(f => f === null)) return false;
+        const idx = which || now.map((_, i) => i);
+        return idx.every(i => now[i] !== before[i]);
+    }}"""
+
+
+# -- inputs --------------------------------------------------------------------------------------
+def text_of(n_tokens: int, variant: int) -> str:
+    """One sentence (no sentence B) of exactly ``n_tokens`` WordPiece tokens, [CLS] and [SEP] included.
+
+    ``variant`` rotates the words, so every measurement runs a new forward pass.
+    """
+    words = n_tokens - 2
+    return " ".join(WORDS[(i + 7 * variant) % len(WORDS)] for i in range(words))
+
+
+# -- the server ----------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``streamlit run app.py`` in a subprocess, with no file watcher (other people edit the tree)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        self.proc = subprocess.Popen(
+            [str(ROOT / ".venv/bin/streamlit"), "run", "app.py", "--server.port", str(self.port),
+             "--server.headless", "true", "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.origin = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.origin}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError("streamlit did not become healthy in 120 s")
+
+    def rss_mb(self) -> float:
+        """Resident memory of the server process (MB)."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def start_profile(self, path: Path) -> None:
+        """Sample the server with py-spy (collapsed stacks) until ``stop_profile``."""
+        self.profile_path = path
+        self.profiler = subprocess.Popen(
+            [str(ROOT / ".venv/bin/py-spy"), "record", "-p", str(self.proc.pid), "-r", "50", "--format", "raw",
+             "-o", str(path), "--nonblocking", "--threads"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop_profile(self) -> None:
+        if getattr(self, "profiler", None) is not None:
+            self.profiler.send_signal(signal.SIGINT)
+            self.profiler.wait(60)
+            self.profiler = None
+
+    def stop(self) -> None:
+        self.stop_profile()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+# -- one browser session -------------------------------------------------------------------------
+@dataclass
+class Meter:
+    """Bytes the page received: websocket frames and HTTP response bodies."""
+
+    ws_bytes: int = 0
+    http_bytes: int = 0
+    frames: int = 0
+    pending: list = field(default_factory=list)
+    frame_times: list = field(default_factory=list)  # time.perf_counter() of each frame since reset
+
+    def attach(self, page) -> None:
+        def on_ws(ws):
+            ws.on("framereceived", self._frame)
+
+        page.on("websocket", on_ws)
+        page.on("response", lambda r: self.pending.append(r))
+
+    def _frame(self, payload) -> None:
+        self.frames += 1
+        self.frame_times.append(time.perf_counter())
+        self.ws_bytes += len(payload) if payload is not None else 0
+
+    def settle(self) -> None:
+        for r in self.pending:
+            try:
+                self.http_bytes += len(r.body())
+            except Exception:  # noqa: BLE001 - a body that is gone (redirect, aborted) counts 0
+                pass
+        self.pending.clear()
+
+    def reset(self) -> None:
+        self.settle()
+        self.ws_bytes = self.http_bytes = self.frames = 0
+        self.frame_times = []
+
+    def split(self, t0: float, t1: float) -> str:
+        """Where the time went: first and last websocket frame before the paint (server), then the browser."""
+        seen = [t for t in self.frame_times if t <= t1]
+        if not seen:
+            return "no frames"
+        return f"frames at {seen[0] - t0:.2f}-{seen[-1] - t0:.2f} s, painted at {t1 - t0:.2f} s"
+
+    @property
+    def total(self) -> int:
+        return self.ws_bytes + self.http_bytes
+
+
+def open_page(browser, origin: str, path: str, params: dict[str, str]):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    meter = Meter()
+    meter.attach(page)
+    page.goto(f"{origin}/{path}?{urllib.parse.urlencode(params)}", wait_until="domcontentloaded")
+    return context, page, meter
+
+
+def wait_idle_figures(page, n_figures: int = N_FIGURES, timeout_ms: int = TIMEOUT_MS) -> None:
+    page.wait_for_function(wait_redrawn_js([None] * n_figures, n_figures, None, None), polling=50,
+                           timeout=timeout_ms)
+
+
+def submit_text(page, meter: Meter, text: str, n_tokens: int) -> tuple[float, int, str]:
+    """Type new text into Sentence A and submit; return (seconds until every figure is redrawn, bytes)."""
+    before = page.evaluate(FINGERPRINT_JS)
+    box = page.locator('section[data-testid="stSidebar"] textarea[aria-label="Sentence A"]')
+    box.fill(text)
+    meter.reset()
+    t0 = page.evaluate("performance.now()")
+    p0 = time.perf_counter()
+    box.press("Control+Enter")
+    page.wait_for_function(wait_redrawn_js(before, N_FIGURES, [1], f"· {n_tokens} tokens"), polling=50,
+                           timeout=TIMEOUT_MS)
+    t1 = page.evaluate(PAINT_JS)
+    p1 = time.perf_counter()
+    page.wait_for_timeout(300)  # late frames (e.g. the URL update) still count
+    meter.settle()
+    return (t1 - t0) / 1000, meter.total, meter.split(p0, p1)
+
+
+def change_head(page, meter: Meter, head: int, layer: int = 0) -> tuple[float, int, str]:
+    """Pick another head in the sidebar; return (seconds until the focused heatmap is redrawn, bytes)."""
+    before = page.evaluate(FINGERPRINT_JS)
+    combo = page.locator('section[data-testid="stSidebar"] input[role="combobox"][aria-label="Head"]')
+    combo.click()
+    combo.fill(str(head))  # typing filters the options and opens the list
+    option = page.locator(f'[role="listbox"] [role="option"][data-key="{head}"]')
+    option.wait_for()
+    meter.reset()
+    t0 = page.evaluate("performance.now()")
+    p0 = time.perf_counter()
+    option.click()
+    try:
+        page.wait_for_function(wait_redrawn_js(before, N_FIGURES, [1], f"Layer {layer}, head {head}"), polling=50,
+                               timeout=TIMEOUT_MS)
+    except Exception:
+        page.screenshot(path="/tmp/bench_app_fail.png", full_page=True)
+        print("  before", before, "\n  now", page.evaluate(FINGERPRINT_JS), flush=True)
+        raise
+    t1 = page.evaluate(PAINT_JS)
+    p1 = time.perf_counter()
+    page.wait_for_timeout(300)
+    meter.settle()
+    return (t1 - t0) / 1000, meter.total, meter.split(p0, p1)
+
+
+# -- raw bertviz bytes ---------------------------------------------------------------------------
+def bertviz_bytes(model_label: str, n_tokens: int) -> dict[str, int | None]:
+    """Bytes of raw bertviz's head and model views for the same input, and of ours if it exists."""
+    import torch
+    from bertviz import head_view, model_view
+
+    from model_core import build_trace
+
+    params = MODELS[model_label]
+    if params["model"] == "bert":
+        trace = build_trace("bert", text_of(n_tokens, 0))
+    else:
+        trace = build_trace("custom", text_of(n_tokens, 0), num_layers=int(params["layers"]),
+                            num_heads=int(params["heads"]), hidden_size=int(params["hidden"]))
+    attention = tuple(torch.from_numpy(trace.attentions[i].copy())[None] for i in range(trace.n_layers))
+    tokens = list(trace.tokens)
+    out: dict[str, int | None] = {
+        "raw_head": len(head_view(attention, tokens, html_action="return").data.encode()),
+        "raw_model": len(model_view(attention, tokens, html_action="return").data.encode()),
+        "ours_head": None, "ours_model": None,
+    }
+    try:
+        from ui import bertviz_views as bv
+
+        out["ours_head"] = len(bv.head_view_html(trace, layers=[0]).html.encode())
+        out["ours_model"] = len(bv.model_view_html(trace).html.encode())
+    except Exception as exc:  # noqa: BLE001 - the bertviz module is someone else's work in progress
+        print(f"  (ours bertviz unavailable: {type(exc).__name__}: {exc})", flush=True)
+    return out
+
+
+# -- the runs ------------------------------------------------------------------------------------
+def profile_summary(path: Path, top: int = 25) -> str:
+    """Inclusive share of the sampled time for the busiest functions of the app and its libraries."""
+    import collections
+    import re
+
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        if any(("select" in f or "wait" in f or "poll" in f) for f in frames[-1:]):
+            continue  # idle threads (event loop, worker queues)
+        total += n
+        seen = set()
+        for f in frames:
+            # "function (path/file.py:line)" -> "file.py:function"
+            m = re.match(r"(.*?) \((.*?):\d+\)", f)
+            name = f"{Path(m.group(2)).name}:{m.group(1)}" if m else f
+            if name not in seen:
+                seen.add(name)
+                inclusive[name] += n
+    if not total:
+        return "no busy samples"
+    keep = [(k, v) for k, v in inclusive.most_common() if re.search(
+        r"^(app|heatmaps|figures|loaders|summary|trace|tracing|state|encoder|modeling_bert|_json|json|"
+        r"basedatatypes|plotly_chart|forward_msg|websocket|app_session|script_runner|exec_code|"
+        r"delta_generator|protobuf|module)\.py", k)]
+    lines = [f"{100 * v / total:5.1f}%  {k}" for k, v in keep[:top]]
+    return f"{total} busy samples at 50 Hz (inclusive share, busiest first):\n" + "\n".join(lines)
+
+
+def med(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f} s"
+    return f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
+
+
+def mb(n: float | None) -> str:
+    if n is None:
+        return "pending"
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: list[str]) -> list[dict]:
+    rows = []
+    variant = 100
+    for label in models:
+        params = {**MODELS[label], "b": "", "a": text_of(13, 99)}
+        context, page, meter = open_page(browser, server.origin, "heatmaps", params)
+        wait_idle_figures(page)
+        for n in sizes:
+            times, sizes_b = [], []
+            for _ in range(repeat):
+                variant += 1
+                s, b, split = submit_text(page, meter, text_of(n, variant), n)
+                times.append(s)
+                sizes_b.append(b)
+                print(f"  {label} {n} tokens: heatmaps page {s:.2f} s, {mb(b)} ({split})", flush=True)
+            heads = []
+            head_bytes = []
+            for k in range(repeat):
+                s, b, split = change_head(page, meter, head=1 + k % 11)
+                heads.append(s)
+                head_bytes.append(b)
+                print(f"  {label} {n} tokens: head change {s:.2f} s, {mb(b)} ({split})", flush=True)
+            viz = bertviz_bytes(label, n)
+            rows.append({"model": label, "n": n, "times": times, "bytes": statistics.median(sizes_b),
+                         "head_times": heads, "head_bytes": statistics.median(head_bytes), **viz})
+        context.close()
+    return rows
+
+
+def bench_sessions(browser, n_sessions: int, n_tokens: int) -> dict:
+    """A fresh server; RSS after one session, then after ``n_sessions`` (each its own text)."""
+    server = Server()
+    try:
+        params = MODELS["custom 12x12x768"]
+        rss_idle = server.rss_mb()
+        contexts = []
+        results = {"idle": rss_idle}
+        for i in range(n_sessions):
+            ctx, page, _ = open_page(browser, server.origin, "heatmaps", {**params, "b": "", "a": text_of(n_tokens, 500 + i)})
+            wait_idle_figures(page)
+            contexts.append(ctx)
+            time.sleep(1.0)
+            results[i + 1] = server.rss_mb()
+            print(f"  {i + 1} session(s): server RSS {results[i + 1]:.0f} MB", flush=True)
+        for ctx in contexts:
+            ctx.close()
+        return results
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[13, 128, 512])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--sessions", type=int, default=10, help="0 skips the memory run")
+    parser.add_argument("--quick", action="store_true", help="one repeat")
+    parser.add_argument("--profile", type=Path, help="sample the server with py-spy into this file and summarise it")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeat = 1
+    if not os.path.exists(CHROMIUM):
+        sys.exit(f"needs {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    print(f"machine: {os.cpu_count()} CPUs, no GPU, shared with other jobs (load average "
+          f"{os.getloadavg()[0]:.1f}); medians of {args.repeat} runs", flush=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        server = Server()
+        try:
+            if args.profile:
+                server.start_profile(args.profile)
+            rows = bench_pages(browser, server, args.sizes, args.repeat, args.models)
+        finally:
+            server.stop()
+        sessions = bench_sessions(browser, args.sessions, 128) if args.sessions else None
+        browser.close()
+
+    print()
+    print("| model | tokens | heatmaps page: time | bytes received | head change: time | bytes | "
+          "raw bertviz head_view | raw model_view | ours head view | ours model view |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['n']} | {med(r['times'])} | {mb(r['bytes'])} | {med(r['head_times'])} | "
+              f"{mb(r['head_bytes'])} | {mb(r['raw_head'])} | {mb(r['raw_model'])} | {mb(r['ours_head'])} | "
+              f"{mb(r['ours_model'])} |")
+    if args.profile and args.profile.exists():
+        print("\nserver profile (py-spy):\n" + profile_summary(args.profile))
+    if sessions:
+        one, last = sessions[1], sessions[max(k for k in sessions if k != "idle")]
+        print(f"\nsessions (custom 12x12x768, 128 tokens, own text each): server RSS idle {sessions['idle']:.0f} MB, "
+              f"1 session {one:.0f} MB, {args.sessions} sessions {last:.0f} MB = {last / one:.2f}x one session")
+    print("\ntime = Ctrl+Enter in Sentence A -> every figure redrawn and painted (forward pass included); "
+          "bytes = websocket frames + HTTP bodies received in that time; head change = another head in the "
+          "sidebar -> focused heatmap redrawn. Raw bertviz = head_view/model_view(html_action='return') HTML for "
+          "the same attentions; ours = ui.bertviz_views (head view: one layer).")
+
+
+if __name__ == "__main__":
+    main()
