@@ -1,0 +1,90 @@
+"""Byte budgets of what the heatmaps page sends, at bert-base shape (deterministic sizes, no timings).
+
+Timings live in bench/bench_app.py; these guard the sizes that make them possible: the browser's
+budget for the whole heatmaps page is 5 MB at 128 tokens and 20 MB at 512.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import plotly.io as pio
+import pytest
+
+from model_core.analysis.synthetic import synthetic_trace
+from model_core.summary import head_summary
+from ui.figures import attention_heatmap, overview_mosaic, summary_grid
+
+MB = 1_000_000
+
+
+def _bert_base(n_tokens: int):
+    return synthetic_trace(n_tokens, 12, 12, d_head=64, seed=0)
+
+
+def _page_specs(trace) -> dict[str, str]:
+    """The JSON Streamlit sends for each figure of the heatmaps page (plotly.io.to_json, as st.plotly_chart)."""
+    s = head_summary(trace)
+    figures = {
+        "overview": overview_mosaic(trace.attentions, selected=(0, 0)),
+        "focus": attention_heatmap(trace.attentions[0, 0], trace.tokens, sentence_b_start=trace.sentence_b_start),
+        **{name: summary_grid(getattr(s, name), title=name) for name in ("entropy", "max_weight", "to_cls", "to_sep")},
+    }
+    return {name: pio.to_json(fig, validate=False) for name, fig in figures.items()}
+
+
+@pytest.mark.parametrize("n_tokens, budget", [(128, 5 * MB), (512, 20 * MB)])
+def test_heatmaps_page_figures_fit_the_byte_budget(n_tokens, budget):
+    sizes = {name: len(spec.encode()) for name, spec in _page_specs(_bert_base(n_tokens)).items()}
+    # Half the budget: the rest is Streamlit's own messages and the margin for other views.
+    assert sum(sizes.values()) <= budget / 2, sizes
+
+
+def test_focused_head_at_512_tokens_is_a_typed_array_without_customdata():
+    trace = _bert_base(512)
+    spec = json.loads(_page_specs(trace)["focus"])
+    heatmap = spec["data"][0]
+    assert "customdata" not in heatmap  # (512, 512, 2) strings were 9 MB of JSON
+    assert heatmap["z"]["dtype"] == "f4" and "bdata" in heatmap["z"]
+    assert len(pio.to_json(attention_heatmap(trace.attentions[0, 0], trace.tokens), validate=False)) < 2 * MB
+
+
+def test_focused_head_hover_stays_exact():
+    """The hover reads 'i: token' from the category axes and the weight to 4 decimals from z."""
+    trace = _bert_base(128)
+    fig = attention_heatmap(trace.attentions[3, 5], trace.tokens)
+    heatmap = fig.data[0]
+    labels = [f"{i}: {t}" for i, t in enumerate(trace.tokens)]
+    assert list(heatmap.x) == labels and list(heatmap.y) == labels
+    assert "%{y}" in heatmap.hovertemplate and "%{x}" in heatmap.hovertemplate
+    np.testing.assert_allclose(np.asarray(heatmap.z, dtype=np.float64), trace.attentions[3, 5], atol=1e-5)
+
+
+def test_overview_hover_reads_layer_and_head_from_the_coordinates():
+    """Each head's cells lie within ±0.5 of its index, so %{x:.0f} and %{y:.0f} name the head exactly."""
+    trace = _bert_base(512)
+    fig = overview_mosaic(trace.attentions)
+    heatmap = fig.data[0]
+    z = np.asarray(heatmap.z, dtype=np.float64)
+    xs, ys = np.asarray(heatmap.x), np.asarray(heatmap.y)
+    assert heatmap.customdata is None
+    cols = ~np.isnan(z).all(axis=0)
+    rows = ~np.isnan(z).all(axis=1)
+    m = 32
+    assert np.array_equal(np.rint(xs[cols]).astype(int), np.repeat(np.arange(12), m))
+    assert np.array_equal(np.rint(ys[rows]).astype(int), np.repeat(np.arange(12), m))
+    assert np.abs(xs[cols] - np.rint(xs[cols])).max() < 0.5
+
+
+def test_trace_at_512_tokens_keeps_no_scores():
+    """A 512-token bert-base trace: weights, q/k/v, value norms and hidden states, not the scores (~229 MB)."""
+    n, layers, heads, d_head, hidden = 512, 12, 12, 64, 768
+    trace = synthetic_trace(n, layers, heads, d_head=d_head, seed=0)
+    per_head = layers * heads * 4
+    expected = (per_head * n * n  # attentions
+                + 3 * per_head * n * d_head  # queries, keys, values
+                + per_head * n  # value norms
+                + trace.hidden_states.nbytes + n * n + 2 * n * 8 + trace.head_mask.nbytes)
+    assert trace.nbytes <= expected + (trace.logits.nbytes if trace.logits is not None else 0)
+    assert trace.nbytes < 240 * MB
