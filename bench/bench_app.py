@@ -273,6 +273,47 @@ def change_head(page, meter: Meter, head: int, layer: int = 0) -> tuple[float, i
     return (t1 - t0) / 1000, meter.total, meter.split(p0, p1)
 
 
+def submit_text_bertviz(page, meter: Meter, text: str, n_tokens: int) -> tuple[float, int, str]:
+    """On the bertviz page (head view): submit new text; seconds until the new view's SVG is drawn, bytes."""
+    for frame in page.frames[1:]:
+        try:
+            frame.evaluate("window.__benchOld = true")
+        except Exception:  # noqa: BLE001 - a frame that is going away
+            pass
+    box = page.locator('section[data-testid="stSidebar"] textarea[aria-label="Sentence A"]')
+    box.fill(text)
+    meter.reset()
+    t0 = page.evaluate("performance.now()")
+    p0 = time.perf_counter()
+    box.press("Control+Enter")
+    deadline = time.time() + TIMEOUT_MS / 1000
+    drawn_js = "() => !window.__benchOld && document.querySelectorAll('svg *').length > 10"
+    while True:
+        page.wait_for_timeout(30)
+        if time.time() > deadline:
+            raise TimeoutError("the bertviz view did not draw")
+        idle = page.evaluate(f"""() => {{
+            const status = document.querySelector('[data-testid="stStatusWidget"]');
+            if (status && /Running|Stop/i.test(status.innerText)) return false;
+            return document.body.innerText.includes({f"· {n_tokens} tokens"!r})
+                && !document.querySelector('[data-stale="true"]'); }}""")
+        if not idle:
+            continue
+        done = False
+        for frame in page.frames[1:]:
+            try:
+                done = done or frame.evaluate(drawn_js)
+            except Exception:  # noqa: BLE001
+                pass
+        if done:
+            break
+    t1 = page.evaluate(PAINT_JS)
+    p1 = time.perf_counter()
+    page.wait_for_timeout(300)
+    meter.settle()
+    return (t1 - t0) / 1000, meter.total, meter.split(p0, p1)
+
+
 # -- raw bertviz bytes ---------------------------------------------------------------------------
 def bertviz_bytes(model_label: str, n_tokens: int) -> dict[str, int | None]:
     """Bytes of raw bertviz's head and model views for the same input, and of ours if it exists."""
@@ -353,7 +394,8 @@ def mb(n: float | None) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
-def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: list[str]) -> list[dict]:
+def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: list[str],
+                bertviz_page: bool = True) -> list[dict]:
     rows = []
     variant = 100
     for label in models:
@@ -378,6 +420,22 @@ def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: 
             viz = bertviz_bytes(label, n)
             rows.append({"model": label, "n": n, "times": times, "bytes": statistics.median(sizes_b),
                          "head_times": heads, "head_bytes": statistics.median(head_bytes), **viz})
+        context.close()
+        if not bertviz_page:
+            continue
+        # The bertviz page (head view, the sidebar's layer, all heads), up to 128 tokens.
+        context, page, meter = open_page(browser, server.origin, "bertviz", params)
+        page.wait_for_selector("iframe", timeout=TIMEOUT_MS)
+        for n in [n for n in sizes if n <= 128]:
+            times, sizes_b = [], []
+            for _ in range(repeat):
+                variant += 1
+                s, b, split = submit_text_bertviz(page, meter, text_of(n, variant), n)
+                times.append(s)
+                sizes_b.append(b)
+                print(f"  {label} {n} tokens: bertviz head view page {s:.2f} s, {mb(b)} ({split})", flush=True)
+            row = next(r for r in rows if r["model"] == label and r["n"] == n)
+            row["bv_times"], row["bv_bytes"] = times, statistics.median(sizes_b)
         context.close()
     return rows
 
@@ -427,20 +485,28 @@ def main() -> None:
         try:
             if args.profile:
                 server.start_profile(args.profile)
-            rows = bench_pages(browser, server, args.sizes, args.repeat, args.models)
+            rows = bench_pages(browser, server, args.sizes, args.repeat, args.models,
+                               bertviz_page=(ROOT / "pages/bertviz.py").exists())
         finally:
             server.stop()
         sessions = bench_sessions(browser, args.sessions, 128) if args.sessions else None
         browser.close()
 
     print()
-    print("| model | tokens | heatmaps page: time | bytes received | head change: time | bytes | "
-          "raw bertviz head_view | raw model_view | ours head view | ours model view |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | tokens | heatmaps page: time | bytes received | head change: time | bytes |")
+    print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['model']} | {r['n']} | {med(r['times'])} | {mb(r['bytes'])} | {med(r['head_times'])} | "
-              f"{mb(r['head_bytes'])} | {mb(r['raw_head'])} | {mb(r['raw_model'])} | {mb(r['ours_head'])} | "
-              f"{mb(r['ours_model'])} |")
+              f"{mb(r['head_bytes'])} |")
+    print()
+    print("| model | tokens | bertviz page (head view): time | bytes received | ours: head view HTML | "
+          "raw bertviz head_view | ratio | ours: model view HTML | raw model_view |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = f"1/{r['raw_head'] / r['ours_head']:.0f}" if r["ours_head"] else "pending"
+        print(f"| {r['model']} | {r['n']} | {med(r.get('bv_times', []))} | "
+              f"{mb(r['bv_bytes']) if 'bv_bytes' in r else '-'} | {mb(r['ours_head'])} | {mb(r['raw_head'])} | "
+              f"{ratio} | {mb(r['ours_model'])} | {mb(r['raw_model'])} |")
     if args.profile and args.profile.exists():
         print("\nserver profile (py-spy):\n" + profile_summary(args.profile))
     if sessions:
