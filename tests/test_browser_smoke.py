@@ -72,7 +72,7 @@ def _streamlit_command(port: int) -> list[str]:
     return base + ["run", "app.py", "--server.port", str(port), "--server.headless", "true"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     """The app, started once for the session as `make run` starts it; stopped at the end."""
     port = _free_port()
@@ -106,7 +106,7 @@ def app_url(tmp_path_factory):
             proc.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
 
@@ -116,7 +116,7 @@ def browser():
         b.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def screenshot_dir(tmp_path_factory) -> Path:
     folder = os.environ.get("AE_SCREENSHOT_DIR")
     path = Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
@@ -124,7 +124,7 @@ def screenshot_dir(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def outside_requests(screenshot_dir):
     """page -> URLs it requested outside 127.0.0.1; written out and warned about at the end."""
     seen: dict[str, list[str]] = {}
