@@ -252,9 +252,10 @@ def change_head(page, meter: Meter, head: int, layer: int = 0) -> tuple[float, i
     before = page.evaluate(FINGERPRINT_JS)
     combo = page.locator('section[data-testid="stSidebar"] input[role="combobox"][aria-label="Head"]')
     combo.click()
-    combo.fill(str(head))  # typing filters the options and opens the list
+    combo.press("ArrowDown")  # opens the list without typing (typing can pick an option by itself)
     option = page.locator(f'[role="listbox"] [role="option"][data-key="{head}"]')
     option.wait_for()
+    page.wait_for_function(f"() => !({RUNNING_JS})()", polling=50, timeout=TIMEOUT_MS)  # nothing started yet
     meter.reset()
     t0 = page.evaluate("performance.now()")
     p0 = time.perf_counter()
