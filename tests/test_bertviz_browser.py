@@ -7,12 +7,6 @@ console has no errors, no request leaves the app's origin, the scripts come from
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -20,10 +14,8 @@ import pytest
 
 from ui import bertviz_views as bv
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, AppServer, chromium
+
 SHOTS = Path("/tmp/bertviz_browser")
 SMALL_CUSTOM = {"model": "custom", "layers": "2", "heads": "4", "hidden": "64"}
 LABELS = {"head": "Head view", "model": "Model view", "neuron": "Neuron view"}
@@ -31,57 +23,22 @@ LABELS = {"head": "Head view", "model": "Model view", "neuron": "Neuron view"}
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing: apt-get install chromium"),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=CHROMIUM_MISSING),
     pytest.mark.skipif(bool(bv.vendor_missing(str(ROOT / "static"))),
                        reason="static/vendor/ is missing bertviz's JavaScript: run scripts/install_assets.sh (needs npm)"),
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def app_url():
-    port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--server.enableStaticServing", "true", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"streamlit did not start: {proc.stdout.read().decode(errors='replace')[-2000:]}")
-        time.sleep(0.5)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def app_url(tmp_path_factory):
+    server = AppServer(tmp_path_factory.mktemp("bertviz") / "server.log")
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 class Visit:

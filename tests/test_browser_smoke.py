@@ -8,15 +8,9 @@ not a failure: the zero-outside-requests test lives elsewhere.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 import warnings
 from pathlib import Path
 from urllib.parse import urlparse
@@ -25,12 +19,9 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+from browser_support import CHROMIUM, CHROMIUM_MISSING, AppServer, app_pages, chromium
+
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
-START_TIMEOUT_S = 120
 PAGE_TIMEOUT_S = 180
 QUIET_S = 2.0
 # Pages that by design draw their figures only after the user picks something; the message they
@@ -41,16 +32,7 @@ NO_FIGURE_UNTIL_INPUT: dict[str, str] = {}  # page file -> the message it shows 
 BASE_PATH_PROBES = ("/_stcore/health", "/_stcore/host-config")  # the status widget must stay away this long before a run counts as finished
 
 if not CHROMIUM.exists():
-    pytest.skip("Chromium not installed: apt-get install chromium", allow_module_level=True)
-
-
-def app_pages() -> list[tuple[str, str]]:
-    """(file, title) of every page in app.py's PAGES, read without running app.py."""
-    tree = ast.parse((ROOT / "app.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PAGES" for t in node.targets):
-            return [(path, title) for path, title, *_ in ast.literal_eval(node.value)]
-    raise AssertionError("app.py has no PAGES list")
+    pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
 
 
 PAGES = app_pages()
@@ -60,60 +42,17 @@ def _url_path(page: str) -> str:
     return "" if page == "pages/home.py" else Path(page).stem  # home is the default page, at /
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _streamlit_command(port: int) -> list[str]:
-    exe = ROOT / ".venv" / "bin" / "streamlit"
-    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "streamlit"]
-    return base + ["run", "app.py", "--server.port", str(port), "--server.headless", "true"]
-
-
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    """The app, started once for the session as `make run` starts it; stopped at the end."""
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(_streamlit_command(port), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"streamlit exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"/_stcore/health did not answer in {START_TIMEOUT_S} s:\n"
-                                     f"{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    """The app, started once for this module as `make run` starts it; stopped at the end."""
+    server = AppServer(tmp_path_factory.mktemp("streamlit") / "server.log")
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +106,6 @@ FIGURES = ('[data-testid="stMain"] .main-svg, [data-testid="stMain"] iframe, '
 
 @pytest.mark.parametrize("page_file,title", PAGES, ids=[Path(p).stem for p, _ in PAGES])
 def test_page_renders_in_chromium(page_file, title, app_url, browser, screenshot_dir, outside_requests):
-    if not (ROOT / page_file).exists():
-        pytest.skip(f"{page_file} does not exist yet")
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     console_errors, page_errors, outside = [], [], outside_requests.setdefault(page_file, [])

@@ -7,13 +7,8 @@ The server starts as ``make run`` starts it (``.venv/bin/streamlit run app.py``,
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode, urlparse
 
@@ -21,16 +16,13 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-START_TIMEOUT_S = 120
+from browser_support import CHROMIUM, CHROMIUM_MISSING, AppServer, app_pages, chromium
+
 RUN_TIMEOUT_S = 240
 QUIET_S = 1.5
 
 if not CHROMIUM.exists():
-    pytest.skip("Chromium not installed: apt-get install chromium", allow_module_level=True)
+    pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(1)>'
@@ -41,78 +33,19 @@ INJECTED_SCRIPT_JS = """() => [...document.querySelectorAll('script')].filter(s 
 
 
 def _pages() -> list[str]:
-    import ast
-
-    tree = ast.parse((ROOT / "app.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PAGES" for t in node.targets):
-            return [path for path, *_ in ast.literal_eval(node.value) if (ROOT / path).exists()]
-    raise AssertionError("app.py has no PAGES list")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """One streamlit process for this module; ``rss_mb`` reads its resident memory."""
-
-    def __init__(self, log_path: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        exe = ROOT / ".venv" / "bin" / "streamlit"
-        cmd = ([str(exe)] if exe.exists() else [sys.executable, "-m", "streamlit"]) + [
-            "run", "app.py", "--server.port", str(self.port), "--server.headless", "true"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.log_path = log_path
-        with open(log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"streamlit exited with {self.proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"no health answer in {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-
-    def rss_mb(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            kb = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
-        return kb / 1024
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    return [path for path, _ in app_pages()]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("reliability") / "server.log")
+    s = AppServer(tmp_path_factory.mktemp("reliability") / "server.log")
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 def _wait_for_run(page, timeout_s: float = RUN_TIMEOUT_S, quiet_s: float = QUIET_S) -> None:

@@ -1,0 +1,99 @@
+"""Shared plumbing of the browser tests: the app started as `make run` starts it, and Chromium."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+# Without the background-networking flags Chromium keeps trying Google's hosts on a closed network.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+CHROMIUM_MISSING = "Chromium not installed: apt-get install chromium"
+START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def app_pages() -> list[tuple[str, str]]:
+    """(file, title) of every page in app.py's PAGES that exists, read without running app.py."""
+    tree = ast.parse((ROOT / "app.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PAGES" for t in node.targets):
+            return [(path, title) for path, title, *_ in ast.literal_eval(node.value) if (ROOT / path).exists()]
+    raise AssertionError("app.py has no PAGES list")
+
+
+def streamlit_command(port: int) -> list[str]:
+    """`make run`'s command (the venv's streamlit on app.py), on ``port``, headless."""
+    exe = ROOT / ".venv" / "bin" / "streamlit"
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "streamlit"]
+    return base + ["run", "app.py", "--server.port", str(port), "--server.headless", "true"]
+
+
+class AppServer:
+    """One streamlit process of the real app, offline, on a free port; ``rss_mb`` reads its memory."""
+
+    def __init__(self, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen(streamlit_command(self.port), cwd=ROOT, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        self._wait_healthy()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"streamlit exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"/_stcore/health did not answer in {START_TIMEOUT_S} s:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            kb = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+        return kb / 1024
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def chromium():
+    """A generator fixture body: Playwright's Chromium (Debian's build), closed afterwards."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
