@@ -20,6 +20,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_MAX_TOKENS": (str(HARD_MAX_TOKENS), "Largest input, in WordPiece tokens, that the server accepts (at most 512)."),
     "AE_ALLOWED_MODELS": ("", "Comma-separated model ids a deployment allows; empty allows any. The bundled model and the default are always allowed."),
     "AE_ALLOW_LOCAL_MODELS": ("true", "Whether local folders may be loaded as models (true/false)."),
+    "AE_TORCH_THREADS": ("", "Threads for torch on the CPU; empty uses half the cores (sessions run side by side). OMP_NUM_THREADS also works."),
 }
 
 

@@ -17,7 +17,9 @@ st.caption(f"{t.description} · {t.n_tokens} tokens")
 
 st.subheader("Overview: every layer × head")
 pooled = t.n_tokens > 32
-st.caption("Each small square is one head's attention matrix (queries down, keys across). Click one to focus it."
+# No outline on the focused head: an unchanged figure is not sent or redrawn again when the head changes.
+st.caption("Each small square is one head's attention matrix (queries down, keys across). Click one to focus it "
+           "below."
            + (f" At {t.n_tokens} tokens each head is block-averaged to 32 × 32 cells here; the focused heatmap "
               "below is exact." if pooled else ""))
 
@@ -33,7 +35,7 @@ def _focus_clicked_head() -> None:
 
 
 with view_guard("overview"):
-    st.plotly_chart(overview_mosaic(t.attentions, selected=(layer, head)), config=PLOTLY_CONFIG,
+    st.plotly_chart(overview_mosaic(t.attentions), config=PLOTLY_CONFIG,
                     key="overview", on_select=_focus_clicked_head, selection_mode="points")
 
 st.subheader(f"Layer {layer}, head {head}")

@@ -15,8 +15,9 @@ from model_core.tracing import describe_custom
 
 # Traces are immutable (read-only arrays), so all sessions can share one copy: a cache_data
 # copy per session would multiply memory by the number of users (a 512-token bert-base trace
-# is ~230 MB). The bound keeps memory flat however many texts come in.
-TRACE_CACHE_ENTRIES = 24
+# is ~230 MB). The bound keeps memory flat however many texts come in: at most 12 traces, so
+# ~2.7 GB in the worst case (twelve 512-token bert-base traces), ~120 MB at 128 tokens on MiniLM.
+TRACE_CACHE_ENTRIES = 12
 TRACE_TTL_S = 3600
 
 
