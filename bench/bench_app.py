@@ -247,10 +247,16 @@ def submit_text(page, meter: Meter, text: str, n_tokens: int) -> tuple[float, in
     return (t1 - t0) / 1000, meter.total, meter.split(p0, p1)
 
 
+_LAST_HEAD: dict[int, int] = {}  # page -> the head it shows (0 when opened)
+
+
 def change_head(page, meter: Meter, head: int, layer: int = 0) -> tuple[float, int, str]:
     """Pick another head in the sidebar; return (seconds until the focused heatmap is redrawn, bytes)."""
     before = page.evaluate(FINGERPRINT_JS)
     combo = page.locator('section[data-testid="stSidebar"] input[role="combobox"][aria-label="Head"]')
+    if _LAST_HEAD.get(id(page), 0) == head:  # the session kept this head from an earlier measurement
+        head = head % 11 + 1
+    _LAST_HEAD[id(page)] = head
     combo.click()
     combo.press("ArrowDown")  # opens the list without typing (typing can pick an option by itself)
     option = page.locator(f'[role="listbox"] [role="option"][data-key="{head}"]')
