@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, AppServer, app_pages, chromium
+from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, AppServer, app_pages, chromium
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PAGE_TIMEOUT_S = 180
@@ -56,9 +56,9 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def screenshot_dir(tmp_path_factory) -> Path:
+def screenshot_dir() -> Path:
     folder = os.environ.get("AE_SCREENSHOT_DIR")
-    path = Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
+    path = Path(folder) if folder else ROOT / "screenshots"  # git-ignored
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -142,5 +142,22 @@ def test_page_renders_in_chromium(page_file, title, app_url, browser, screenshot
         assert headings, f"{page_file} has no heading"
         assert not page_errors, page_errors
         assert not console_errors, console_errors
+    finally:
+        context.close()
+
+
+def test_clicking_an_overview_thumbnail_focuses_that_head(app_url, browser):
+    """A click on the overview picks that layer and head: the focused heatmap and the link follow."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
+    page = context.new_page()
+    try:
+        page.goto(f"{app_url}/heatmaps", wait_until="domcontentloaded")
+        _wait_for_run(page, PAGE_TIMEOUT_S)
+        page.wait_for_selector('[data-testid="stMain"] .js-plotly-plot .nsewdrag', timeout=60_000)
+        box = page.locator('[data-testid="stMain"] .js-plotly-plot .nsewdrag').first.bounding_box()
+        # The bundled BERT has 6 layers x 12 heads: aim at the centre of layer 2, head 5.
+        page.mouse.click(box["x"] + box["width"] * (5.5 / 12), box["y"] + box["height"] * (2.5 / 6))
+        page.get_by_role("heading", name="Layer 2, head 5").wait_for(timeout=60_000)
+        assert "layer=2" in page.url and "head=5" in page.url
     finally:
         context.close()
