@@ -97,3 +97,20 @@ def chromium():
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+def wait_for_run(page, timeout_s: float, quiet_s: float = 1.5) -> None:
+    """Until the app has drawn and the status widget ("Running…") and spinners stayed away ``quiet_s``."""
+    page.wait_for_selector('[data-testid="stSidebar"]', timeout=timeout_s * 1000)
+    deadline = time.monotonic() + timeout_s
+    quiet_since = None
+    while time.monotonic() < deadline:
+        busy = page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"]').count() > 0
+        if busy:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            return
+        page.wait_for_timeout(200)
+    raise AssertionError(f"the page was still running after {timeout_s} s")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import warnings
 from pathlib import Path
 from urllib.parse import urlparse
@@ -19,7 +18,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, AppServer, app_pages, chromium
+from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, AppServer, app_pages, chromium, wait_for_run
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PAGE_TIMEOUT_S = 180
@@ -75,20 +74,7 @@ def outside_requests(screenshot_dir):
 
 
 def _wait_for_run(page, timeout_s: float) -> None:
-    """Until the app has drawn and the status widget ("Running…") has stayed away for QUIET_S."""
-    page.wait_for_selector('[data-testid="stSidebar"]', timeout=timeout_s * 1000)
-    deadline = time.monotonic() + timeout_s
-    quiet_since = None
-    while time.monotonic() < deadline:
-        busy = page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"]').count() > 0
-        if busy:
-            quiet_since = None
-        elif quiet_since is None:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= QUIET_S:
-            return
-        page.wait_for_timeout(250)
-    raise AssertionError(f"the page was still running after {timeout_s} s")
+    wait_for_run(page, timeout_s, QUIET_S)
 
 
 SCROLL_HEIGHT_JS = """() => Math.max(1000, ...["stAppViewContainer", "stMain", "stMainBlockContainer"].map(

@@ -79,7 +79,7 @@ def test_overview_hover_reads_layer_and_head_from_the_coordinates():
 
 def test_trace_at_512_tokens_keeps_no_scores():
     """A 512-token bert-base trace: weights, q/k/v, value norms and hidden states, not the scores (~229 MB)."""
-    n, layers, heads, d_head, hidden = 512, 12, 12, 64, 768
+    n, layers, heads, d_head = 512, 12, 12, 64
     trace = synthetic_trace(n, layers, heads, d_head=d_head, seed=0)
     per_head = layers * heads * 4
     expected = (per_head * n * n  # attentions

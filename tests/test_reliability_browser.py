@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, AppServer, app_pages, chromium
+from browser_support import CHROMIUM, CHROMIUM_MISSING, AppServer, app_pages, chromium, wait_for_run
 
 RUN_TIMEOUT_S = 240
 QUIET_S = 1.5
@@ -49,20 +49,7 @@ def browser():
 
 
 def _wait_for_run(page, timeout_s: float = RUN_TIMEOUT_S, quiet_s: float = QUIET_S) -> None:
-    """Until the app has drawn and the status widget has stayed away for ``quiet_s``."""
-    page.wait_for_selector('[data-testid="stSidebar"]', timeout=timeout_s * 1000)
-    deadline = time.monotonic() + timeout_s
-    quiet_since = None
-    while time.monotonic() < deadline:
-        busy = page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"]').count() > 0
-        if busy:
-            quiet_since = None
-        elif quiet_since is None:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= quiet_s:
-            return
-        page.wait_for_timeout(200)
-    raise AssertionError(f"the page was still running after {timeout_s} s")
+    wait_for_run(page, timeout_s, quiet_s)
 
 
 def _watch(page, origin_host: str) -> dict[str, list]:
