@@ -111,6 +111,21 @@ def _head_mask_tensor(head_mask: np.ndarray | None, n_layers: int, n_heads: int,
     return torch.from_numpy(hm).to(device)
 
 
+def value_norms(values: torch.Tensor, output_weights: list[torch.Tensor]) -> torch.Tensor:
+    """‖v_j W_Oʰ‖: each value after its head's column block of the output projection (Kobayashi et al. 2020).
+
+    Args:
+        values: Shape: (layer, head, pos, d_head).
+        output_weights: one output projection per layer, ``nn.Linear`` layout. Shape: (hidden, hidden).
+
+    Shape: -> (layer, head, pos).
+    """
+    n_layers, n_heads, _, d_head = values.shape
+    w_o = torch.stack(output_weights)  # (layer, hidden_out, hidden_in); columns h*d_head.. belong to head h
+    w_o = w_o.view(n_layers, -1, n_heads, d_head).permute(0, 2, 3, 1)  # (layer, head, d_head, hidden_out)
+    return torch.matmul(values, w_o).norm(dim=-1)
+
+
 @torch.no_grad()
 def trace_custom(
     model: TransformerForSequenceClassification,
@@ -131,12 +146,7 @@ def trace_custom(
     weights = stack(lambda h: h.step.weights[0])  # (layer, head, q_pos, k_pos)
     n = encoded.input_ids.shape[1]
     mask = np.ones((n, n), dtype=bool) if enc.mask is None else _np(enc.mask[0]) > 0.5
-    d_head = cfg.head_dim
-    norms = []
-    for i, layer in enumerate(model.encoder.layers):
-        w_o = layer.attention.output_linear.weight  # (hidden, hidden); column block h belongs to head h
-        per_head = [values[i, h] @ w_o[:, h * d_head:(h + 1) * d_head].T for h in range(cfg.num_attention_heads)]
-        norms.append(torch.stack([p.norm(dim=-1) for p in per_head]))
+    norms = value_norms(values, [layer.attention.output_linear.weight for layer in model.encoder.layers])
     return AttentionTrace(
         tokens=encoded.tokens,
         token_ids=encoded.input_ids[0].numpy().astype(np.int64),
@@ -147,7 +157,7 @@ def trace_custom(
         queries=_np(queries),
         keys=_np(keys),
         values=_np(values),
-        value_norms=_np(torch.stack(norms)),
+        value_norms=_np(norms),
         hidden_states=_np(torch.stack([h[0] for h in enc.hidden_states])),
         model_kind="custom",
         causal=cfg.causal,
@@ -208,11 +218,7 @@ def trace_bert(loaded: LoadedModel, encoded: EncodedInput, head_mask: np.ndarray
         attentions = attentions * gate[:, :, None, None]
     pick = lambda name: torch.stack([captured[(i, name)] for i in range(n_layers)])  # noqa: E731
     values = pick("value")
-    norms = []
-    for i, layer in enumerate(model.encoder.layer):
-        w_o = layer.attention.output.dense.weight
-        norms.append(torch.stack([(values[i, h] @ w_o[:, h * d_head:(h + 1) * d_head].T).norm(dim=-1)
-                                  for h in range(n_heads)]))
+    norms = value_norms(values, [layer.attention.output.dense.weight for layer in model.encoder.layer])
     n = encoded.input_ids.shape[1]
     return AttentionTrace(
         tokens=encoded.tokens,
@@ -224,7 +230,7 @@ def trace_bert(loaded: LoadedModel, encoded: EncodedInput, head_mask: np.ndarray
         queries=_np(pick("query")),
         keys=_np(pick("key")),
         values=_np(values),
-        value_norms=_np(torch.stack(norms)),
+        value_norms=_np(norms),
         hidden_states=_np(torch.stack([h[0] for h in out.hidden_states])),
         model_kind="bert",
         causal=False,

@@ -92,3 +92,13 @@ def test_empty_sentence_b_means_single_sentence():
 
 def test_trace_nbytes_counts_arrays(bert_pair_trace):
     assert bert_pair_trace.nbytes > bert_pair_trace.attentions.nbytes
+
+
+def test_value_norms_equal_a_naive_loop_over_heads(bundled, bert_pair_trace):
+    t = bert_pair_trace
+    for layer in (0, 5):
+        w_o = bundled.model.encoder.layer[layer].attention.output.dense.weight.detach().numpy()
+        for head in (0, 7):
+            block = w_o[:, head * t.d_head:(head + 1) * t.d_head]  # (hidden, d_head)
+            naive = [float(np.linalg.norm(block @ t.values[layer, head, j])) for j in range(t.n_tokens)]
+            np.testing.assert_allclose(t.value_norms[layer, head], naive, rtol=1e-4, atol=1e-5)
