@@ -46,3 +46,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory):
+    """The real app, started as `make run` starts it, once per browser-test module."""
+    from browser_support import AppServer
+
+    server = AppServer(tmp_path_factory.mktemp("app") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def app_url(app_server) -> str:
+    return app_server.url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright; module-scoped so each module's Playwright loop ends."""
+    from browser_support import chromium
+
+    yield from chromium()

@@ -14,7 +14,7 @@ import pytest
 
 from ui import bertviz_views as bv
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, AppServer, chromium
+from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT
 
 SHOTS = Path("/tmp/bertviz_browser")
 SMALL_CUSTOM = {"model": "custom", "layers": "2", "heads": "4", "hidden": "64"}
@@ -27,18 +27,6 @@ pytestmark = [
     pytest.mark.skipif(bool(bv.vendor_missing(str(ROOT / "static"))),
                        reason="static/vendor/ is missing bertviz's JavaScript: run scripts/install_assets.sh (needs npm)"),
 ]
-
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    server = AppServer(tmp_path_factory.mktemp("bertviz") / "server.log")
-    yield server.url
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 class Visit:

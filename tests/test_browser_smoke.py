@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, AppServer, app_pages, chromium, wait_for_run
+from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, app_pages, wait_for_run
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PAGE_TIMEOUT_S = 180
@@ -39,19 +39,6 @@ PAGES = app_pages()
 
 def _url_path(page: str) -> str:
     return "" if page == "pages/home.py" else Path(page).stem  # home is the default page, at /
-
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    """The app, started once for this module as `make run` starts it; stopped at the end."""
-    server = AppServer(tmp_path_factory.mktemp("streamlit") / "server.log")
-    yield server.url
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, AppServer, app_pages, chromium, wait_for_run
+from browser_support import CHROMIUM, CHROMIUM_MISSING, app_pages, wait_for_run
 
 RUN_TIMEOUT_S = 240
 QUIET_S = 1.5
@@ -34,18 +34,6 @@ INJECTED_SCRIPT_JS = """() => [...document.querySelectorAll('script')].filter(s 
 
 def _pages() -> list[str]:
     return [path for path, _ in app_pages()]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = AppServer(tmp_path_factory.mktemp("reliability") / "server.log")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 def _wait_for_run(page, timeout_s: float = RUN_TIMEOUT_S, quiet_s: float = QUIET_S) -> None:
@@ -88,13 +76,13 @@ def _injected_elements(page) -> list[str]:
 
 
 @pytest.mark.parametrize("page_file", _pages(), ids=lambda p: Path(p).stem)
-def test_hostile_text_stays_text_and_nothing_leaves_the_origin(page_file, server, browser):
+def test_hostile_text_stays_text_and_nothing_leaves_the_origin(page_file, app_server, browser):
     context = browser.new_context(viewport={"width": 1300, "height": 1000})
     page = context.new_page()
     seen = _watch(page, "127.0.0.1")
     path = "" if page_file == "pages/home.py" else Path(page_file).stem
     try:
-        page.goto(f"{server.url}/{path}?{urlencode(HOSTILE_QUERY)}", wait_until="domcontentloaded")
+        page.goto(f"{app_server.url}/{path}?{urlencode(HOSTILE_QUERY)}", wait_until="domcontentloaded")
         _wait_for_run(page)
         page.wait_for_timeout(1500)  # plotly and the iframes finish drawing; an onerror would have fired
         for frame in page.frames:  # scroll lazy content into view so every iframe loads
@@ -117,12 +105,12 @@ def test_hostile_text_stays_text_and_nothing_leaves_the_origin(page_file, server
 
 @pytest.mark.parametrize("model_id", ["[x](https://evil.example/)", "<img src=x onerror=alert(1)>",
                                       "www.evil.example/a@evil.example/$x$"])
-def test_hostile_model_id_is_shown_as_text(model_id, server, browser):
+def test_hostile_model_id_is_shown_as_text(model_id, app_server, browser):
     context = browser.new_context()
     page = context.new_page()
     seen = _watch(page, "127.0.0.1")
     try:
-        page.goto(f"{server.url}/?{urlencode({'model_id': model_id})}", wait_until="domcontentloaded")
+        page.goto(f"{app_server.url}/?{urlencode({'model_id': model_id})}", wait_until="domcontentloaded")
         _wait_for_run(page)
         error = page.locator('[data-testid="stSidebar"] [data-testid="stAlertContentError"]')
         assert error.count() == 1
@@ -153,19 +141,19 @@ def _own_words_only(page, own: str, others: list[str]) -> None:
     assert not leaked, f"session of {own!r} shows another session's text: {leaked}"
 
 
-def test_ten_concurrent_sessions_each_see_only_their_own_text(server, browser):
+def test_ten_concurrent_sessions_each_see_only_their_own_text(app_server, browser):
     contexts = [browser.new_context(viewport={"width": 1200, "height": 900}) for _ in WORDS]
     pages = [c.new_page() for c in contexts]
-    rss = [server.rss_mb()]
+    rss = [app_server.rss_mb()]
     t0 = time.monotonic()
     try:
         for page, word in zip(pages, WORDS):  # all ten sessions start before any is awaited
-            page.goto(f"{server.url}/?{urlencode({'a': f'the {word} sleeps', 'b': ''})}", wait_until="commit")
+            page.goto(f"{app_server.url}/?{urlencode({'a': f'the {word} sleeps', 'b': ''})}", wait_until="commit")
         for page, word in zip(pages, WORDS):
             _wait_for_token(page, word)
             _own_words_only(page, word, [w for w in WORDS + NEW_WORDS if w != word])
         t1 = time.monotonic()
-        rss.append(server.rss_mb())
+        rss.append(app_server.rss_mb())
         # Every session now types a new sentence at once: ten reruns race on one process.
         for page, word in zip(pages, NEW_WORDS):
             box = page.get_by_label("Sentence A")
@@ -175,7 +163,7 @@ def test_ten_concurrent_sessions_each_see_only_their_own_text(server, browser):
             _wait_for_token(page, word)
             _wait_for_run(page, quiet_s=0.5)
             _own_words_only(page, word, [w for w in WORDS + NEW_WORDS if w != word])
-        rss.append(server.rss_mb())
+        rss.append(app_server.rss_mb())
     finally:
         for c in contexts:
             c.close()
