@@ -11,7 +11,7 @@ from model_core import InputError, ModelLoadError
 from model_core.settings import BUNDLED_MODEL_ID, load_settings
 from ui.context import AppContext, set_context
 from ui.loaders import get_trace
-from ui.state import init_state, render_controls, render_head_picker, sync_query_params
+from ui.state import clamp_head, head_picker, init_state, render_controls, sync_query_params
 
 ROOT = Path(__file__).parent
 
@@ -41,6 +41,15 @@ def _navigation() -> st.navigation:
             sections.setdefault(section, []).append(
                 st.Page(path, title=title, icon=icon, default=path == "pages/home.py"))
     return st.navigation(sections)
+
+
+# Pages that draw the sidebar's layer/head picker themselves, inside a fragment with the views that
+# depend on the head, so a change of head reruns only that fragment (ui.state.head_fragment).
+PAGES_WITH_HEAD_FRAGMENT = {"pages/heatmaps.py"}
+
+
+def _page_path(page) -> str:
+    return next((path for path, title, *_ in PAGES if title == page.title), "")
 
 
 # Characters with which Markdown could draw a link, an image, LaTeX or an icon out of a model id
@@ -81,8 +90,13 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
         error = _as_text(f"The model failed on this input ({type(exc).__name__}: {exc}). Try another text or model.")
     layer = head = 0
+    head_slot = None
     if trace is not None:
-        layer, head = render_head_picker(trace.n_layers, trace.n_heads)
+        layer, head = clamp_head(trace.n_layers, trace.n_heads)
+        head_slot = st.sidebar.container()
+        if _page_path(nav) not in PAGES_WITH_HEAD_FRAGMENT:
+            with head_slot:
+                head_picker(trace.n_layers, trace.n_heads)
         st.sidebar.caption(f"{trace.description} · {trace.n_tokens} tokens")
     else:
         st.sidebar.error(error)
@@ -90,7 +104,8 @@ def main() -> None:
             controls.model == "bert" or controls.weights == "pretrained")
         if isinstance(error, str) and uses_other_bert:
             st.sidebar.button("Use the bundled model", on_click=_use_bundled, type="primary")
-    set_context(AppContext(controls=controls, settings=settings, trace=trace, error=error, layer=layer, head=head))
+    set_context(AppContext(controls=controls, settings=settings, trace=trace, error=error, layer=layer, head=head,
+                           head_slot=head_slot))
     sync_query_params(settings)
     nav.run()
 

@@ -402,7 +402,7 @@ def mb(n: float | None) -> str:
 
 
 def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: list[str],
-                bertviz_page: bool = True) -> list[dict]:
+                bertviz_page: bool = True, raw_bertviz: bool = True) -> list[dict]:
     rows = []
     variant = 100
     for label in models:
@@ -424,7 +424,8 @@ def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: 
                 heads.append(s)
                 head_bytes.append(b)
                 print(f"  {label} {n} tokens: head change {s:.2f} s, {mb(b)} ({split})", flush=True)
-            viz = bertviz_bytes(label, n)
+            viz = bertviz_bytes(label, n) if raw_bertviz else dict.fromkeys(
+                ("raw_head", "raw_model", "ours_head", "ours_model"))
             rows.append({"model": label, "n": n, "times": times, "bytes": statistics.median(sizes_b),
                          "head_times": heads, "head_bytes": statistics.median(head_bytes), **viz})
         context.close()
@@ -476,6 +477,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--sessions", type=int, default=10, help="0 skips the memory run")
     parser.add_argument("--quick", action="store_true", help="one repeat")
+    parser.add_argument("--heatmaps-only", action="store_true",
+                        help="only the heatmaps page and head changes: no bertviz page, no raw bertviz bytes")
     parser.add_argument("--profile", type=Path, help="sample the server with py-spy into this file and summarise it")
     args = parser.parse_args()
     if args.quick:
@@ -493,7 +496,8 @@ def main() -> None:
             if args.profile:
                 server.start_profile(args.profile)
             rows = bench_pages(browser, server, args.sizes, args.repeat, args.models,
-                               bertviz_page=(ROOT / "pages/bertviz.py").exists())
+                               bertviz_page=not args.heatmaps_only and (ROOT / "pages/bertviz.py").exists(),
+                               raw_bertviz=not args.heatmaps_only)
         finally:
             server.stop()
         sessions = bench_sessions(browser, args.sessions, 128) if args.sessions else None
@@ -510,6 +514,8 @@ def main() -> None:
           "raw bertviz head_view | ratio | ours: model view HTML | raw model_view |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        if r["raw_head"] is None:
+            continue
         ratio = f"1/{r['raw_head'] / r['ours_head']:.0f}" if r["ours_head"] else "pending"
         print(f"| {r['model']} | {r['n']} | {med(r.get('bv_times', []))} | "
               f"{mb(r['bv_bytes']) if 'bv_bytes' in r else '-'} | {mb(r['ours_head'])} | {mb(r['raw_head'])} | "

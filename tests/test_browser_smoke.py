@@ -120,7 +120,8 @@ def test_page_renders_in_chromium(page_file, title, app_url, browser, screenshot
 
 
 def test_clicking_an_overview_thumbnail_focuses_that_head(app_url, browser):
-    """A click on the overview picks that layer and head: the focused heatmap and the link follow."""
+    """A click on the overview picks that layer and head: the focused heatmap, the sidebar's pickers and
+    the link follow. The pickers drive the focused view the same way (both rerun only its fragment)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1400})
     page = context.new_page()
     try:
@@ -132,5 +133,13 @@ def test_clicking_an_overview_thumbnail_focuses_that_head(app_url, browser):
         page.mouse.click(box["x"] + box["width"] * (5.5 / 12), box["y"] + box["height"] * (2.5 / 6))
         page.get_by_role("heading", name="Layer 2, head 5").wait_for(timeout=60_000)
         assert "layer=2" in page.url and "head=5" in page.url
+        sidebar = page.locator('section[data-testid="stSidebar"]')
+        assert sidebar.locator('input[role="combobox"][aria-label="Head"]').input_value() == "5"
+        combo = sidebar.locator('input[role="combobox"][aria-label="Layer"]')
+        combo.click()
+        combo.press("ArrowDown")
+        page.locator('[role="listbox"] [role="option"][data-key="4"]').click()
+        page.get_by_role("heading", name="Layer 4, head 5").wait_for(timeout=60_000)
+        page.wait_for_function("() => location.search.includes('layer=4')", timeout=30_000)
     finally:
         context.close()

@@ -88,3 +88,26 @@ def test_trace_at_512_tokens_keeps_no_scores():
                 + trace.hidden_states.nbytes + n * n + 2 * n * 8 + trace.head_mask.nbytes)
     assert trace.nbytes <= expected + (trace.logits.nbytes if trace.logits is not None else 0)
     assert trace.nbytes < 240 * MB
+
+
+def test_long_focused_head_is_laid_out_once_with_room_for_its_labels():
+    """Past FIXED_MARGIN_TOKENS the figure carries its colour range and fixed margins, so Plotly neither
+    scans 262k values nor measures the labels and lays out again; the margins fit the longest shown label."""
+    from ui.figures import FIXED_MARGIN_TOKENS, TICK_CHAR_PX
+
+    trace = _bert_base(512)
+    tokens = list(trace.tokens)
+    tokens[8] = "internationalisation"  # a long label on a shown tick (every 8th at 512 tokens)
+    fig = attention_heatmap(trace.attentions[1, 2], tuple(tokens))
+    heatmap, layout = fig.data[0], fig.layout
+    assert heatmap.zmin == 0 and heatmap.zmax == pytest.approx(float(trace.attentions[1, 2].max()), abs=1e-5)
+    assert layout.margin.autoexpand is False
+    assert layout.xaxis.automargin is False and layout.yaxis.automargin is False
+    assert layout.xaxis.tickangle == -90
+    assert "internationalisation" in layout.xaxis.ticktext
+    assert layout.margin.l >= TICK_CHAR_PX * len("internationalisation")
+    assert layout.margin.t >= TICK_CHAR_PX * len("internationalisation")
+    # Short inputs keep Plotly's own measured margins.
+    short = attention_heatmap(trace.attentions[1, 2, :FIXED_MARGIN_TOKENS, :FIXED_MARGIN_TOKENS],
+                              tuple(tokens[:FIXED_MARGIN_TOKENS]))
+    assert short.layout.margin.autoexpand is None and short.layout.xaxis.automargin is None

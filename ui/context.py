@@ -22,6 +22,8 @@ class AppContext:
     error: str | None
     layer: int = 0
     head: int = 0
+    # The sidebar container of the layer/head picker; pages in app.PAGES_WITH_HEAD_FRAGMENT fill it.
+    head_slot: "object | None" = None
 
 
 def set_context(ctx: AppContext) -> None:

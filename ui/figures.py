@@ -16,6 +16,10 @@ WEIGHT_SCALE = "Blues"
 SCORE_SCALE = "RdBu_r"
 MASKED_COLOR = "#3b3b3b"
 MAX_TICKS = 64
+# Above this many tokens a heatmap's margins are fixed from its longest tick label instead of measured
+# by Plotly (automargin lays the figure out twice: about 70 ms of a 512-token redraw in the browser).
+FIXED_MARGIN_TOKENS = 128
+TICK_CHAR_PX = 6.5  # width of one character of a 10 px tick label, a little generous
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 SVG_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "svg"}}
 
@@ -68,6 +72,12 @@ def attention_heatmap(
     shown = np.round(np.where(neg_inf, np.nan, z), 5).astype(np.float32)
     labels = [f"{i}: {token_label(tokens[i])}" for i in keep]
     n = len(keep)
+    # An explicit colour range: Plotly would otherwise scan all n * n values for it on every redraw.
+    finite = shown[np.isfinite(shown)]
+    if zmin is None:
+        zmin = float(finite.min()) if finite.size else 0.0
+    if zmax is None:
+        zmax = float(finite.max()) if finite.size else 1.0
     # The axes are categories named "i: token", so the hover reads the exact labels from x and y:
     # no (n, n, 2) customdata of strings, which at 512 tokens was 9 MB of JSON.
     fig = go.Figure(go.Heatmap(
@@ -89,12 +99,20 @@ def attention_heatmap(
         b = int(np.searchsorted(keep, sentence_b_start)) - 0.5
         for shape in (dict(x0=b, x1=b, y0=-0.5, y1=n - 0.5), dict(y0=b, y1=b, x0=-0.5, x1=n - 0.5)):
             fig.add_shape(type="line", line=dict(color="#e4572e", width=2, dash="dot"), **shape)
+    x_ticks, y_ticks = _category_ticks(labels), _category_ticks(labels)
+    margin = dict(l=10, r=10, t=40 if title else 10, b=10)
+    if n > FIXED_MARGIN_TOKENS:
+        # Fixed room for the longest shown label (x labels stand upright), so Plotly lays out once.
+        label_px = int(TICK_CHAR_PX * max(len(html.unescape(t)) for t in x_ticks["ticktext"])) + 8
+        x_ticks.update(tickangle=-90, automargin=False)
+        y_ticks.update(automargin=False)
+        margin = dict(l=label_px + 28, r=90, t=label_px + 28 + (30 if title else 0), b=10, autoexpand=False)
     fig.update_layout(
         title=dict(text=title, font=dict(size=14)), height=height or min(760, 260 + 14 * n),
-        margin=dict(l=10, r=10, t=40 if title else 10, b=10), plot_bgcolor="white",
+        margin=margin, plot_bgcolor="white",
         legend=dict(orientation="h", y=-0.12),
-        xaxis=dict(title="key (attended to)", side="top", **_category_ticks(labels)),
-        yaxis=dict(title="query (attending)", autorange="reversed", **_category_ticks(labels)),
+        xaxis=dict(title="key (attended to)", side="top", **x_ticks),
+        yaxis=dict(title="query (attending)", autorange="reversed", **y_ticks),
     )
     return fig
 

@@ -178,8 +178,8 @@ def _model_help(settings: Settings) -> str:
             f"works offline. Also allowed: {allowed}.")
 
 
-def render_head_picker(n_layers: int, n_heads: int) -> tuple[int, int]:
-    """Layer and head selectors in the sidebar, clamped to the current model's size."""
+def clamp_head(n_layers: int, n_heads: int) -> tuple[int, int]:
+    """Clamp the focused layer and head to the current model's size, with a toast when they move."""
     s = st.session_state
     for key, name, count in (("sel_layer", "Layer", n_layers), ("sel_head", "Head", n_heads)):
         wanted = int(s.get(key, 0))
@@ -187,14 +187,40 @@ def render_head_picker(n_layers: int, n_heads: int) -> tuple[int, int]:
         if s[key] != wanted:
             st.toast(f"{name} {wanted} does not exist in this model ({name.lower()}s 0-{count - 1}); "
                      f"showing {name.lower()} {s[key]}.", icon="⚠️")
-    c1, c2 = st.sidebar.columns(2)
-    c1.selectbox("Layer", range(n_layers), key="sel_layer")
-    c2.selectbox("Head", range(n_heads), key="sel_head")
     return int(s["sel_layer"]), int(s["sel_head"])
 
 
+def head_picker(n_layers: int, n_heads: int) -> tuple[int, int]:
+    """The layer and head selectors, side by side in the current container (call clamp_head first)."""
+    c1, c2 = st.columns(2)
+    c1.selectbox("Layer", range(n_layers), key="sel_layer")
+    c2.selectbox("Head", range(n_heads), key="sel_head")
+    return int(st.session_state["sel_layer"]), int(st.session_state["sel_head"])
+
+
+def head_fragment(key: str, draw: Callable[[int, int], None], *, slot: Any, n_layers: int, n_heads: int,
+                  settings: Settings | None = None) -> None:
+    """Draw the layer/head picker into ``slot`` (the sidebar's) and ``draw(layer, head)`` here, as one fragment.
+
+    A change of layer or head then reruns only this fragment: no trace lookup, no other view rebuilt or
+    resent. A widget callback elsewhere on the page can focus a head with ``select_head`` and then
+    ``st.rerun(key)``.
+    """
+
+    @st.fragment(key=key)
+    def fragment() -> None:
+        with slot:
+            layer, head = head_picker(n_layers, n_heads)
+        sync_query_params(settings)
+        draw(layer, head)
+
+    fragment()
+
+
 def select_head(layer: int, head: int) -> None:
-    """Focus another head (e.g. from a click on a grid); takes effect on the next run."""
+    """Focus another head (e.g. from a click on a grid); takes effect on the next run.
+
+    Call it from a widget callback, or before the pickers are drawn in this run."""
     st.session_state["sel_layer"] = int(layer)
     st.session_state["sel_head"] = int(head)
 
