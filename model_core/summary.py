@@ -75,10 +75,14 @@ def special_token_positions(tokens: tuple[str, ...]) -> list[int]:
     return [i for i, t in enumerate(tokens) if t in SPECIAL_TOKENS]
 
 
-def pool_matrix(matrix: np.ndarray, size: int) -> np.ndarray:
-    """Block-average a square matrix down to at most ``size`` x ``size`` (no-op when smaller).
+def pool_matrix(matrix: np.ndarray, size: int, *, sum_keys: bool = False) -> np.ndarray:
+    """Pool the last two axes of ``matrix`` into at most ``size`` x ``size`` blocks (no-op when smaller).
 
-    Both axes are averaged, so a pooled cell is the mean weight of its block. Shape: (n, n) -> (m, m), m = min(n, size).
+    Rows (queries) are averaged. Columns (keys) are averaged too, so a cell is the mean weight of its
+    block; or, with ``sum_keys``, summed, so a cell is the share of attention the block's queries give to
+    the block's keys, and a row of an attention matrix still sums to 1.
+
+    Shape: (..., n, n) -> (..., m, m), m = min(n, size).
     """
     n = matrix.shape[-1]
     if n <= size:
@@ -86,4 +90,6 @@ def pool_matrix(matrix: np.ndarray, size: int) -> np.ndarray:
     edges = np.linspace(0, n, size + 1).round().astype(int)[:-1]
     counts = np.diff(np.append(edges, n))
     rows = np.add.reduceat(matrix, edges, axis=-2) / counts[:, None]
+    if sum_keys:
+        return np.add.reduceat(rows, edges, axis=-1)
     return np.add.reduceat(rows, edges, axis=-1) / counts[None, :]

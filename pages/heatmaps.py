@@ -21,8 +21,9 @@ pooled = t.n_tokens > 32
 # No outline on the focused head: an unchanged figure is not sent or redrawn again when the head changes.
 st.caption("Each small square is one head's attention matrix (queries down, keys across). Click one to focus it "
            "below."
-           + (f" At {t.n_tokens} tokens each head is block-averaged to 32 × 32 cells here; the focused heatmap "
-              "below is exact." if pooled else ""))
+           + (f" At {t.n_tokens} tokens each head is pooled to 32 × 32 blocks here: a cell is the share of "
+              "attention a block of queries gives to a block of keys, so each row still sums to 1. The focused "
+              "heatmap below is exact." if pooled else ""))
 
 
 def _focus_clicked_head() -> None:

@@ -111,3 +111,32 @@ def test_long_focused_head_is_laid_out_once_with_room_for_its_labels():
     short = attention_heatmap(trace.attentions[1, 2, :FIXED_MARGIN_TOKENS, :FIXED_MARGIN_TOKENS],
                               tuple(tokens[:FIXED_MARGIN_TOKENS]))
     assert short.layout.margin.autoexpand is None and short.layout.xaxis.automargin is None
+
+
+def test_pooling_averages_queries_and_sums_keys_so_rows_still_sum_to_one():
+    from model_core.summary import pool_matrix
+
+    rng = np.random.default_rng(3)
+    a = rng.random((2, 3, 70, 70))
+    a /= a.sum(-1, keepdims=True)
+    pooled = pool_matrix(a, 32, sum_keys=True)
+    assert pooled.shape == (2, 3, 32, 32)
+    np.testing.assert_allclose(pooled.sum(-1), 1.0, atol=1e-12)
+    # By hand: blocks from the same edges as np.linspace(0, 70, 33).round().
+    edges = np.append(np.linspace(0, 70, 33).round().astype(int)[:-1], 70)
+    for i, j in [(0, 0), (5, 17), (31, 31)]:
+        block = a[1, 2, edges[i]:edges[i + 1], edges[j]:edges[j + 1]]
+        assert pooled[1, 2, i, j] == pytest.approx(block.sum(-1).mean())
+        assert pool_matrix(a, 32)[1, 2, i, j] == pytest.approx(block.mean())
+    assert pool_matrix(a, 80, sum_keys=True) is a  # nothing to pool
+
+
+def test_overview_of_a_long_input_is_not_washed_out():
+    """A head that attends to its own position is a dark diagonal in the pooled thumbnail (share ~1),
+    not the 1/16 a block average would leave of it at 512 tokens."""
+    n = 512
+    eye = np.broadcast_to(np.eye(n, dtype=np.float32), (2, 2, n, n)).copy()
+    z = np.asarray(overview_mosaic(eye).data[0].z, dtype=np.float64)
+    head = z[:32, :32]
+    np.testing.assert_allclose(np.diag(head), 1.0, atol=1e-3)
+    assert np.nansum(head) == pytest.approx(32, abs=0.05)

@@ -135,7 +135,9 @@ def _mosaic(attentions: np.ndarray, m: int) -> np.ndarray:
     n_layers, n_heads = attentions.shape[:2]
     step = m + 1
     mosaic = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)
-    pooled = pool_matrix(attentions, m)  # every head at once: (layer, head, m, m)
+    # Every head at once: (layer, head, m, m). Keys are summed, so each pooled row still sums to 1 and a
+    # head that attends within its block shows as dark as it is, not diluted by the block's width.
+    pooled = pool_matrix(attentions, m, sum_keys=True)
     for layer in range(n_layers):
         for head in range(n_heads):
             r, c = layer * step, head * step
@@ -152,8 +154,8 @@ def _mosaic(attentions: np.ndarray, m: int) -> np.ndarray:
 def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tuple[int, int] | None = None) -> go.Figure:
     """All layers x heads as small multiples in ONE Plotly heatmap (fast at any length).
 
-    Each head is block-averaged to at most ``max_cells`` squared cells; a one-cell gap separates
-    heads. Clicking a head reports (layer, head) through the invisible marker on its centre.
+    Each head is pooled to at most ``max_cells`` squared cells (queries averaged, keys summed: a cell is
+    the share of attention a block of queries gives a block of keys); a one-cell gap separates heads. Clicking a head reports (layer, head) through the invisible marker on its centre.
 
     Shape: attentions (layer, head, q_pos, k_pos).
     """
@@ -166,10 +168,11 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tu
     offset = (m - 1) / 2
     xs = (np.arange(mosaic.shape[1]) - offset) / step
     ys = (np.arange(mosaic.shape[0]) - offset) / step
+    value = "share" if m < n else "weight"
     fig = go.Figure(go.Heatmap(
         z=np.round(mosaic, 3), x=xs, y=ys, colorscale=WEIGHT_SCALE, zmin=0, zmax=1, showscale=True,
-        hovertemplate="layer %{y:.0f}, head %{x:.0f}<br>weight %{z:.3f}<extra></extra>",
-        hoverongaps=False, colorbar=dict(thickness=10, title=dict(text="weight")),
+        hovertemplate=f"layer %{{y:.0f}}, head %{{x:.0f}}<br>{value} %{{z:.3f}}<extra></extra>",
+        hoverongaps=False, colorbar=dict(thickness=10, title=dict(text=value)),
     ))
     centers_x = list(range(n_heads))
     centers_y = list(range(n_layers))
