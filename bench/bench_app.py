@@ -20,6 +20,11 @@ weights) and for the bundled BERT, at 13, 128 and 512 tokens:
 
 Timings on a shared CPU are noisy: each is repeated (``--repeat``, default 3) and the median is
 printed with the range. Needs /usr/bin/chromium.
+
+Where the time goes: ``--profile FILE`` samples the server with py-spy; ``--profile-browser PATH``
+records the page's JavaScript CPU profile over the head changes at the largest size (a .cpuprofile
+for Chrome DevTools) and prints the busiest functions. ``--heatmaps-only`` skips the bertviz page
+and raw bertviz's bytes, for quick runs.
 """
 
 from __future__ import annotations
@@ -70,6 +75,14 @@ FINGERPRINT_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'
 })"""
 RUNNING_JS = """() => document.querySelector('[data-testid="stStatusWidget"]') !== null
     && /Running|Stop/i.test(document.querySelector('[data-testid="stStatusWidget"]').innerText)"""
+# The moment of the user's own input, from the event itself: Playwright's click spends ~50 ms on
+# actionability checks before the mouse goes down, which no user waits for.
+ARM_INPUT_JS = """() => { window.__inputAt = null;
+    for (const type of ['pointerdown', 'keydown'])
+        document.addEventListener(type, e => { if (window.__inputAt === null) window.__inputAt = e.timeStamp; },
+                                  {capture: true, once: true});
+    return performance.now(); }"""
+INPUT_AT_JS = "() => window.__inputAt"
 PAINT_JS = """() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(performance.now()))))"""
 
 
@@ -235,12 +248,14 @@ def submit_text(page, meter: Meter, text: str, n_tokens: int) -> tuple[float, in
     box = page.locator('section[data-testid="stSidebar"] textarea[aria-label="Sentence A"]')
     box.fill(text)
     meter.reset()
-    t0 = page.evaluate("performance.now()")
+    armed = page.evaluate(ARM_INPUT_JS)
     p0 = time.perf_counter()
     box.press("Control+Enter")
     page.wait_for_function(wait_redrawn_js(before, N_FIGURES, [1], f"· {n_tokens} tokens"), polling=50,
                            timeout=TIMEOUT_MS)
     t1 = page.evaluate(PAINT_JS)
+    t0 = page.evaluate(INPUT_AT_JS)
+    p0 += (t0 - armed) / 1000  # the server's frames, timed from the same moment
     p1 = time.perf_counter()
     page.wait_for_timeout(300)  # late frames (e.g. the URL update) still count
     meter.settle()
@@ -250,7 +265,8 @@ def submit_text(page, meter: Meter, text: str, n_tokens: int) -> tuple[float, in
 _LAST_HEAD: dict[int, int] = {}  # page -> the head it shows (0 when opened)
 
 
-def change_head(page, meter: Meter, head: int, layer: int = 0) -> tuple[float, int, str]:
+def change_head(page, meter: Meter, head: int, layer: int = 0,
+                profiler: BrowserProfile | None = None) -> tuple[float, int, str]:
     """Pick another head in the sidebar; return (seconds until the focused heatmap is redrawn, bytes)."""
     before = page.evaluate(FINGERPRINT_JS)
     combo = page.locator('section[data-testid="stSidebar"] input[role="combobox"][aria-label="Head"]')
@@ -263,7 +279,9 @@ def change_head(page, meter: Meter, head: int, layer: int = 0) -> tuple[float, i
     option.wait_for()
     page.wait_for_function(f"() => !({RUNNING_JS})()", polling=50, timeout=TIMEOUT_MS)  # nothing started yet
     meter.reset()
-    t0 = page.evaluate("performance.now()")
+    if profiler is not None:
+        profiler.start()
+    armed = page.evaluate(ARM_INPUT_JS)
     p0 = time.perf_counter()
     option.click()
     try:
@@ -274,7 +292,11 @@ def change_head(page, meter: Meter, head: int, layer: int = 0) -> tuple[float, i
         print("  before", before, "\n  now", page.evaluate(FINGERPRINT_JS), flush=True)
         raise
     t1 = page.evaluate(PAINT_JS)
+    t0 = page.evaluate(INPUT_AT_JS)
+    p0 += (t0 - armed) / 1000
     p1 = time.perf_counter()
+    if profiler is not None:
+        profiler.stop()
     page.wait_for_timeout(300)
     meter.settle()
     return (t1 - t0) / 1000, meter.total, meter.split(p0, p1)
@@ -290,7 +312,7 @@ def submit_text_bertviz(page, meter: Meter, text: str, n_tokens: int) -> tuple[f
     box = page.locator('section[data-testid="stSidebar"] textarea[aria-label="Sentence A"]')
     box.fill(text)
     meter.reset()
-    t0 = page.evaluate("performance.now()")
+    armed = page.evaluate(ARM_INPUT_JS)
     p0 = time.perf_counter()
     box.press("Control+Enter")
     deadline = time.time() + TIMEOUT_MS / 1000
@@ -315,6 +337,8 @@ def submit_text_bertviz(page, meter: Meter, text: str, n_tokens: int) -> tuple[f
         if done:
             break
     t1 = page.evaluate(PAINT_JS)
+    t0 = page.evaluate(INPUT_AT_JS)
+    p0 += (t0 - armed) / 1000
     p1 = time.perf_counter()
     page.wait_for_timeout(300)
     meter.settle()
@@ -387,6 +411,52 @@ def profile_summary(path: Path, top: int = 25) -> str:
     return f"{total} busy samples at 50 Hz (inclusive share, busiest first):\n" + "\n".join(lines)
 
 
+class BrowserProfile:
+    """The page's JavaScript CPU profile (Chrome DevTools protocol) over the head changes it is started around."""
+
+    def __init__(self, page, path: Path) -> None:
+        self.cdp = page.context.new_cdp_session(page)
+        self.cdp.send("Profiler.enable")
+        self.cdp.send("Profiler.setSamplingInterval", {"interval": 200})  # microseconds
+        self.path, self.profiles = path, []
+
+    def start(self) -> None:
+        self.cdp.send("Profiler.start")
+
+    def stop(self) -> None:
+        self.profiles.append(self.cdp.send("Profiler.stop")["profile"])
+
+    def save_and_summarise(self, top: int = 25) -> str:
+        """Write the profiles (open them in Chrome DevTools' Performance panel) and sum them up per change."""
+        import collections
+        import json
+
+        self.path.write_text(json.dumps(self.profiles[-1] if len(self.profiles) == 1 else self.profiles))
+        inclusive: collections.Counter = collections.Counter()
+        total = 0.0
+        for prof in self.profiles:
+            nodes = {nd["id"]: nd for nd in prof["nodes"]}
+            parent = {c: nd["id"] for nd in prof["nodes"] for c in nd.get("children", [])}
+            spent: collections.Counter = collections.Counter()
+            for sample, delta in zip(prof["samples"], prof["timeDeltas"][1:] + [0]):
+                spent[sample] += delta
+            for sample, us in spent.items():
+                total += us
+                seen, node = set(), sample
+                while node is not None:
+                    frame = nodes[node]["callFrame"]
+                    name = (f"{frame['functionName'] or '(anonymous)'} "
+                            f"{frame['url'].rsplit('/', 1)[-1].split('.')[0]}:{frame['lineNumber']}:{frame['columnNumber']}")
+                    if name not in seen:
+                        seen.add(name)
+                        inclusive[name] += us
+                    node = parent.get(node)
+        n = max(1, len(self.profiles))
+        lines = [f"{v / 1000 / n:7.1f} ms  {k}" for k, v in inclusive.most_common(top)]
+        return (f"{n} head change(s), {total / 1000 / n:.0f} ms sampled each (from the click to the paint); "
+                f"inclusive time per change, minified names (file:line:column):\n" + "\n".join(lines))
+
+
 def med(values: list[float]) -> str:
     if not values:
         return "-"
@@ -402,7 +472,8 @@ def mb(n: float | None) -> str:
 
 
 def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: list[str],
-                bertviz_page: bool = True, raw_bertviz: bool = True) -> list[dict]:
+                bertviz_page: bool = True, raw_bertviz: bool = True,
+                browser_profile: Path | None = None) -> list[dict]:
     rows = []
     variant = 100
     for label in models:
@@ -419,11 +490,19 @@ def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: 
                 print(f"  {label} {n} tokens: heatmaps page {s:.2f} s, {mb(b)} ({split})", flush=True)
             heads = []
             head_bytes = []
+            profiler = None
+            if browser_profile is not None and n == max(sizes):
+                slug = label.split()[0]
+                profiler = BrowserProfile(page, browser_profile.with_name(
+                    f"{browser_profile.stem}-{slug}-{n}{browser_profile.suffix or '.cpuprofile'}"))
             for k in range(repeat):
-                s, b, split = change_head(page, meter, head=1 + k % 11)
+                s, b, split = change_head(page, meter, head=1 + k % 11, profiler=profiler)
                 heads.append(s)
                 head_bytes.append(b)
                 print(f"  {label} {n} tokens: head change {s:.2f} s, {mb(b)} ({split})", flush=True)
+            if profiler is not None:
+                print(f"\n  browser profile of the head changes ({label}, {n} tokens) -> {profiler.path}\n"
+                      + profiler.save_and_summarise(), flush=True)
             viz = bertviz_bytes(label, n) if raw_bertviz else dict.fromkeys(
                 ("raw_head", "raw_model", "ours_head", "ours_model"))
             rows.append({"model": label, "n": n, "times": times, "bytes": statistics.median(sizes_b),
@@ -480,6 +559,9 @@ def main() -> None:
     parser.add_argument("--heatmaps-only", action="store_true",
                         help="only the heatmaps page and head changes: no bertviz page, no raw bertviz bytes")
     parser.add_argument("--profile", type=Path, help="sample the server with py-spy into this file and summarise it")
+    parser.add_argument("--profile-browser", type=Path, metavar="PATH",
+                        help="record the page's JavaScript CPU profile over the head changes at the largest size "
+                             "(PATH-<model>-<tokens>.cpuprofile, for Chrome DevTools) and summarise it")
     args = parser.parse_args()
     if args.quick:
         args.repeat = 1
@@ -497,7 +579,7 @@ def main() -> None:
                 server.start_profile(args.profile)
             rows = bench_pages(browser, server, args.sizes, args.repeat, args.models,
                                bertviz_page=not args.heatmaps_only and (ROOT / "pages/bertviz.py").exists(),
-                               raw_bertviz=not args.heatmaps_only)
+                               raw_bertviz=not args.heatmaps_only, browser_profile=args.profile_browser)
         finally:
             server.stop()
         sessions = bench_sessions(browser, args.sessions, 128) if args.sessions else None
