@@ -5,6 +5,7 @@ import streamlit as st
 from ui.context import get_context
 from ui.figures import PLOTLY_CONFIG, attention_heatmap
 from ui.guard import view_guard
+from ui.state import head_fragment
 
 st.title("Attention Explorer")
 st.markdown(
@@ -32,11 +33,17 @@ if ctx.trace is None:
     st.info(ctx.error or "Type a sentence in the sidebar.")
 else:
     t = ctx.trace
-    st.subheader(f"Layer {ctx.layer}, head {ctx.head}")
-    st.caption(t.description)
-    with view_guard("heatmap"):
-        st.plotly_chart(attention_heatmap(t.attentions[ctx.layer, ctx.head], t.tokens,
-                                          sentence_b_start=t.sentence_b_start), config=PLOTLY_CONFIG,
-                        key="home_heatmap")
-    st.caption("Darker = more attention. The dotted line marks where sentence B starts. Pick another layer "
-               "or head in the sidebar, or open **Attention heatmaps** for all of them.")
+
+    def _first_heatmap(layer: int, head: int) -> None:
+        """Reruns alone when the sidebar's layer or head changes."""
+        st.subheader(f"Layer {layer}, head {head}")
+        st.caption(t.description)
+        with view_guard("heatmap"):
+            st.plotly_chart(attention_heatmap(t.attentions[layer, head], t.tokens,
+                                              sentence_b_start=t.sentence_b_start), config=PLOTLY_CONFIG,
+                            key="home_heatmap")
+        st.caption("Darker = more attention. The dotted line marks where sentence B starts. Pick another layer "
+                   "or head in the sidebar, or open **Attention heatmaps** for all of them.")
+
+    head_fragment("home_head", _first_heatmap, slot=ctx.head_slot, n_layers=t.n_layers, n_heads=t.n_heads,
+                  settings=ctx.settings)

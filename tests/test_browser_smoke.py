@@ -143,3 +143,34 @@ def test_clicking_an_overview_thumbnail_focuses_that_head(app_url, browser):
         page.wait_for_function("() => location.search.includes('layer=4')", timeout=30_000)
     finally:
         context.close()
+
+
+def _pick(page, name: str, value: int) -> None:
+    combo = page.locator(f'section[data-testid="stSidebar"] input[role="combobox"][aria-label="{name}"]')
+    combo.click()
+    combo.press("ArrowDown")
+    page.locator(f'[role="listbox"] [role="option"][data-key="{value}"]').click()
+
+
+def test_the_focused_head_follows_the_user_across_pages(app_url, browser):
+    """A head picked on a page whose pickers live in a fragment (Home, Heatmaps) is still focused on the
+    next page, whichever kind it is: Streamlit drops a fragment's widget state on a page change."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
+    page = context.new_page()
+    try:
+        page.goto(app_url, wait_until="domcontentloaded")
+        page.get_by_role("heading", name="Layer 0, head 0").wait_for(timeout=PAGE_TIMEOUT_S * 1000)
+        _pick(page, "Head", 4)
+        page.get_by_role("heading", name="Layer 0, head 4").wait_for(timeout=60_000)
+        page.locator('[data-testid="stSidebarNav"] a').filter(has_text="Attention heatmaps").click()
+        page.get_by_role("heading", name="Layer 0, head 4").wait_for(timeout=60_000)
+        _pick(page, "Layer", 2)
+        page.get_by_role("heading", name="Layer 2, head 4").wait_for(timeout=60_000)
+        page.locator('[data-testid="stSidebarNav"] a').filter(has_text="Causal mask").click()
+        page.get_by_text("layer 2, head 4 ·").wait_for(timeout=60_000)
+        page.wait_for_function("() => location.search.includes('layer=2') && location.search.includes('head=4')",
+                               timeout=30_000)
+        sidebar = page.locator('section[data-testid="stSidebar"]')
+        assert sidebar.locator('input[role="combobox"][aria-label="Head"]').input_value() == "4"
+    finally:
+        context.close()

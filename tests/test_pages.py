@@ -194,3 +194,4 @@ def test_layer_beyond_the_models_depth_is_clamped_to_its_last_layer():
     _clean(at)
     ctx = at.session_state["_app_context"]
     assert (ctx.layer, ctx.head) == (1, 1)
+

@@ -37,9 +37,9 @@ def _ticks(tokens: tuple[str, ...], keep: np.ndarray) -> dict:
                 ticktext=[token_label(tokens[keep[i]]) for i in shown], tickfont=dict(size=10))
 
 
-def _category_ticks(labels: list[str]) -> dict:
-    """Ticks for an axis whose categories are ``labels`` ("i: token"): at most MAX_TICKS, showing the token."""
-    step = max(1, int(np.ceil(len(labels) / MAX_TICKS)))
+def _category_ticks(labels: list[str], max_ticks: int = MAX_TICKS) -> dict:
+    """Ticks for an axis whose categories are ``labels`` ("i: token"): at most ``max_ticks``, showing the token."""
+    step = max(1, int(np.ceil(len(labels) / max_ticks)))
     shown = labels[::step]
     return dict(type="category", tickmode="array", tickvals=shown,
                 ticktext=[label.split(": ", 1)[1] for label in shown], tickfont=dict(size=10))
@@ -99,16 +99,21 @@ def attention_heatmap(
         b = int(np.searchsorted(keep, sentence_b_start)) - 0.5
         for shape in (dict(x0=b, x1=b, y0=-0.5, y1=n - 0.5), dict(y0=b, y1=b, x0=-0.5, x1=n - 0.5)):
             fig.add_shape(type="line", line=dict(color="#e4572e", width=2, dash="dot"), **shape)
-    x_ticks, y_ticks = _category_ticks(labels), _category_ticks(labels)
+    height = height or min(760, 260 + 14 * n)
+    # One tick label per ~12 px of the plot's height (the plot is about square), at most MAX_TICKS.
+    max_ticks = int(np.clip((height - 150) // 12, 8, MAX_TICKS))
+    x_ticks, y_ticks = _category_ticks(labels, max_ticks), _category_ticks(labels, max_ticks)
     margin = dict(l=10, r=10, t=40 if title else 10, b=10)
     if n > FIXED_MARGIN_TOKENS:
         # Fixed room for the longest shown label (x labels stand upright), so Plotly lays out once.
         label_px = int(TICK_CHAR_PX * max(len(html.unescape(t)) for t in x_ticks["ticktext"])) + 8
         x_ticks.update(tickangle=-90, automargin=False)
         y_ticks.update(automargin=False)
-        margin = dict(l=label_px + 28, r=90, t=label_px + 28 + (30 if title else 0), b=10, autoexpand=False)
+        colorbar_px = max(90, 40 + int(TICK_CHAR_PX * 1.2 * len(value_name)))  # its title is 12 px
+        margin = dict(l=label_px + 28, r=colorbar_px, t=label_px + 28 + (30 if title else 0), b=10,
+                      autoexpand=False)
     fig.update_layout(
-        title=dict(text=title, font=dict(size=14)), height=height or min(760, 260 + 14 * n),
+        title=dict(text=title, font=dict(size=14)), height=height,
         margin=margin, plot_bgcolor="white",
         legend=dict(orientation="h", y=-0.12),
         xaxis=dict(title="key (attended to)", side="top", **x_ticks),

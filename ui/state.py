@@ -134,9 +134,25 @@ def _persist(*keys: str) -> None:
             st.session_state[key] = st.session_state[key]
 
 
+# The focused (layer, head) outside the pickers' widget state. A picker drawn by a fragment loses its
+# widget state when the next full run is another page (Streamlit drops it before the run starts);
+# this plain key survives, and the next run's pickers start from it.
+FOCUS_KEY = "_focused_head"
+
+
+def _restore_focus() -> None:
+    s = st.session_state
+    kept = s.get(FOCUS_KEY)
+    if kept is not None:
+        for key, value in zip(("sel_layer", "sel_head"), kept):
+            if s.get(key) is None:
+                s[key] = value
+
+
 def render_controls(settings: Settings | None = None) -> Controls:
     """Draw the shared model and text controls in the sidebar and return the choice."""
     settings = settings or load_settings()
+    _restore_focus()
     _persist(*(key for key, _ in QUERY_PARAMS.values()))
     sb = st.sidebar
     sb.radio("Model", list(MODEL_LABELS), format_func=MODEL_LABELS.get, key="ctl_model", horizontal=True,
@@ -195,7 +211,9 @@ def head_picker(n_layers: int, n_heads: int) -> tuple[int, int]:
     c1, c2 = st.columns(2)
     c1.selectbox("Layer", range(n_layers), key="sel_layer")
     c2.selectbox("Head", range(n_heads), key="sel_head")
-    return int(st.session_state["sel_layer"]), int(st.session_state["sel_head"])
+    focus = int(st.session_state["sel_layer"]), int(st.session_state["sel_head"])
+    st.session_state[FOCUS_KEY] = focus
+    return focus
 
 
 def head_fragment(key: str, draw: Callable[[int, int], None], *, slot: Any, n_layers: int, n_heads: int,
@@ -223,6 +241,7 @@ def select_head(layer: int, head: int) -> None:
     Call it from a widget callback, or before the pickers are drawn in this run."""
     st.session_state["sel_layer"] = int(layer)
     st.session_state["sel_head"] = int(head)
+    st.session_state[FOCUS_KEY] = (int(layer), int(head))
 
 
 def sync_query_params(settings: Settings | None = None) -> None:
