@@ -143,7 +143,13 @@ def trace_custom(
     gate = _head_mask_tensor(head_mask, cfg.num_hidden_layers, cfg.num_attention_heads, device)
     out = model(encoded.input_ids.to(device), encoded.token_type_ids.to(device), head_mask=gate)
     enc = out.encoder
-    stack = lambda pick: torch.stack([torch.stack([pick(h) for h in layer.heads]) for layer in enc.layers])  # noqa: E731
+    n_layers, n_heads = len(enc.layers), len(enc.layers[0].heads)
+
+    def stack(pick) -> torch.Tensor:
+        """One tensor of every head's ``pick``, copied once (a nested stack would copy it twice)."""
+        flat = torch.stack([pick(h) for layer in enc.layers for h in layer.heads])  # (layer * head, ...)
+        return flat.view(n_layers, n_heads, *flat.shape[1:])
+
     queries = stack(lambda h: h.query[0])  # (layer, head, pos, d_head)
     keys = stack(lambda h: h.key[0])
     values = stack(lambda h: h.value[0])
