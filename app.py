@@ -45,7 +45,7 @@ def _navigation() -> st.navigation:
 
 # Pages that draw the sidebar's layer/head picker themselves, inside a fragment with the views that
 # depend on the head, so a change of head reruns only that fragment (ui.state.head_fragment).
-PAGES_WITH_HEAD_FRAGMENT = {"pages/home.py", "pages/heatmaps.py"}
+PAGES_WITH_HEAD_FRAGMENT = {"pages/home.py", "pages/heatmaps.py", "pages/causal.py"}
 
 
 def _page_path(page) -> str:

@@ -8,26 +8,27 @@ from ui.context import require_trace
 from ui.figures import PLOTLY_CONFIG, SCORE_SCALE, attention_heatmap
 from ui.guard import view_guard
 from ui.loaders import get_trace
+from ui.state import head_fragment
+
+WINDOW = 128  # longer inputs show this many tokens at a time: 8 panels of 512 x 512 took 2 s per head
 
 ctx = require_trace()
-t, layer, head = ctx.trace, ctx.layer, ctx.head
+t = ctx.trace
 st.title("Causal mask & masked scores")
-st.caption(f"{t.description} · layer {layer}, head {head} · {t.n_tokens} tokens")
 
 if t.model_kind == "custom":
     other_key = {**ctx.controls.trace_key(), "causal": not t.causal}
     with st.spinner("Running the other variant of the model…"):
         other = get_trace(**other_key)
     bidirectional, causal = (other, t) if t.causal else (t, other)
-    rows = [("Bidirectional (the model with causal off)", mask_steps(bidirectional, layer, head)),
-            ("Causal (the model with causal on)", mask_steps(causal, layer, head))]
-    st.info("The custom encoder really runs with or without the causal mask: both rows are the model's own "
+    variants = [("Bidirectional (the model with causal off)", bidirectional, None),
+                ("Causal (the model with causal on)", causal, None)]
+    note = ("The custom encoder really runs with or without the causal mask: both rows are the model's own "
             "numbers. (From layer 1 on the inputs differ too, because the causal model's earlier layers "
             "were masked.)")
 else:
-    rows = [("Bidirectional (what BERT does)", mask_steps(t, layer, head)),
-            ("Causal — an illustration", mask_steps(t, layer, head, apply_causal=True))]
-    st.info("BERT is bidirectional: it never uses a causal mask. The causal row applies `torch.tril` to this "
+    variants = [("Bidirectional (what BERT does)", t, None), ("Causal — an illustration", t, True)]
+    note = ("BERT is bidirectional: it never uses a causal mask. The causal row applies `torch.tril` to this "
             "head's real scores to show what the mask would do; it is an illustration, not BERT's behaviour.")
 
 tokens, b = t.tokens, t.sentence_b_start
@@ -35,8 +36,8 @@ height = 360 if t.n_tokens <= 32 else 520
 STEP_TITLES = ["1 · scores QKᵀ/√d", "2 · mask", "3 · masked scores (−∞ where masked)", "4 · softmax weights"]
 
 
-def panel(step: int, steps: MaskSteps):
-    """The figure of one step of one variant."""
+def panel(step: int, steps: MaskSteps, hide: list[int]):
+    """The figure of one step of one variant (positions in ``hide`` left out, nothing renormalised)."""
     lim = float(abs(steps.scores).max()) or 1.0
     if step == 0:
         matrix, style = steps.scores, dict(colorscale=SCORE_SCALE, zmin=-lim, zmax=lim, value_name="score")
@@ -47,37 +48,16 @@ def panel(step: int, steps: MaskSteps):
         matrix, style = steps.masked_scores, dict(colorscale=SCORE_SCALE, zmin=-lim, zmax=lim, value_name="masked score")
     else:
         matrix, style = steps.weights, dict(zmin=0, zmax=1, value_name="weight")
-    fig = attention_heatmap(matrix, tokens, sentence_b_start=b, height=height, **style)
+    fig = attention_heatmap(matrix, tokens, sentence_b_start=b, height=height, hide=hide, **style)
     fig.update_layout(xaxis_title=None, yaxis_title=None, showlegend=False)
     if fig.layout.margin.autoexpand is not False:  # long inputs keep the fixed room for their upright labels
         fig.update_layout(margin=dict(t=10))
     return fig
 
 
-headers = st.columns(2)
-for col, (title, _) in zip(headers, rows):
-    col.markdown(f"#### {title}")
-for step, step_title in enumerate(STEP_TITLES):
-    st.markdown(f"**{step_title}**" + (" — `torch.tril`: 1 on and below the diagonal" if step == 1 else ""))
-    cols = st.columns(2)
-    for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
-        with col, view_guard(f"{step_title} ({'causal' if steps.causal else 'bidirectional'})"):
-            st.plotly_chart(panel(step, steps), config=PLOTLY_CONFIG, key=f"step{step}_row{i}")
-cols = st.columns(2)
-for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
-    masked_cells = int((~steps.mask).sum())
-    zero = int((steps.weights[~steps.mask] == 0).sum())
-    col.caption(f"{masked_cells} masked cells; {zero} of them have weight exactly 0 after the softmax. "
-                "Dark cells (−∞) are masked, not a value of the colour scale.")
-    kind = "causal" if steps.causal else "bidirectional"
-    col.download_button(f"Masked scores, {kind} (CSV)", data=lambda s=steps: matrix_to_csv(s.masked_scores, tokens, tokens),
-                        file_name=f"masked_scores_L{layer}_H{head}_{kind}.csv", mime="text/csv",
-                        on_click="ignore", key=f"csv_{i}")
-
-st.markdown("### Why these steps")
-s = rows[0][1]
-st.markdown(
-    f"""
+def why_these_steps(s: MaskSteps) -> str:
+    """The explanation under the panels, with this head's numbers."""
+    return f"""
 **Why divide by √d.** A query and a key are vectors of d = {t.d_head} numbers. If their entries have
 unit variance, their dot product has variance d, so raw scores grow with the head size and the softmax
 saturates into a near one-hot row whose gradients vanish. Dividing by √d = {t.d_head ** 0.5:.2f} brings the
@@ -94,4 +74,45 @@ diagonal), so no row is all −∞.
 (`torch.tril`) keeps the lower triangle: token *i* may attend to tokens 0…*i* only, as in a decoder that must
 not see the future.
 """
-)
+
+
+def _steps(layer: int, head: int) -> None:
+    """Every panel, caption and download of one head; reruns alone when the layer or head changes."""
+    st.caption(f"{t.description} · layer {layer}, head {head} · {t.n_tokens} tokens")
+    st.info(note)
+    rows = [(title, mask_steps(trace, layer, head, apply_causal=apply)) for title, trace, apply in variants]
+    hide: list[int] = []
+    if t.n_tokens > WINDOW:
+        start = st.slider(f"First token shown ({WINDOW} at a time)", 0, t.n_tokens - WINDOW, 0,
+                          key="causal_window",
+                          help="The panels show one window of queries and keys; the CSV downloads have every token.")
+        hide = [*range(start), *range(start + WINDOW, t.n_tokens)]
+        st.caption(f"Tokens {start}–{start + WINDOW - 1} of {t.n_tokens}. Weights are the model's own, not "
+                   "renormalised to the window, so a row sums to 1 only with the keys outside it.")
+    headers = st.columns(2)
+    for col, (title, _) in zip(headers, rows):
+        col.markdown(f"#### {title}")
+    for step, step_title in enumerate(STEP_TITLES):
+        st.markdown(f"**{step_title}**" + (" — `torch.tril`: 1 on and below the diagonal" if step == 1 else ""))
+        cols = st.columns(2)
+        for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
+            with col, view_guard(f"{step_title} ({'causal' if steps.causal else 'bidirectional'})"):
+                st.plotly_chart(panel(step, steps, hide), config=PLOTLY_CONFIG, key=f"step{step}_row{i}")
+    cols = st.columns(2)
+    for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
+        masked_cells = int((~steps.mask).sum())
+        zero = int((steps.weights[~steps.mask] == 0).sum())
+        col.caption(f"{masked_cells} masked cells; {zero} of them have weight exactly 0 after the softmax. "
+                    "Dark cells (−∞) are masked, not a value of the colour scale.")
+        kind = "causal" if steps.causal else "bidirectional"
+        col.download_button(f"Masked scores, {kind} (CSV)",
+                            data=lambda s=steps: matrix_to_csv(s.masked_scores, tokens, tokens),
+                            file_name=f"masked_scores_L{layer}_H{head}_{kind}.csv", mime="text/csv",
+                            on_click="ignore", key=f"csv_{i}")
+
+    st.markdown("### Why these steps")
+    st.markdown(why_these_steps(rows[0][1]))
+
+
+head_fragment("causal_head", _steps, slot=ctx.head_slot, n_layers=t.n_layers, n_heads=t.n_heads,
+              settings=ctx.settings)

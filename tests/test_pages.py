@@ -195,3 +195,23 @@ def test_layer_beyond_the_models_depth_is_clamped_to_its_last_layer():
     ctx = at.session_state["_app_context"]
     assert (ctx.layer, ctx.head) == (1, 1)
 
+
+
+def test_causal_page_shows_a_window_of_a_long_input_with_true_positions():
+    """Past 128 tokens the eight panels show 128 tokens at a time (8 x 512² took 2 s per head in the browser),
+    labelled with their real positions; the window moves with the slider."""
+    import json
+
+    at = _app(ctl_text_a=" ".join(["word"] * 180), ctl_text_b="")
+    _run(at)
+    _open(at, "pages/causal.py")
+    _clean(at)
+    assert at.slider(key="causal_window").value == 0
+    spec = json.loads(at.get("plotly_chart")[-1].proto.spec)
+    labels = spec["data"][0]["y"]
+    assert len(labels) == 128 and labels[0] == "0: [CLS]" and labels[-1] == "127: word"
+    at.slider(key="causal_window").set_value(54)
+    _run(at)
+    _clean(at)
+    labels = json.loads(at.get("plotly_chart")[-1].proto.spec)["data"][0]["y"]
+    assert (labels[0], labels[-1]) == ("54: word", "181: [SEP]")

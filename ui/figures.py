@@ -65,7 +65,8 @@ def attention_heatmap(
 
     Shape: matrix (q_pos, k_pos).
     """
-    keep = np.array([i for i in range(len(tokens)) if i not in set(hide)], dtype=int)
+    hidden = set(hide)
+    keep = np.array([i for i in range(len(tokens)) if i not in hidden], dtype=int)
     z = np.asarray(matrix, dtype=np.float64)[np.ix_(keep, keep)]
     neg_inf = np.isneginf(z)
     # float32 goes to the browser as a base64 typed array (4 bytes a cell) rather than JSON text.
@@ -95,7 +96,7 @@ def attention_heatmap(
             texttemplate="%{text}" if n <= 24 else None, textfont=dict(color="white", size=10),
             hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{value_name} -inf (masked)<extra></extra>",
         ))
-    if sentence_b_start is not None and sentence_b_start not in set(hide):
+    if sentence_b_start is not None and sentence_b_start not in hidden:
         b = int(np.searchsorted(keep, sentence_b_start)) - 0.5
         for shape in (dict(x0=b, x1=b, y0=-0.5, y1=n - 0.5), dict(y0=b, y1=b, x0=-0.5, x1=n - 0.5)):
             fig.add_shape(type="line", line=dict(color="#e4572e", width=2, dash="dot"), **shape)
@@ -160,7 +161,8 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tu
     """All layers x heads as small multiples in ONE Plotly heatmap (fast at any length).
 
     Each head is pooled to at most ``max_cells`` squared cells (queries averaged, keys summed: a cell is
-    the share of attention a block of queries gives a block of keys); a one-cell gap separates heads. Clicking a head reports (layer, head) through the invisible marker on its centre.
+    the share of attention a block of queries gives a block of keys); a one-cell gap separates heads.
+    Clicking a head reports (layer, head) through the invisible marker on its centre.
 
     Shape: attentions (layer, head, q_pos, k_pos).
     """
