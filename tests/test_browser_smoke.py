@@ -119,6 +119,15 @@ def test_page_renders_in_chromium(page_file, title, app_url, browser, screenshot
         context.close()
 
 
+def _pick(page, name: str, value: int) -> None:
+    """Choose ``value`` in the sidebar's ``name`` picker, once the app is idle (a rerun closes the list)."""
+    _wait_for_run(page, PAGE_TIMEOUT_S)
+    combo = page.locator(f'section[data-testid="stSidebar"] input[role="combobox"][aria-label="{name}"]')
+    combo.click()
+    combo.press("ArrowDown")
+    page.locator(f'[role="listbox"] [role="option"][data-key="{value}"]').click()
+
+
 def test_clicking_an_overview_thumbnail_focuses_that_head(app_url, browser):
     """A click on the overview picks that layer and head: the focused heatmap, the sidebar's pickers and
     the link follow. The pickers drive the focused view the same way (both rerun only its fragment)."""
@@ -135,21 +144,11 @@ def test_clicking_an_overview_thumbnail_focuses_that_head(app_url, browser):
         assert "layer=2" in page.url and "head=5" in page.url
         sidebar = page.locator('section[data-testid="stSidebar"]')
         assert sidebar.locator('input[role="combobox"][aria-label="Head"]').input_value() == "5"
-        combo = sidebar.locator('input[role="combobox"][aria-label="Layer"]')
-        combo.click()
-        combo.press("ArrowDown")
-        page.locator('[role="listbox"] [role="option"][data-key="4"]').click()
+        _pick(page, "Layer", 4)
         page.get_by_role("heading", name="Layer 4, head 5").wait_for(timeout=60_000)
         page.wait_for_function("() => location.search.includes('layer=4')", timeout=30_000)
     finally:
         context.close()
-
-
-def _pick(page, name: str, value: int) -> None:
-    combo = page.locator(f'section[data-testid="stSidebar"] input[role="combobox"][aria-label="{name}"]')
-    combo.click()
-    combo.press("ArrowDown")
-    page.locator(f'[role="listbox"] [role="option"][data-key="{value}"]').click()
 
 
 def test_the_focused_head_follows_the_user_across_pages(app_url, browser):
