@@ -30,6 +30,7 @@ and raw bertviz's bytes, for quick runs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import socket
@@ -445,8 +446,9 @@ class BrowserProfile:
                 seen, node = set(), sample
                 while node is not None:
                     frame = nodes[node]["callFrame"]
+                    script = frame["url"].rsplit("/", 1)[-1].split(".")[0]
                     name = (f"{frame['functionName'] or '(anonymous)'} "
-                            f"{frame['url'].rsplit('/', 1)[-1].split('.')[0]}:{frame['lineNumber']}:{frame['columnNumber']}")
+                            f"{script}:{frame['lineNumber']}:{frame['columnNumber']}")
                     if name not in seen:
                         seen.add(name)
                         inclusive[name] += us
@@ -471,35 +473,38 @@ def mb(n: float | None) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
+def _repeat(repeat: int, what: str, measure) -> tuple[list[float], list[int]]:
+    """Run ``measure`` (-> seconds, bytes, where the time went) ``repeat`` times, printing each run."""
+    times, sizes = [], []
+    for _ in range(repeat):
+        seconds, size, split = measure()
+        times.append(seconds)
+        sizes.append(size)
+        print(f"  {what} {seconds:.2f} s, {mb(size)} ({split})", flush=True)
+    return times, sizes
+
+
 def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: list[str],
                 bertviz_page: bool = True, raw_bertviz: bool = True,
                 browser_profile: Path | None = None) -> list[dict]:
     rows = []
-    variant = 100
+    variants = itertools.count(101)  # a new text for every measurement, so each runs a forward pass
     for label in models:
         params = {**MODELS[label], "b": "", "a": text_of(13, 99)}
         context, page, meter = open_page(browser, server.origin, "heatmaps", params)
         wait_idle_figures(page)
         for n in sizes:
-            times, sizes_b = [], []
-            for _ in range(repeat):
-                variant += 1
-                s, b, split = submit_text(page, meter, text_of(n, variant), n)
-                times.append(s)
-                sizes_b.append(b)
-                print(f"  {label} {n} tokens: heatmaps page {s:.2f} s, {mb(b)} ({split})", flush=True)
-            heads = []
-            head_bytes = []
+            times, sizes_b = _repeat(repeat, f"{label} {n} tokens: heatmaps page",
+                                     lambda: submit_text(page, meter, text_of(n, next(variants)), n))
             profiler = None
             if browser_profile is not None and n == max(sizes):
                 slug = label.split()[0]
                 profiler = BrowserProfile(page, browser_profile.with_name(
                     f"{browser_profile.stem}-{slug}-{n}{browser_profile.suffix or '.cpuprofile'}"))
-            for k in range(repeat):
-                s, b, split = change_head(page, meter, head=1 + k % 11, profiler=profiler)
-                heads.append(s)
-                head_bytes.append(b)
-                print(f"  {label} {n} tokens: head change {s:.2f} s, {mb(b)} ({split})", flush=True)
+            picks = itertools.count()
+            heads, head_bytes = _repeat(
+                repeat, f"{label} {n} tokens: head change",
+                lambda: change_head(page, meter, head=1 + next(picks) % 11, profiler=profiler))
             if profiler is not None:
                 print(f"\n  browser profile of the head changes ({label}, {n} tokens) -> {profiler.path}\n"
                       + profiler.save_and_summarise(), flush=True)
@@ -514,13 +519,8 @@ def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: 
         context, page, meter = open_page(browser, server.origin, "bertviz", params)
         page.wait_for_selector("iframe", timeout=TIMEOUT_MS)
         for n in [n for n in sizes if n <= 128]:
-            times, sizes_b = [], []
-            for _ in range(repeat):
-                variant += 1
-                s, b, split = submit_text_bertviz(page, meter, text_of(n, variant), n)
-                times.append(s)
-                sizes_b.append(b)
-                print(f"  {label} {n} tokens: bertviz head view page {s:.2f} s, {mb(b)} ({split})", flush=True)
+            times, sizes_b = _repeat(repeat, f"{label} {n} tokens: bertviz head view page",
+                                     lambda: submit_text_bertviz(page, meter, text_of(n, next(variants)), n))
             row = next(r for r in rows if r["model"] == label and r["n"] == n)
             row["bv_times"], row["bv_bytes"] = times, statistics.median(sizes_b)
         context.close()

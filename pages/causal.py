@@ -50,8 +50,6 @@ def panel(step: int, steps: MaskSteps, hide: list[int]):
         matrix, style = steps.weights, dict(zmin=0, zmax=1, value_name="weight")
     fig = attention_heatmap(matrix, tokens, sentence_b_start=b, height=height, hide=hide, **style)
     fig.update_layout(xaxis_title=None, yaxis_title=None, showlegend=False)
-    if fig.layout.margin.autoexpand is not False:  # long inputs keep the fixed room for their upright labels
-        fig.update_layout(margin=dict(t=10))
     return fig
 
 

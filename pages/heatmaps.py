@@ -57,7 +57,7 @@ def _focused_head(layer: int, head: int) -> None:
                         config=PLOTLY_CONFIG, key="focus")
     st.caption("Row = query token, column = key token; hover for the exact weight. Rows sum to 1. "
                "The dotted red line marks where sentence B starts.")
-    keep = [i for i in range(t.n_tokens) if i not in set(hidden)]
+    keep = sorted(set(range(t.n_tokens)) - set(hidden))
     c1, c2 = st.columns(2)
     c1.download_button("Download this matrix (CSV)",
                        data=lambda: matrix_to_csv(matrix[np.ix_(keep, keep)], [t.tokens[i] for i in keep],
