@@ -1,0 +1,155 @@
+"""One shard's work: tokenise texts, pack them into padded length-sorted batches, keep each text's statistics.
+
+``process_chunk`` is the pure per-shard function both engines call (locally, or in a Ray worker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from model_core.corpus.model import LoadedCorpusModel
+from model_core.corpus.stats import N_STATS, BatchMasks, batch_head_stats
+from model_core.tracing import _clean
+
+LongPolicy = Literal["truncate", "skip"]
+DEFAULT_CELL_BUDGET = 2**25
+"""Attention cells per batch, batch x pos² x layer x head: 33.5M, about 134 MB per float32 copy."""
+
+
+@dataclass(frozen=True)
+class EncodedText:
+    """One tokenised text. ``ids``/``types`` are plain lists (cheap to sort and pad)."""
+
+    text_id: int
+    ids: list[int]
+    types: list[int]
+    is_pair: bool
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """Each text's statistics for one shard, in text-id order.
+
+    Shape: stats (text, stat, layer, head) float32 (NaN for skipped texts); the rest (text,).
+    """
+
+    index: int
+    text_ids: np.ndarray
+    n_tokens: np.ndarray
+    truncated: np.ndarray
+    skipped: np.ndarray
+    stats: np.ndarray
+    seconds: float = 0.0
+
+
+def encode_texts(tokenizer, texts: list[tuple[str, str | None]], first_id: int, max_tokens: int,
+                 long: LongPolicy) -> tuple[list[EncodedText], list[tuple[int, int]]]:
+    """Tokenise a shard: [CLS] A [SEP] (B [SEP]), as ``model_core.tracing.encode`` does.
+
+    Returns:
+        The texts to run, and (text id, length) of the texts skipped for being longer than
+        ``max_tokens`` (with ``long="skip"``; with ``"truncate"`` they are cut and flagged).
+    """
+    cleaned = [(_clean(a) or "[UNK]", _clean(b) or None) for a, b in texts]
+    singles = [i for i, (_, b) in enumerate(cleaned) if b is None]
+    pairs = [i for i, (_, b) in enumerate(cleaned) if b is not None]
+    encoded: dict[int, tuple[list[int], list[int]]] = {}
+    for group, args in ((singles, lambda idx: ([cleaned[i][0] for i in idx],)),
+                        (pairs, lambda idx: ([cleaned[i][0] for i in idx], [cleaned[i][1] for i in idx]))):
+        if not group:
+            continue
+        out = tokenizer(*args(group), add_special_tokens=True, truncation=False, verbose=False)
+        types = out.get("token_type_ids") or [[0] * len(x) for x in out["input_ids"]]
+        for i, ids, t in zip(group, out["input_ids"], types):
+            encoded[i] = (ids, t)
+    result, skipped = [], []
+    for i, (a, b) in enumerate(cleaned):
+        ids, types = encoded[i]
+        truncated = False
+        if len(ids) > max_tokens:
+            if long == "skip":
+                skipped.append((first_id + i, len(ids)))
+                continue
+            cut = tokenizer(a, b, add_special_tokens=True, truncation=True, max_length=max_tokens)
+            ids, types = cut["input_ids"], cut.get("token_type_ids") or [0] * len(cut["input_ids"])
+            truncated = True
+        result.append(EncodedText(first_id + i, ids, types, b is not None, truncated))
+    return result, skipped
+
+
+def plan_batches(texts: list[EncodedText], batch_size: int, n_heads_total: int,
+                 cell_budget: int = DEFAULT_CELL_BUDGET) -> list[list[EncodedText]]:
+    """Sort by length and pack batches of at most ``batch_size`` texts and ``cell_budget`` attention cells.
+
+    Sorting keeps padding small; the cell budget keeps a batch of long texts from holding gigabytes
+    of attention weights (every layer's weights are alive at once).
+    """
+    ordered = sorted(texts, key=lambda t: len(t.ids))
+    batches: list[list[EncodedText]] = []
+    current: list[EncodedText] = []
+    for text in ordered:
+        longest = len(text.ids)  # sorted: the newest text is the longest
+        if current and (len(current) >= batch_size or (len(current) + 1) * longest**2 * n_heads_total > cell_budget):
+            batches.append(current)
+            current = []
+        current.append(text)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def pad_batch(batch: list[EncodedText], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(input_ids, token_type_ids, attention_mask, is_pair), padded on the right, on ``device``.
+
+    Shape: (batch, pos) each, is_pair (batch,).
+    """
+    n = max(len(t.ids) for t in batch)
+    ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
+    types = torch.zeros((len(batch), n), dtype=torch.long)
+    mask = torch.zeros((len(batch), n), dtype=torch.long)
+    for row, t in enumerate(batch):
+        ids[row, : len(t.ids)] = torch.tensor(t.ids)
+        types[row, : len(t.types)] = torch.tensor(t.types)
+        mask[row, : len(t.ids)] = 1
+    is_pair = torch.tensor([t.is_pair for t in batch])
+    return ids.to(device), types.to(device), mask.to(device), is_pair.to(device)
+
+
+def batch_stats(model: LoadedCorpusModel, batch: list[EncodedText]) -> np.ndarray:
+    """Run one padded batch and return its texts' statistics. Shape: (text, stat, layer, head)."""
+    ids, types, mask, is_pair = pad_batch(batch, model.tokenizer.pad_token_id or 0, model.device)
+    masks = BatchMasks.build(ids, types, mask, model.classes, is_pair)
+    per_layer = [batch_head_stats(w, masks) for w in model.layer_weights(ids, types, mask)]  # (B, H, S) each
+    stats = torch.stack(per_layer, dim=1)  # (B, L, H, S)
+    return stats.permute(0, 3, 1, 2).to("cpu", torch.float32).numpy()  # (B, S, L, H)
+
+
+def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: list[tuple[str, str | None]], *,
+                  batch_size: int = 64, max_tokens: int = 512, long: LongPolicy = "truncate",
+                  cell_budget: int = DEFAULT_CELL_BUDGET) -> ChunkResult:
+    """Every statistic of every text of one shard (the unit both engines schedule and a run folder stores)."""
+    import time
+
+    start = time.perf_counter()
+    limit = min(max_tokens, model.max_positions)
+    encoded, skipped = encode_texts(model.tokenizer, texts, first_id, limit, long)
+    n = len(texts)
+    stats = np.full((n, N_STATS, model.n_layers, model.n_heads), np.nan, dtype=np.float32)
+    n_tokens = np.zeros(n, dtype=np.int32)
+    truncated = np.zeros(n, dtype=bool)
+    skip = np.zeros(n, dtype=bool)
+    for text_id, length in skipped:
+        skip[text_id - first_id] = True
+        n_tokens[text_id - first_id] = length
+    for batch in plan_batches(encoded, batch_size, model.n_layers * model.n_heads, cell_budget):
+        rows = [t.text_id - first_id for t in batch]
+        stats[rows] = batch_stats(model, batch)
+        n_tokens[rows] = [len(t.ids) for t in batch]
+        truncated[rows] = [t.truncated for t in batch]
+    return ChunkResult(index, np.arange(first_id, first_id + n, dtype=np.int64), n_tokens, truncated, skip, stats,
+                       time.perf_counter() - start)

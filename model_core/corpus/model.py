@@ -1,0 +1,131 @@
+"""Which model a corpus runs through, and a loaded copy that gives the attention weights of a padded batch."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+
+from model_core.corpus.stats import TokenClasses
+from model_core.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
+from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
+from model_core.tracing import CustomSpec, build_custom_model, describe_custom
+
+
+@dataclass(frozen=True)
+class CorpusModel:
+    """What identifies the model of a corpus run; ``key()`` is what a run folder records.
+
+    Attributes:
+        kind: "bert" (transformers' BertModel) or "custom" (the chapter-3 encoder).
+        model_id: the BERT to load, or whose weights the custom encoder takes; None for random weights.
+        custom: the custom encoder's spec (kind "custom" only).
+    """
+
+    kind: Literal["bert", "custom"]
+    model_id: str | None = None
+    custom: CustomSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("bert", "custom"):
+            raise ValueError(f"model must be 'bert' or 'custom', got {self.kind!r}.")
+        if (self.kind == "custom") != (self.custom is not None):
+            raise ValueError("A custom model needs a CustomSpec, and a BERT must not have one.")
+
+    @classmethod
+    def from_options(cls, model: str, model_id: str | None = None, *, weights: str = "random", seed: int = 0,
+                     causal: bool = False, norm_placement: str = "pre", num_layers: int = 12, num_heads: int = 12,
+                     hidden_size: int = 768, **_ignored: Any) -> "CorpusModel":
+        """From the sidebar's or the CLI's options (those that do not apply are ignored)."""
+        if model == "bert":
+            return cls("bert", (model_id or "").strip() or BUNDLED_MODEL_ID)
+        if model != "custom":
+            raise ValueError(f"--model must be 'bert' or 'custom', got {model!r}.")
+        pretrained = weights == "pretrained"
+        spec = CustomSpec(weights=weights, seed=seed, causal=causal,  # type: ignore[arg-type]
+                          norm_placement="post" if pretrained else norm_placement,  # type: ignore[arg-type]
+                          num_layers=num_layers, num_heads=num_heads, hidden_size=hidden_size,
+                          model_id=(model_id or BUNDLED_MODEL_ID) if pretrained else None)
+        return cls("custom", spec.model_id, spec)
+
+    def key(self) -> dict[str, Any]:
+        """A JSON-able identity: two runs of equal keys ran the same model."""
+        if self.kind == "bert":
+            return {"kind": "bert", "model_id": self.model_id}
+        return {"kind": "custom", **asdict(self.custom)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_key(cls, key: dict[str, Any]) -> "CorpusModel":
+        """The inverse of ``key()``."""
+        key = dict(key)
+        kind = key.pop("kind", None)
+        if kind == "bert":
+            return cls("bert", key.get("model_id"))
+        spec = CustomSpec(**key)
+        return cls("custom", spec.model_id, spec)
+
+    def label(self) -> str:
+        """A short name for messages."""
+        if self.kind == "bert":
+            return f"BERT {self.model_id}"
+        s = self.custom
+        assert s is not None
+        weights = f"BERT weights of {s.model_id}" if s.weights == "pretrained" else f"random weights, seed {s.seed}"
+        return (f"custom encoder ({weights}, {s.num_layers}x{s.num_heads}, hidden {s.hidden_size}, "
+                f"{s.norm_placement}-LN, {'causal' if s.causal else 'bidirectional'})")
+
+    def load(self, device: str | torch.device | None = None, settings: Settings | None = None) -> "LoadedCorpusModel":
+        """Load (or build) the model on ``device`` (default: the settings', cuda → mps → cpu)."""
+        settings = settings or load_settings()
+        dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
+        if self.kind == "bert":
+            return LoadedCorpusModel.from_bert(self, load_pretrained(self.model_id, device=dev, settings=settings))
+        assert self.custom is not None
+        module = build_custom_model(self.custom, dev)
+        return LoadedCorpusModel.from_custom(self, module, load_tokenizer(self.custom.model_id))
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedCorpusModel:
+    """A model ready for batches: the module, its tokenizer, its device and its token classes."""
+
+    spec: CorpusModel
+    module: Any
+    tokenizer: Any
+    device: torch.device
+    description: str
+    n_layers: int
+    n_heads: int
+    max_positions: int
+    classes: TokenClasses
+
+    @classmethod
+    def from_bert(cls, spec: CorpusModel, loaded: LoadedModel) -> "LoadedCorpusModel":
+        c = loaded.model.config
+        return cls(spec, loaded.model, loaded.tokenizer, loaded.device, loaded.description, c.num_hidden_layers,
+                   c.num_attention_heads, c.max_position_embeddings, TokenClasses.from_tokenizer(loaded.tokenizer))
+
+    @classmethod
+    def from_custom(cls, spec: CorpusModel, module: Any, tokenizer: Any) -> "LoadedCorpusModel":
+        c = module.config
+        assert spec.custom is not None
+        return cls(spec, module, tokenizer, next(module.parameters()).device, describe_custom(spec.custom, module),
+                   c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings,
+                   TokenClasses.from_tokenizer(tokenizer))
+
+    @torch.inference_mode()
+    def layer_weights(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                      attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """Attention weights of every layer for a padded batch already on ``device``.
+
+        Shape: inputs (batch, pos) -> layer tensors of (batch, head, q_pos, k_pos).
+        """
+        if self.spec.kind == "bert":
+            out = self.module(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                              output_attentions=True)
+            if not out.attentions or out.attentions[0] is None:
+                raise RuntimeError("The model returned no attentions; load it with attn_implementation='eager'.")
+            return list(out.attentions)
+        out = self.module(input_ids, token_type_ids, attention_mask)
+        return [torch.stack([h.step.weights for h in layer.heads], dim=1) for layer in out.encoder.layers]
