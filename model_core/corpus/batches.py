@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -131,8 +132,12 @@ def batch_stats(model: LoadedCorpusModel, batch: list[EncodedText]) -> np.ndarra
 
 def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: list[tuple[str, str | None]], *,
                   batch_size: int = 64, max_tokens: int = 512, long: LongPolicy = "truncate",
-                  cell_budget: int = DEFAULT_CELL_BUDGET) -> ChunkResult:
-    """Every statistic of every text of one shard (the unit both engines schedule and a run folder stores)."""
+                  cell_budget: int = DEFAULT_CELL_BUDGET,
+                  on_batch: Callable[[int], None] | None = None) -> ChunkResult:
+    """Every statistic of every text of one shard (the unit both engines schedule and a run folder stores).
+
+    ``on_batch(n)`` is called after each batch with the number of this shard's texts done so far.
+    """
     import time
 
     start = time.perf_counter()
@@ -146,10 +151,14 @@ def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: li
     for text_id, length in skipped:
         skip[text_id - first_id] = True
         n_tokens[text_id - first_id] = length
+    done = len(skipped)
     for batch in plan_batches(encoded, batch_size, model.n_layers * model.n_heads, cell_budget):
         rows = [t.text_id - first_id for t in batch]
         stats[rows] = batch_stats(model, batch)
         n_tokens[rows] = [len(t.ids) for t in batch]
         truncated[rows] = [t.truncated for t in batch]
+        if on_batch is not None:
+            done += len(batch)
+            on_batch(done)
     return ChunkResult(index, np.arange(first_id, first_id + n, dtype=np.int64), n_tokens, truncated, skip, stats,
                        time.perf_counter() - start)

@@ -173,10 +173,15 @@ def run_corpus(
             progress(Progress(counts["done"], len(corpus), elapsed, new_texts))
 
     results: Iterator[ChunkResult]
+    def within_shard(n: int) -> None:
+        if progress is not None:
+            progress(Progress(counts["done"] + n, len(corpus), time.perf_counter() - start, new_texts + n))
+
     if engine == "local":
         assert local is not None
         results = (process_chunk(local, index, first, texts, batch_size=options.batch_size,
-                                 max_tokens=options.max_tokens, long=options.long) for index, first, texts in shards)
+                                 max_tokens=options.max_tokens, long=options.long, on_batch=within_shard)
+                   for index, first, texts in shards)
     else:
         from model_core.corpus.ray_engine import run_shards_on_ray
 
