@@ -31,6 +31,7 @@ PAGES = [
     ("pages/analysis_norms.py", "Norm-weighted attention", ":material/straighten:", "Analyses"),
     ("pages/analysis_head_stats.py", "Head statistics", ":material/bar_chart:", "Analyses"),
     ("pages/analysis_masking.py", "Head masking", ":material/content_cut:", "Analyses"),
+    ("pages/corpus.py", "Corpus statistics", ":material/library_books:", "Corpus"),
 ]
 
 

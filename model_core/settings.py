@@ -20,6 +20,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_MAX_TOKENS": (str(HARD_MAX_TOKENS), "Largest input, in WordPiece tokens, that the server accepts (at most 512)."),
     "AE_ALLOWED_MODELS": ("", "Comma-separated model ids a deployment allows; empty allows any. The bundled model and the default are always allowed."),
     "AE_ALLOW_LOCAL_MODELS": ("true", "Whether local folders may be loaded as models (true/false)."),
+    "AE_CORPUS_MAX_TEXTS": ("5000", "Most texts the Corpus page runs from an upload or a dataset (the CLI has no cap)."),
+    "AE_CORPUS_DIR": ("", "Folder of the Corpus page's run folders; empty uses ~/.cache/attention-explorer/corpus-runs."),
     "AE_TORCH_THREADS": ("", "Threads for torch on the CPU; empty uses half the cores (sessions run side by side). OMP_NUM_THREADS also works."),
 }
 
@@ -42,7 +44,9 @@ class Settings:
         device: "auto", "cpu", "cuda" or "mps".
         max_tokens: the longest input accepted, in tokens.
         allowed_models: ids a public deployment allows; empty means any id.
-        allow_local_models: whether a local folder may be loaded.
+        allow_local_models: whether a local folder may be loaded (a model, or a run folder on the Corpus page).
+        corpus_max_texts: the most texts the Corpus page runs from an upload or a dataset.
+        corpus_dir: where the Corpus page keeps its run folders ("" = the user's cache).
     """
 
     default_model: str = BUNDLED_MODEL_ID
@@ -50,8 +54,12 @@ class Settings:
     max_tokens: int = HARD_MAX_TOKENS
     allowed_models: tuple[str, ...] = ()
     allow_local_models: bool = True
+    corpus_max_texts: int = 5000
+    corpus_dir: str = ""
 
     def __post_init__(self) -> None:
+        if not 1 <= self.corpus_max_texts <= 10_000_000:
+            raise ValueError(f"AE_CORPUS_MAX_TEXTS={self.corpus_max_texts} must be between 1 and 10,000,000.")
         if self.device not in DEVICE_CHOICES:
             raise ValueError(f"AE_DEVICE={self.device!r} is not one of {', '.join(DEVICE_CHOICES)}.")
         if not 2 <= self.max_tokens <= HARD_MAX_TOKENS:
@@ -85,10 +93,27 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
     except ValueError:
         raise ValueError(f"AE_MAX_TOKENS={raw_max!r} is not a whole number; use one from 2 to {HARD_MAX_TOKENS}.") from None
     allowed = tuple(m.strip() for m in get("AE_ALLOWED_MODELS").split(",") if m.strip())
+    raw_cap = get("AE_CORPUS_MAX_TEXTS")
+    try:
+        corpus_max_texts = int(raw_cap)
+    except ValueError:
+        raise ValueError(f"AE_CORPUS_MAX_TEXTS={raw_cap!r} is not a whole number; use one such as 5000.") from None
     return Settings(
         default_model=get("AE_DEFAULT_MODEL").strip() or BUNDLED_MODEL_ID,
         device=get("AE_DEVICE").strip().lower(),
         max_tokens=max_tokens,
         allowed_models=allowed,
         allow_local_models=_parse_bool("AE_ALLOW_LOCAL_MODELS", get("AE_ALLOW_LOCAL_MODELS")),
+        corpus_max_texts=corpus_max_texts,
+        corpus_dir=get("AE_CORPUS_DIR").strip(),
     )
+
+
+def corpus_runs_dir(settings: Settings) -> "Path":
+    """Where the Corpus page keeps run folders: AE_CORPUS_DIR, or ~/.cache/attention-explorer/corpus-runs."""
+    from pathlib import Path
+
+    if settings.corpus_dir:
+        return Path(settings.corpus_dir).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "attention-explorer" / "corpus-runs"
