@@ -265,20 +265,8 @@ top, bottom = run.extremes(stat, layer, head, k=5)
 model_key = run.manifest["model"]
 
 
-def _table(rows: list[dict]) -> dict:
-    return {
-        "value": [round(r["value"], 4) for r in rows],
-        "text": [r["text_a"] + (f"  ‖  {r['text_b']}" if r["text_b"] else "") for r in rows],
-        "tokens": [r["n_tokens"] for r in rows],
-        "open": [text_link(model_key, r["text_a"], r["text_b"], layer, head) for r in rows],
-    }
-
-
-def _open_selected(key: str, rows: list[dict]) -> None:
-    selection = (st.session_state.get(key) or {}).get("selection", {}).get("rows", [])
-    if not selection:
-        return
-    row = rows[selection[0]]
+def _open_text(row: dict) -> None:
+    """Load a text into the sidebar, with the run's model and this head in focus, and open the heatmaps."""
     for k, v in sidebar_state(model_key).items():
         st.session_state[k] = v
     st.session_state["ctl_text_a"], st.session_state["ctl_text_b"] = row["text_a"], row["text_b"] or ""
@@ -286,14 +274,16 @@ def _open_selected(key: str, rows: list[dict]) -> None:
     st.session_state[OPEN_FLAG] = True
 
 
-column_config = {
-    "open": st.column_config.LinkColumn("link", display_text="share ↗", help="A link to this text, this head"),
-    "text": st.column_config.TextColumn("text (A ‖ B)", width="large"),
-}
-for title, rows, key in (("Highest", top, "corpus_top"), ("Lowest", bottom, "corpus_bottom")):
-    st.markdown(f"**{title}** — click a row to open the text in the heatmaps with this head in focus")
-    st.dataframe(_table(rows), key=key, on_select=lambda key=key, rows=rows: _open_selected(key, rows),
-                 selection_mode="single-row", hide_index=True, column_config=column_config, width="stretch")
+for title, rows in (("Highest", top), ("Lowest", bottom)):
+    st.markdown(f"**{title}**: *Open* loads the text into the sidebar with this head in focus; *link* is the same "
+                "view as a URL to share.")
+    for i, row in enumerate(rows):
+        c1, c2, c3, c4 = st.columns([1, 9, 1, 1], vertical_alignment="center")
+        c1.markdown(f"`{row['value']:.4f}`")
+        text = row["text_a"] + (f"  ‖  {row['text_b']}" if row["text_b"] else "")
+        c2.text(text if len(text) <= 300 else text[:300] + "…", help=f"text {row['text_id']}, {row['n_tokens']} tokens")
+        c3.button("Open", key=f"corpus_open_{title}_{i}", on_click=_open_text, args=(row,))
+        c4.markdown(f"[link]({text_link(model_key, row['text_a'], row['text_b'], layer, head)})")
 
 st.subheader("Download")
 d1, d2, d3 = st.columns(3)
