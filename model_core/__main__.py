@@ -24,6 +24,15 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
     exp.add_argument("--out", required=True, help="FILE.npz or FILE.json")
     _corpus_parser(sub)
+    nb = sub.add_parser("neighbours", help="the corpus tokens nearest to a token of a text (a run made with --index)")
+    nb.add_argument("--run", required=True, help="a run folder made with --index")
+    nb.add_argument("--text", required=True, help="sentence A")
+    nb.add_argument("--text-b", default=None, help="optional sentence B")
+    nb.add_argument("--position", type=int, required=True, help="the token's position ([CLS] is 0)")
+    nb.add_argument("--layer", type=int, required=True, help="0 = embeddings, 1.. = after each layer")
+    nb.add_argument("--k", type=int, default=10)
+    nb.add_argument("--device", default=None)
+    nb.add_argument("--json", action="store_true", help="print a JSON list (best first)")
     return parser
 
 
@@ -57,6 +66,11 @@ def _corpus_parser(sub) -> None:
     cor.add_argument("--ray-address", default=None, help="a Ray cluster's address (default: start a local Ray)")
     cor.add_argument("--device", default=None, help="auto, cpu, cuda or mps (local engine)")
     cor.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
+    cor.add_argument("--qk", action="store_true",
+                     help="keep the queries and keys of a token sample (the query-key space page)")
+    cor.add_argument("--index", action="store_true",
+                     help="keep the sample's hidden states and build a nearest-context index per layer")
+    cor.add_argument("--sample-cap", type=int, default=20_000, help="tokens in the sample for --qk/--index")
     cor.add_argument("--quiet", action="store_true", help="no progress bar")
     cor.add_argument("--out", required=True, help="the run folder (new, or an interrupted run with --resume)")
 
@@ -88,8 +102,10 @@ def corpus_main(args: argparse.Namespace) -> int:
         model = CorpusModel.from_options(args.model, args.model_id, weights=args.weights, seed=args.seed,
                                          causal=args.causal, num_layers=args.layers, num_heads=args.heads,
                                          hidden_size=args.hidden)
+        sampling = args.qk or args.index
         options = RunOptions(batch_size=args.batch_size, chunk_size=args.shard_size, max_tokens=args.max_tokens,
-                             long=args.long)
+                             long=args.long, sample_cap=args.sample_cap if sampling else 0, keep_qk=args.qk,
+                             index=args.index)
         if not args.quiet:
             from tqdm import tqdm
 
@@ -122,10 +138,32 @@ def corpus_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def neighbours_main(args: argparse.Namespace) -> int:
+    """The ``neighbours`` verb: a JSON list of {text_index, position, token, text, score}, best first."""
+    import json
+
+    from model_core.corpus.neighbours import neighbours
+
+    try:
+        found = neighbours(args.run, args.text, args.text_b, position=args.position, layer=args.layer, k=args.k,
+                           device=args.device)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(found, ensure_ascii=False, indent=1))
+    else:
+        for f in found:
+            print(f"{f['score']:.4f}  {f['token']:<15} text {f['text_index']}, position {f['position']}: {f['text']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "corpus":
         return corpus_main(args)
+    if args.command == "neighbours":
+        return neighbours_main(args)
     if not args.out.lower().endswith((".npz", ".json")):
         print(f"error: --out {args.out!r} must end in .npz or .json", file=sys.stderr)
         return 2

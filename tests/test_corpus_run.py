@@ -24,6 +24,16 @@ from model_core.corpus import (
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = CorpusModel.from_options("custom", num_layers=2, num_heads=3, hidden_size=48, seed=1)
 OPTIONS = RunOptions(batch_size=8, chunk_size=20)
+# With the token sample (queries, keys, hidden states) and the nearest-context index.
+SAMPLED = RunOptions(batch_size=8, chunk_size=20, sample_cap=200, keep_qk=True, index=True)
+
+
+def _same_sample(a: Path, b: Path) -> None:
+    from model_core.corpus.sample import read_array
+
+    for kind in ("queries", "keys", "hidden"):
+        np.testing.assert_allclose(read_array(a, kind).astype(np.float32), read_array(b, kind).astype(np.float32),
+                                   atol=2e-3, rtol=2e-3)
 
 
 @pytest.fixture(scope="module")
@@ -57,19 +67,22 @@ def test_run_folder_holds_npz_parquet_and_manifest(tmp_path, corpus):
 
 
 def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, corpus):
-    whole = run_corpus(corpus, SMALL, tmp_path / "whole", options=OPTIONS, device="cpu")
+    whole = run_corpus(corpus, SMALL, tmp_path / "whole", options=SAMPLED, device="cpu")
 
     def interrupt(progress) -> None:
         if progress.done > 45:  # in the middle of the third shard
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_corpus(corpus, SMALL, tmp_path / "cut", options=OPTIONS, device="cpu", progress=interrupt)
+        run_corpus(corpus, SMALL, tmp_path / "cut", options=SAMPLED, device="cpu", progress=interrupt)
     partial = open_run(tmp_path / "cut")  # a valid partial run
     assert not partial.complete and partial.n_texts == 40
     assert int(_arrays(tmp_path / "cut")["n_texts"]) == 40
-    resumed = run_corpus(corpus, SMALL, tmp_path / "cut", options=OPTIONS, device="cpu", resume=True)
+    assert not (tmp_path / "cut" / "index").exists()  # the index is built once the run is complete
+    resumed = run_corpus(corpus, SMALL, tmp_path / "cut", options=SAMPLED, device="cpu", resume=True)
     assert resumed.complete and resumed.n_texts == 70
+    _same_sample(resumed.path, whole.path)
+    assert resumed.manifest["sample"]["index"]["layers"] == 3
     np.testing.assert_array_equal(resumed.mean, whole.mean)  # same parts, same order: bit for bit
     np.testing.assert_array_equal(resumed.std, whole.std)
     np.testing.assert_array_equal(resumed.patterns, whole.patterns)
@@ -131,15 +144,16 @@ def test_extremes_are_the_highest_and_lowest_texts(tmp_path, corpus):
 @pytest.mark.slow
 def test_ray_engine_equals_the_local_engine(tmp_path, corpus):
     ray = pytest.importorskip("ray")
-    local = run_corpus(corpus, SMALL, tmp_path / "local", options=OPTIONS, device="cpu")
+    local = run_corpus(corpus, SMALL, tmp_path / "local", options=SAMPLED, device="cpu")
     try:
-        remote = run_corpus(corpus, SMALL, tmp_path / "ray", options=OPTIONS, engine="ray", ray_num_cpus=2)
+        remote = run_corpus(corpus, SMALL, tmp_path / "ray", options=SAMPLED, engine="ray", ray_num_cpus=2)
     finally:
         ray.shutdown()
     assert remote.complete and remote.manifest["engine"] == "ray"
     np.testing.assert_allclose(remote.mean, local.mean, atol=1e-6)
     np.testing.assert_allclose(remote.std, local.std, atol=1e-6)
     np.testing.assert_array_equal(remote.count, local.count)
+    _same_sample(remote.path, local.path)  # the same sampled tokens, whichever engine ran them
 
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -46,6 +46,12 @@ class ChunkResult:
     skipped: np.ndarray
     stats: np.ndarray
     seconds: float = 0.0
+    # The shard's rows of the token sample and their vectors, float16 (see model_core.corpus.sample).
+    # Shape: sample_rows (row,); queries/keys (layer, row, hidden); hidden (layer + 1, row, hidden).
+    sample_rows: np.ndarray | None = None
+    queries: np.ndarray | None = None
+    keys: np.ndarray | None = None
+    hidden: np.ndarray | None = None
 
 
 def encode_texts(tokenizer, texts: list[tuple[str, str | None]], first_id: int, max_tokens: int,
@@ -121,22 +127,46 @@ def pad_batch(batch: list[EncodedText], pad_id: int, device: torch.device) -> tu
     return ids.to(device), types.to(device), mask.to(device), is_pair.to(device)
 
 
-def batch_stats(model: LoadedCorpusModel, batch: list[EncodedText]) -> np.ndarray:
-    """Run one padded batch and return its texts' statistics. Shape: (text, stat, layer, head)."""
+SampleRows = dict[int, tuple[np.ndarray, np.ndarray]]  # text id -> (positions, sample rows)
+
+
+def batch_stats(model: LoadedCorpusModel, batch: list[EncodedText], sample: SampleRows | None = None,
+                qk: bool = False, hidden: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+    """Run one padded batch: its texts' statistics, and the vectors of its sampled tokens.
+
+    Shape: -> (text, stat, layer, head); vectors as ``ChunkResult``'s (with "rows").
+    """
     ids, types, mask, is_pair = pad_batch(batch, model.tokenizer.pad_token_id or 0, model.device)
     masks = BatchMasks.build(ids, types, mask, model.classes, is_pair)
-    per_layer = [batch_head_stats(w, masks) for w in model.layer_weights(ids, types, mask)]  # (B, H, S) each
+    wanted = [(b, *sample[t.text_id]) for b, t in enumerate(batch) if sample and t.text_id in sample]
+    weights, vectors = model.forward(ids, types, mask, qk=qk and bool(wanted), hidden=hidden and bool(wanted))
+    per_layer = [batch_head_stats(w, masks) for w in weights]  # (B, H, S) each
     stats = torch.stack(per_layer, dim=1)  # (B, L, H, S)
-    return stats.permute(0, 3, 1, 2).to("cpu", torch.float32).numpy()  # (B, S, L, H)
+    out = stats.permute(0, 3, 1, 2).to("cpu", torch.float32).numpy()  # (B, S, L, H)
+    if not wanted:
+        return out, None
+    b_idx = torch.tensor(np.concatenate([np.full(len(p), b) for b, p, _ in wanted]), device=model.device)
+    p_idx = torch.tensor(np.concatenate([p for _, p, _ in wanted]), device=model.device)
+
+    def gather(layers: list[torch.Tensor] | None) -> np.ndarray | None:
+        if layers is None:
+            return None
+        return torch.stack([x[b_idx, p_idx] for x in layers]).to("cpu", torch.float16).numpy()  # (layer, row, hidden)
+
+    picked = {"rows": np.concatenate([r for _, _, r in wanted]), "queries": gather(vectors.queries),
+              "keys": gather(vectors.keys), "hidden": gather(vectors.hidden)}
+    return out, picked
 
 
 def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: list[tuple[str, str | None]], *,
                   batch_size: int = 64, max_tokens: int = 512, long: LongPolicy = "truncate",
                   cell_budget: int = DEFAULT_CELL_BUDGET,
-                  on_batch: Callable[[int], None] | None = None) -> ChunkResult:
+                  on_batch: Callable[[int], None] | None = None,
+                  sample: SampleRows | None = None, qk: bool = False, hidden: bool = False) -> ChunkResult:
     """Every statistic of every text of one shard (the unit both engines schedule and a run folder stores).
 
     ``on_batch(n)`` is called after each batch with the number of this shard's texts done so far.
+    ``sample`` names this shard's sampled tokens; ``qk``/``hidden`` say which of their vectors to keep.
     """
     import time
 
@@ -152,13 +182,21 @@ def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: li
         skip[text_id - first_id] = True
         n_tokens[text_id - first_id] = length
     done = len(skipped)
+    picked: list[dict[str, np.ndarray]] = []
     for batch in plan_batches(encoded, batch_size, model.n_layers * model.n_heads, cell_budget):
         rows = [t.text_id - first_id for t in batch]
-        stats[rows] = batch_stats(model, batch)
+        stats[rows], vectors = batch_stats(model, batch, sample, qk, hidden)
+        if vectors is not None:
+            picked.append(vectors)
         n_tokens[rows] = [len(t.ids) for t in batch]
         truncated[rows] = [t.truncated for t in batch]
         if on_batch is not None:
             done += len(batch)
             on_batch(done)
+    joined: dict[str, np.ndarray | None] = {"rows": None, "queries": None, "keys": None, "hidden": None}
+    if picked:
+        for key in joined:
+            parts = [v[key] for v in picked if v[key] is not None]
+            joined[key] = np.concatenate(parts, axis=0 if key == "rows" else 1) if parts else None
     return ChunkResult(index, np.arange(first_id, first_id + n, dtype=np.int64), n_tokens, truncated, skip, stats,
-                       time.perf_counter() - start)
+                       time.perf_counter() - start, joined["rows"], joined["queries"], joined["keys"], joined["hidden"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -75,6 +75,17 @@ class CorpusModel:
         return (f"custom encoder ({weights}, {s.num_layers}x{s.num_heads}, hidden {s.hidden_size}, "
                 f"{s.norm_placement}-LN, {'causal' if s.causal else 'bidirectional'})")
 
+    def tokenizer(self) -> Any:
+        """The model's WordPiece tokenizer, without loading the model where it can be avoided."""
+        if self.kind == "custom":
+            return load_tokenizer(self.model_id)
+        from model_core.loading import resolve_model_source
+
+        source = resolve_model_source(self.model_id)
+        if source.kind == "bundled":
+            return load_tokenizer(None)
+        return load_pretrained(self.model_id).tokenizer
+
     def load(self, device: str | torch.device | None = None, settings: Settings | None = None) -> "LoadedCorpusModel":
         """Load (or build) the model on ``device`` (default: the settings', cuda → mps → cpu)."""
         settings = settings or load_settings()
@@ -84,6 +95,18 @@ class CorpusModel:
         assert self.custom is not None
         module = build_custom_model(self.custom, dev)
         return LoadedCorpusModel.from_custom(self, module, load_tokenizer(self.custom.model_id))
+
+
+class BatchVectors(NamedTuple):
+    """Per-layer vectors of a padded batch, for the token sample (queries/keys of every head side by side).
+
+    Shape: queries, keys: layer tensors of (batch, pos, hidden), head h in columns h*d_head:(h+1)*d_head;
+    hidden: layer + 1 tensors of (batch, pos, hidden) (the embeddings first). Either may be None.
+    """
+
+    queries: list[torch.Tensor] | None
+    keys: list[torch.Tensor] | None
+    hidden: list[torch.Tensor] | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,12 +122,14 @@ class LoadedCorpusModel:
     n_heads: int
     max_positions: int
     classes: TokenClasses
+    hidden_size: int
 
     @classmethod
     def from_bert(cls, spec: CorpusModel, loaded: LoadedModel) -> "LoadedCorpusModel":
         c = loaded.model.config
         return cls(spec, loaded.model, loaded.tokenizer, loaded.device, loaded.description, c.num_hidden_layers,
-                   c.num_attention_heads, c.max_position_embeddings, TokenClasses.from_tokenizer(loaded.tokenizer))
+                   c.num_attention_heads, c.max_position_embeddings, TokenClasses.from_tokenizer(loaded.tokenizer),
+                   c.hidden_size)
 
     @classmethod
     def from_custom(cls, spec: CorpusModel, module: Any, tokenizer: Any) -> "LoadedCorpusModel":
@@ -112,20 +137,46 @@ class LoadedCorpusModel:
         assert spec.custom is not None
         return cls(spec, module, tokenizer, next(module.parameters()).device, describe_custom(spec.custom, module),
                    c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings,
-                   TokenClasses.from_tokenizer(tokenizer))
+                   TokenClasses.from_tokenizer(tokenizer), c.hidden_size)
 
-    @torch.inference_mode()
     def layer_weights(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                       attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """Attention weights of every layer for a padded batch already on ``device``.
 
         Shape: inputs (batch, pos) -> layer tensors of (batch, head, q_pos, k_pos).
         """
+        return self.forward(input_ids, token_type_ids, attention_mask)[0]
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                qk: bool = False, hidden: bool = False) -> tuple[list[torch.Tensor], BatchVectors]:
+        """The attention weights of every layer and, when asked, the queries/keys and hidden states.
+
+        Shape: inputs (batch, pos); weights as ``layer_weights``; vectors as ``BatchVectors``.
+        """
         if self.spec.kind == "bert":
-            out = self.module(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                              output_attentions=True)
+            captured: dict[tuple[int, str], torch.Tensor] = {}
+            handles = []
+            if qk:
+                for i, layer in enumerate(self.module.encoder.layer):
+                    for name in ("query", "key"):
+                        module = getattr(layer.attention.self, name)
+                        handles.append(module.register_forward_hook(
+                            lambda _m, _i, out, key=(i, name): captured.__setitem__(key, out)))
+            try:
+                out = self.module(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                                  output_attentions=True, output_hidden_states=hidden)
+            finally:
+                for h in handles:
+                    h.remove()
             if not out.attentions or out.attentions[0] is None:
                 raise RuntimeError("The model returned no attentions; load it with attn_implementation='eager'.")
-            return list(out.attentions)
+            pick = (lambda name: [captured[(i, name)] for i in range(self.n_layers)]) if qk else (lambda name: None)
+            return list(out.attentions), BatchVectors(pick("query"), pick("key"),
+                                                      list(out.hidden_states) if hidden else None)
         out = self.module(input_ids, token_type_ids, attention_mask)
-        return [torch.stack([h.step.weights for h in layer.heads], dim=1) for layer in out.encoder.layers]
+        layers = out.encoder.layers
+        weights = [torch.stack([h.step.weights for h in layer.heads], dim=1) for layer in layers]
+        cat = (lambda attr: [torch.cat([getattr(h, attr) for h in layer.heads], dim=-1) for layer in layers]) \
+            if qk else (lambda attr: None)
+        return weights, BatchVectors(cat("query"), cat("key"), list(out.encoder.hidden_states) if hidden else None)

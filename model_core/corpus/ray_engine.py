@@ -56,13 +56,14 @@ def _worker_model(model: CorpusModel) -> LoadedCorpusModel:
     return _WORKER_MODELS[model]
 
 
-def _shard_task(model: CorpusModel, index: int, first: int, texts: list, options: dict) -> ChunkResult:
-    return process_chunk(_worker_model(model), index, first, texts, **options)
+def _shard_task(model: CorpusModel, index: int, first: int, texts: list, options: dict, sample: dict | None) -> ChunkResult:
+    return process_chunk(_worker_model(model), index, first, texts, sample=sample, **options)
 
 
-def _describe_task(model: CorpusModel) -> tuple[int, int, str, str]:
+def _describe_task(model: CorpusModel) -> tuple[int, int, str, str, int, int]:
     loaded = _worker_model(model)
-    return loaded.n_layers, loaded.n_heads, loaded.description, str(loaded.device)
+    return (loaded.n_layers, loaded.n_heads, loaded.description, str(loaded.device), loaded.max_positions,
+            loaded.hidden_size)
 
 
 def _remote(ray: Any, fn: Any) -> Any:
@@ -70,14 +71,16 @@ def _remote(ray: Any, fn: Any) -> Any:
     return ray.remote(num_gpus=1 if gpus else 0, num_cpus=1, max_retries=2)(fn)
 
 
-def describe_remote(model: CorpusModel, address: str | None, num_cpus: int | None) -> tuple[int, int, str, str]:
-    """(layers, heads, description, device) as a worker sees the model (and a check that workers can load it)."""
+def describe_remote(model: CorpusModel, address: str | None,
+                    num_cpus: int | None) -> tuple[int, int, str, str, int, int]:
+    """(layers, heads, description, device, max positions, hidden size) as a worker sees the model (and a check that workers can load it)."""
     ray = _connect(address, num_cpus)
     return ray.get(_remote(ray, _describe_task).remote(model))
 
 
 def run_shards_on_ray(model: CorpusModel, shards: list[tuple[int, int, list]], options: Any,
-                      address: str | None = None, num_cpus: int | None = None) -> Iterator[ChunkResult]:
+                      address: str | None = None, num_cpus: int | None = None,
+                      sample_for: Any = None) -> Iterator[ChunkResult]:
     """Yield each shard's result as it finishes; at most two shards in flight per worker slot.
 
     Closing the generator (Ctrl-C, a cancelled run) cancels the shards still running.
@@ -85,7 +88,8 @@ def run_shards_on_ray(model: CorpusModel, shards: list[tuple[int, int, list]], o
     ray = _connect(address, num_cpus)
     task = _remote(ray, _shard_task)
     slots = max(1, int(ray.cluster_resources().get("GPU", 0) or ray.cluster_resources().get("CPU", 1)))
-    opts = {"batch_size": options.batch_size, "max_tokens": options.max_tokens, "long": options.long}
+    opts = {"batch_size": options.batch_size, "max_tokens": options.max_tokens, "long": options.long,
+            "qk": options.keep_qk, "hidden": options.index}
     model_ref = ray.put(model)
     pending: list[Any] = []
     queue = list(shards)
@@ -93,7 +97,8 @@ def run_shards_on_ray(model: CorpusModel, shards: list[tuple[int, int, list]], o
         while queue or pending:
             while queue and len(pending) < 2 * slots:
                 index, first, texts = queue.pop(0)
-                pending.append(task.remote(model_ref, index, first, texts, opts))
+                sample = sample_for(first, first + len(texts)) if sample_for is not None else None
+                pending.append(task.remote(model_ref, index, first, texts, opts, sample))
             ready, pending = ray.wait(pending, num_returns=1)
             yield ray.get(ready[0])
     finally:

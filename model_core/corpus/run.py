@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Literal
 
 from model_core.analysis.head_stats import STAT_NAMES
-from model_core.corpus.batches import ChunkResult, LongPolicy, process_chunk
+from model_core.corpus.batches import ChunkResult, LongPolicy, encode_texts, process_chunk
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
+from model_core.corpus.sample import array_path, create_arrays, plan_sample, write_rows
 from model_core.corpus.sources import Corpus
 from model_core.corpus.stats import PatternRules, StatSums
 from model_core.corpus import store
@@ -27,6 +28,10 @@ class RunOptions:
     chunk_size: int = 512
     max_tokens: int = HARD_MAX_TOKENS
     long: LongPolicy = "truncate"
+    sample_cap: int = 0  # tokens in the token sample; 0 keeps none
+    keep_qk: bool = False  # keep the sample's queries and keys (the query-key space)
+    index: bool = False  # keep the sample's hidden states and build a nearest-context index per layer
+    sample_seed: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= 4096:
@@ -37,6 +42,12 @@ class RunOptions:
             raise ValueError(f"--max-tokens must be between 3 and {HARD_MAX_TOKENS}, got {self.max_tokens}.")
         if self.long not in ("truncate", "skip"):
             raise ValueError(f"--long must be 'truncate' or 'skip', got {self.long!r}.")
+        if self.sample_cap < 0 or ((self.keep_qk or self.index) and self.sample_cap == 0):
+            raise ValueError("--qk and --index need a token sample: give --sample-cap a positive number of tokens.")
+
+    @property
+    def sampling(self) -> bool:
+        return self.sample_cap > 0 and (self.keep_qk or self.index)
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,31 @@ class Progress:
 def _shards(corpus: Corpus, chunk_size: int) -> list[tuple[int, int, list[tuple[str, str | None]]]]:
     return [(i, start, list(corpus.texts[start:start + chunk_size]))
             for i, start in enumerate(range(0, len(corpus), chunk_size))]
+
+
+def _plan_sample(out: Path, corpus: Corpus, tokenizer, options: RunOptions, limit: int, n_layers: int,
+                 hidden_size: int):
+    """Plan the token sample from every text's tokens (tokenising is cheap; the model has not run yet) and
+    allocate its arrays; a resume plans the same sample and keeps the rows already written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    token_ids: dict[int, list[int]] = {}
+    for _, first, texts in _shards(corpus, options.chunk_size):
+        encoded, _ = encode_texts(tokenizer, texts, first, limit, options.long)
+        token_ids.update({t.text_id: t.ids for t in encoded})
+    plan = plan_sample(token_ids, options.sample_cap, options.sample_seed)
+    kinds = {}
+    if options.keep_qk:
+        kinds |= {"queries": (n_layers, len(plan), hidden_size), "keys": (n_layers, len(plan), hidden_size)}
+    if options.index:
+        kinds["hidden"] = (n_layers + 1, len(plan), hidden_size)
+    create_arrays(out, kinds)
+    tokens = tokenizer.convert_ids_to_tokens(plan.token_id.tolist())
+    table = pa.table({"row": pa.array(range(len(plan)), pa.int64()), "text_id": plan.text_id,
+                      "position": plan.position, "token": pa.array(tokens, pa.string())})
+    pq.write_table(table, array_path(out, "tokens").with_suffix(".parquet"))
+    return plan
 
 
 def _prepare_folder(out: Path, corpus: Corpus, model: CorpusModel, options: RunOptions, resume: bool) -> RunOptions:
@@ -125,10 +161,16 @@ def run_corpus(
         raise ValueError(f"--engine must be 'local' or 'ray', got {engine!r}.")
     if local is not None:
         n_layers, n_heads, description, dev = local.n_layers, local.n_heads, local.description, str(local.device)
+        max_positions, tokenizer, hidden_size = local.max_positions, local.tokenizer, local.hidden_size
     else:
         from model_core.corpus.ray_engine import describe_remote
 
-        n_layers, n_heads, description, dev = describe_remote(model, ray_address, ray_num_cpus)
+        n_layers, n_heads, description, dev, max_positions, hidden_size = describe_remote(model, ray_address,
+                                                                                          ray_num_cpus)
+        tokenizer = model.tokenizer() if options.sampling else None
+    plan = _plan_sample(out, corpus, tokenizer, options, min(options.max_tokens, max_positions), n_layers,
+                        hidden_size) \
+        if options.sampling else None
     done = set(store.done_parts(out))
     sums, tally = store.tally_parts(out, n_layers, n_heads)
     counts = {"texts": len(corpus), **tally}
@@ -141,6 +183,8 @@ def run_corpus(
                    "has_pairs": corpus.has_pairs, "notes": list(corpus.notes)},
         "options": asdict(options), "engine": engine, "device": dev, "statistics": list(STAT_NAMES),
         "pattern_rules": asdict(rules), "versions": store.package_versions(), "counts": counts,
+        "sample": None if plan is None else {"tokens": len(plan), "cap": options.sample_cap, "seed": options.sample_seed,
+                                             "queries_keys": options.keep_qk, "hidden": options.index, "index": None},
         "timings": {"seconds": seconds_before},
         "created": previous.get("created", time.strftime("%Y-%m-%dT%H:%M:%S%z")),
     }
@@ -152,6 +196,11 @@ def run_corpus(
 
     def save(result: ChunkResult) -> None:
         nonlocal new_texts, sums
+        if result.sample_rows is not None:  # before the part: a part on disk means its rows are written
+            for kind in ("queries", "keys", "hidden"):
+                values = getattr(result, kind)
+                if values is not None:
+                    write_rows(out, kind, result.sample_rows, values)
         store.write_part(out, result, texts_of[result.index])
         kept = ~result.skipped
         part = StatSums.zeros(n_layers, n_heads)
@@ -177,19 +226,26 @@ def run_corpus(
         if progress is not None:
             progress(Progress(counts["done"] + n, len(corpus), time.perf_counter() - start, new_texts + n))
 
+    sample_for = (lambda first, end: plan.rows_for(first, end)) if plan is not None else None
     if engine == "local":
         assert local is not None
         results = (process_chunk(local, index, first, texts, batch_size=options.batch_size,
-                                 max_tokens=options.max_tokens, long=options.long, on_batch=within_shard)
+                                 max_tokens=options.max_tokens, long=options.long, on_batch=within_shard,
+                                 sample=sample_for(first, first + len(texts)) if sample_for else None,
+                                 qk=options.keep_qk, hidden=options.index)
                    for index, first, texts in shards)
     else:
         from model_core.corpus.ray_engine import run_shards_on_ray
 
-        results = run_shards_on_ray(model, shards, options, ray_address, ray_num_cpus)
+        results = run_shards_on_ray(model, shards, options, ray_address, ray_num_cpus, sample_for)
     try:
         for result in results:
             save(result)
         manifest["complete"] = counts["done"] == len(corpus)
+        if manifest["complete"] and options.index and plan is not None:
+            from model_core.corpus.index import build_indexes
+
+            manifest["sample"]["index"] = build_indexes(out)
     finally:
         close = getattr(results, "close", None)
         if close is not None:
