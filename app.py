@@ -32,6 +32,7 @@ PAGES = [
     ("pages/analysis_head_stats.py", "Head statistics", ":material/bar_chart:", "Analyses"),
     ("pages/analysis_masking.py", "Head masking", ":material/content_cut:", "Analyses"),
     ("pages/corpus.py", "Corpus statistics", ":material/library_books:", "Corpus"),
+    ("pages/corpus_space.py", "Query–key space & nearest contexts", ":material/scatter_plot:", "Corpus"),
 ]
 
 

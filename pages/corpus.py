@@ -15,26 +15,32 @@ from model_core.corpus import (
     CorpusModel,
     CorpusRunError,
     PatternRules,
-    RunOptions,
     demo_corpus,
     read_hub_dataset,
     read_upload,
-    run_corpus,
     table_columns,
 )
 from model_core.corpus.sources import FILE_KINDS
 from ui.analysis_widgets import clicked_cell, csv_button, how_to_read, show_figure
 from ui.context import get_context
-from ui.corpus import corpus_model, loaded_model, open_cached, run_folder, sidebar_state, text_link
+from ui.corpus import (
+    CANCELLED,
+    JUST_RAN,
+    RUNNING,
+    OPEN_RUN,
+    corpus_model,
+    open_cached,
+    page_options,
+    run_folder,
+    run_with_progress,
+    sidebar_state,
+    text_link,
+)
 from ui.corpus_figures import pattern_figure, corpus_stat_figure
 from ui.state import select_head
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
 OPEN_FLAG = "_corpus_open_heatmaps"
-RUNNING = "_corpus_running"  # the folder of a run this session started and has not seen finish
-JUST_RAN = "_corpus_just_ran"
-CANCELLED = "_corpus_cancelled"  # folders whose run the user cancelled (no automatic restart)
-PAGE_SHARD = 128  # texts per shard on the page: a cancel keeps all but the shard in progress
 SOURCES = {"demo": "Demo corpus", "upload": "Upload a file", "hub": "Hugging Face dataset", "folder": "Open a run folder"}
 
 if st.session_state.pop(OPEN_FLAG, False):
@@ -133,29 +139,7 @@ if corpus is not None:
 
 # -- the run -----------------------------------------------------------------------------------------
 def _run(corpus, folder: Path, resume: bool) -> None:
-    """Run (or resume) with a progress bar and a Cancel button; a cancel stops the script mid-run."""
-    st.session_state[RUNNING] = str(folder)
-    bar_col, cancel_col = st.columns([5, 1])
-    bar = bar_col.progress(0.0, text=f"Running {len(corpus):,} texts through {model.label()}…")
-    cancel_col.button("Cancel", key="corpus_cancel", help="Stops the run; the finished part is kept and can resume.")
-
-    def progress(p) -> None:
-        eta = f" · about {p.eta_s:.0f} s left" if p.eta_s is not None else ""
-        bar.progress(min(p.done / p.total, 1.0), text=f"{p.done:,} / {p.total:,} texts · {p.rate:.0f} texts/s{eta}")
-
-    try:
-        with st.spinner("Loading the model…"):
-            loaded = loaded_model(model)
-        run_corpus(corpus, model, folder, options=RunOptions(chunk_size=PAGE_SHARD, long=long,
-                                                             max_tokens=settings.max_tokens),
-                   loaded=loaded, resume=resume, progress=progress)
-    except (CorpusRunError, ValueError) as exc:
-        st.session_state.pop(RUNNING, None)
-        st.error(str(exc))
-        st.stop()
-    st.session_state.pop(RUNNING, None)
-    st.session_state[JUST_RAN] = str(folder)
-    st.rerun()  # draw the finished run from its folder
+    run_with_progress(corpus, model, folder, page_options(settings, long), resume)
 
 
 cancelled = st.session_state.setdefault(CANCELLED, set())
@@ -164,7 +148,7 @@ if st.session_state.get("corpus_cancel") and st.session_state.get(RUNNING):
     st.warning("Cancelled. The texts already run are kept; press Resume to continue.")
 
 if corpus is not None:
-    folder = run_folder(settings, model, corpus.fingerprint, {"long": long, "max_tokens": settings.max_tokens})
+    folder = run_folder(settings, model, corpus.fingerprint, page_options(settings, long))
     manifest = folder / "manifest.json"
     partial = manifest.exists() and (folder / "head_stats.npz").exists()
     try:
@@ -208,6 +192,7 @@ if run.manifest["model"] != model.key():
 
 
 # -- the results -------------------------------------------------------------------------------------
+st.session_state[OPEN_RUN] = str(run.path)  # the Query-key space page reads the same run
 counts, timings = run.manifest["counts"], run.manifest["timings"]
 c1, c2, c3, c4 = st.columns(4)
 c1.metric("Texts", f"{run.n_texts:,}" + ("" if run.complete else f" of {counts['texts']:,}"))

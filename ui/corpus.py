@@ -10,10 +10,51 @@ from typing import Any
 
 import streamlit as st
 
-from model_core.corpus import CorpusModel, CorpusRun, LoadedCorpusModel, open_run
+from model_core.corpus import CorpusModel, CorpusRun, CorpusRunError, LoadedCorpusModel, RunOptions, open_run, run_corpus
 from model_core.settings import Settings, corpus_runs_dir
 from ui.loaders import get_bert, get_custom_model
 from ui.state import Controls
+
+
+RUNNING = "_corpus_running"  # the folder of a run this session started and has not seen finish
+JUST_RAN = "_corpus_just_ran"
+CANCELLED = "_corpus_cancelled"  # folders whose run the user cancelled (no automatic restart)
+OPEN_RUN = "_corpus_open_run"  # the run the Corpus page shows; the Query-key space page reads it
+PAGE_SHARD = 128  # texts per shard on the page: a cancel keeps all but the shard in progress
+SAMPLE_CAP = 20_000  # tokens whose queries, keys and hidden states the page's runs keep
+
+
+def page_options(settings: Settings, long: str) -> RunOptions:
+    """How the pages run a corpus: small shards, the token sample with queries/keys, and the index."""
+    return RunOptions(chunk_size=PAGE_SHARD, long=long, max_tokens=settings.max_tokens,  # type: ignore[arg-type]
+                      sample_cap=SAMPLE_CAP, keep_qk=True, index=True)
+
+
+def run_with_progress(corpus, model: CorpusModel, folder: Path, options: RunOptions, resume: bool) -> None:
+    """Run (or resume) with a progress bar (count, rate, time left) and a Cancel button, then rerun.
+
+    A click on Cancel (or any widget) stops the script mid-run; the finished shards stay in ``folder``.
+    """
+    st.session_state[RUNNING] = str(folder)
+    bar_col, cancel_col = st.columns([5, 1])
+    bar = bar_col.progress(0.0, text=f"Running {len(corpus):,} texts through {model.label()}…")
+    cancel_col.button("Cancel", key="corpus_cancel", help="Stops the run; the finished part is kept and can resume.")
+
+    def progress(p) -> None:
+        eta = f" · about {p.eta_s:.0f} s left" if p.eta_s is not None else ""
+        bar.progress(min(p.done / p.total, 1.0), text=f"{p.done:,} / {p.total:,} texts · {p.rate:.0f} texts/s{eta}")
+
+    try:
+        with st.spinner("Loading the model…"):
+            loaded = loaded_model(model)
+        run_corpus(corpus, model, folder, options=options, loaded=loaded, resume=resume, progress=progress)
+    except (CorpusRunError, ValueError) as exc:
+        st.session_state.pop(RUNNING, None)
+        st.error(str(exc))
+        st.stop()
+    st.session_state.pop(RUNNING, None)
+    st.session_state[JUST_RAN] = str(folder)
+    st.rerun()  # draw the finished run from its folder
 
 
 def corpus_model(controls: Controls) -> CorpusModel:
@@ -32,9 +73,11 @@ def loaded_model(model: CorpusModel) -> LoadedCorpusModel:
     return LoadedCorpusModel.from_custom(model, get_custom_model(model.custom), tokenizer)
 
 
-def run_folder(settings: Settings, model: CorpusModel, fingerprint: str, options: dict[str, Any]) -> Path:
+def run_folder(settings: Settings, model: CorpusModel, fingerprint: str, options: RunOptions) -> Path:
     """The page's folder for (model, texts, options): the same inputs reopen the same run."""
-    key = json.dumps({"model": model.key(), "options": options}, sort_keys=True)
+    from dataclasses import asdict
+
+    key = json.dumps({"model": model.key(), "options": asdict(options)}, sort_keys=True)
     tag = hashlib.sha256(key.encode()).hexdigest()[:12]
     return corpus_runs_dir(settings) / f"{model.kind}-{tag}-{fingerprint[:16]}"
 
@@ -80,3 +123,58 @@ def sidebar_state(model_key: dict[str, Any]) -> dict[str, Any]:
     if model_key["weights"] == "pretrained":
         state["ctl_model_id"] = model_key["model_id"]
     return state
+
+
+@st.cache_resource(max_entries=4, show_spinner="Reading the sample's contexts…")
+def sample_contexts(path: str, stamp: float, model_key_json: str) -> dict[str, Any]:
+    """Per sample row: the token in its text (a few tokens either side), its token type and text id."""
+    import numpy as np
+
+    from model_core.corpus.batches import encode_texts
+    from model_core.corpus.neighbours import sample_tokens
+
+    run = cached_run(path, stamp)
+    table = sample_tokens(run)
+    text_ids = table["text_id"].to_numpy()
+    positions = table["position"].to_numpy()
+    texts = run.texts()
+    where = {int(t): i for i, t in enumerate(texts["text_id"].to_numpy())}
+    wanted = sorted(set(int(t) for t in text_ids))
+    pairs = [(texts["text_a"][where[t]].as_py(), texts["text_b"][where[t]].as_py()) for t in wanted]
+    tokenizer = CorpusModel.from_key(json.loads(model_key_json)).tokenizer()
+    options = run.manifest["options"]
+    encoded = {}
+    for start in range(0, len(pairs), 512):
+        chunk = pairs[start:start + 512]
+        rows, _ = encode_texts(tokenizer, chunk, 0, options["max_tokens"], options["long"])
+        for r in rows:
+            encoded[wanted[start + r.text_id]] = r
+    hover, types = [], np.zeros(len(text_ids), dtype=np.int8)
+    for i, (t, p) in enumerate(zip(text_ids, positions)):
+        e = encoded.get(int(t))
+        if e is None or p >= len(e.ids):
+            hover.append(f"text {t}, position {p}")
+            continue
+        toks = tokenizer.convert_ids_to_tokens(e.ids[max(0, p - 5): p + 6])
+        mid = min(p, 5)
+        toks[mid] = f"⟦{toks[mid]}⟧"
+        hover.append(f"{' '.join(toks)}<br>text {t}, position {p}")
+        types[i] = e.types[p]
+    return {"hover": hover, "types": types, "text_ids": text_ids, "positions": positions,
+            "tokens": table["token"].to_pylist()}
+
+
+@st.cache_resource(max_entries=16, show_spinner="Projecting queries and keys…")
+def cached_projection(path: str, stamp: float, layer: int, head: int, n_heads: int, method: str, seed: int = 0):
+    from model_core.corpus.qk_space import head_vectors, joint_projection
+
+    q, k = head_vectors(Path(path), layer, head, n_heads)
+    return joint_projection(q, k, method=method, seed=seed)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Projecting every head of the layer…")
+def cached_layer_grid(path: str, stamp: float, layer: int, n_heads: int, per_head: int = 800):
+    from model_core.corpus.qk_space import head_vectors, joint_projection
+
+    return [joint_projection(*head_vectors(Path(path), layer, h, n_heads), limit=per_head, seed=h)
+            for h in range(n_heads)]

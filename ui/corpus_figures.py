@@ -48,3 +48,85 @@ def pattern_figure(patterns: np.ndarray, title: str = "Pattern type (heuristic)"
     fig.data[1].customdata = patterns.ravel()
     fig.data[1].hovertemplate = "layer %{y}, head %{x}<br>%{customdata}<extra>click for its texts</extra>"
     return fig
+
+
+QUERY_COLOUR, KEY_COLOUR = "#4c78a8", "#e45756"
+
+
+def qk_scatter_figure(coords: np.ndarray, is_key: np.ndarray, hover: list[str], colour: np.ndarray | None, title: str,
+                      *, colour_title: str = "", rows: np.ndarray | None = None, height: int = 620) -> go.Figure:
+    """The joint query–key scatter (WebGL): queries as circles, keys as crosses; a click reports the point's row.
+
+    Shape: coords (points, 2); is_key (points,); colour (points,) numbers, or None to colour by query/key.
+    """
+    fig = go.Figure()
+    for key, name, symbol in ((False, "queries", "circle"), (True, "keys", "x")):
+        sel = is_key == key
+        marker: dict = {"size": 4, "symbol": symbol, "opacity": 0.7}
+        if colour is None:
+            marker["color"] = KEY_COLOUR if key else QUERY_COLOUR
+        else:
+            marker |= {"color": colour[sel], "colorscale": "Viridis", "showscale": not key,
+                       "colorbar": {"title": colour_title}}
+        fig.add_trace(go.Scattergl(
+            x=coords[sel, 0], y=coords[sel, 1], mode="markers", name=name, marker=marker,
+            hovertext=[h for h, s in zip(hover, sel) if s], hoverinfo="text",
+            customdata=None if rows is None else rows[sel]))
+    fig.update_layout(title=title, height=height, template="plotly_white", clickmode="event+select", dragmode="pan",
+                      margin={"l": 40, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.05})
+    fig.update_xaxes(showticklabels=False, zeroline=False)
+    fig.update_yaxes(showticklabels=False, zeroline=False, scaleanchor="x")
+    return fig
+
+
+def qk_grid_figure(projections: list[np.ndarray], is_key: list[np.ndarray], layer: int, *, cols: int = 4) -> go.Figure:
+    """Small joint projections of every head of a layer (no hover: a picture to spot structured heads).
+
+    Clicking a panel reports a point whose ``customdata`` is its head.
+    """
+    from plotly.subplots import make_subplots
+
+    n = len(projections)
+    rows = (n + cols - 1) // cols
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in range(n)],
+                        horizontal_spacing=0.02, vertical_spacing=0.06)
+    for head, (coords, keys) in enumerate(zip(projections, is_key)):
+        r, c = head // cols + 1, head % cols + 1
+        for key, colour in ((False, QUERY_COLOUR), (True, KEY_COLOUR)):
+            sel = keys == key
+            fig.add_trace(go.Scattergl(x=coords[sel, 0], y=coords[sel, 1], mode="markers", showlegend=False,
+                                       marker={"size": 2, "color": colour, "opacity": 0.5},
+                                       customdata=np.full(int(sel.sum()), head), hoverinfo="skip"), row=r, col=c)
+    fig.update_xaxes(showticklabels=False, zeroline=False, showgrid=False)
+    fig.update_yaxes(showticklabels=False, zeroline=False, showgrid=False)
+    fig.update_layout(title=f"Layer {layer}: every head (blue queries, red keys); click one to enlarge it",
+                      height=min(190 * rows + 60, 1000), template="plotly_white", dragmode=False,
+                      clickmode="event+select", margin={"l": 10, "r": 10, "t": 60, "b": 10})
+    return fig
+
+
+def neighbour_words_figure(words: list[str], title: str) -> go.Figure:
+    """How many of the nearest contexts are each word (most first)."""
+    labels, counts = np.unique(np.asarray(words, dtype=object), return_counts=True) if words else ([], [])
+    order = np.argsort(-np.asarray(counts), kind="stable")
+    fig = go.Figure(go.Bar(x=[counts[i] for i in order], y=[labels[i] for i in order], orientation="h",
+                           marker_color=QUERY_COLOUR, hovertemplate="%{y}: %{x}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(title="neighbours", dtick=1)
+    fig.update_layout(title=title, height=min(max(220, 26 * len(labels) + 100), 700), template="plotly_white",
+                      margin={"l": 110, "r": 20, "t": 50, "b": 40})
+    return fig
+
+
+def layer_trend_figure(same_word: np.ndarray, mean_score: np.ndarray, word: str) -> go.Figure:
+    """Per layer (0 = embeddings): the share of neighbours that are the same word, and their mean cosine."""
+    layers = list(range(len(same_word)))
+    fig = go.Figure([
+        go.Scatter(x=layers, y=same_word, mode="lines+markers", name=f"share that are '{word}'"),
+        go.Scatter(x=layers, y=mean_score, mode="lines+markers", name="mean cosine"),
+    ])
+    fig.update_xaxes(title="layer (0 = embeddings)", dtick=1)
+    fig.update_yaxes(range=[0, 1.05])
+    fig.update_layout(title="From layer 0 up", height=340, template="plotly_white",
+                      margin={"l": 40, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25})
+    return fig

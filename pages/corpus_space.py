@@ -1,0 +1,197 @@
+"""Query–key space (AttentionViz) and nearest contexts (exBERT) over the corpus run the Corpus page opened."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+
+from model_core.corpus import CorpusModel, CorpusRunError, demo_corpus
+from model_core.corpus.neighbours import neighbours_of
+from model_core.corpus.qk_space import METHODS
+from ui.analysis_widgets import how_to_read, show_figure
+from ui.context import get_context
+from ui.corpus import (
+    CANCELLED,
+    OPEN_RUN,
+    cached_layer_grid,
+    cached_projection,
+    corpus_model,
+    open_cached,
+    page_options,
+    run_folder,
+    run_with_progress,
+    sample_contexts,
+    sidebar_state,
+)
+from ui.corpus_figures import layer_trend_figure, neighbour_words_figure, qk_grid_figure, qk_scatter_figure
+from ui.state import select_head
+
+HEATMAPS_PAGE = "pages/heatmaps.py"
+OPEN_FLAG = "_space_open_heatmaps"
+
+if st.session_state.pop(OPEN_FLAG, False):
+    st.switch_page(HEATMAPS_PAGE)
+
+st.header("Query–key space & nearest contexts")
+ctx = get_context()
+how_to_read(
+    "**Query–key space.** Every sampled corpus token gives each head a query (what it looks for) and a key (what "
+    "it offers). Both clouds are drawn in one plane: the keys are first moved so that their centre is the queries' "
+    "centre and both are scaled to the same mean length, which changes no attention weight (AttentionViz), so a "
+    "query lies near the keys it attends to. Blue circles are queries, red crosses keys; hover for the token in its "
+    "text, **click a point** to open its text in the heatmaps with this head in focus. The grid below shows every "
+    "head of the layer at once: clusters, lines and separate clouds mark structured heads.\n\n"
+    "**Nearest contexts.** Pick a token of the sidebar's text: the corpus tokens whose hidden state at a layer is "
+    "closest (cosine, exact FAISS search) are listed with their texts. At layer 0 (the embeddings) a word finds "
+    "itself in any sense; later layers separate the senses (try *bank* in \"we sat on the river bank\").",
+    "Yeh, Chen, Wang, Hu, Wattenberg & Viégas (2023), “AttentionViz: A Global View of Transformer Attention”; "
+    "Hoover, Strobelt & Gehrmann (2020), “exBERT”.",
+)
+
+try:
+    model = corpus_model(ctx.controls)
+except ValueError as exc:
+    st.info(f"The sidebar's model cannot be used: {exc}")
+    st.stop()
+
+# The run: the one the Corpus page shows, else the demo corpus with the sidebar's model (run here if needed).
+path = st.session_state.get(OPEN_RUN)
+run = None
+if path and (Path(path) / "manifest.json").exists():
+    try:
+        run = open_cached(path)
+    except CorpusRunError:
+        run = None
+if run is None or run.manifest["model"] != model.key() or not (run.manifest.get("sample") or {}).get("index"):
+    demo = demo_corpus()
+    options = page_options(ctx.settings, "truncate")
+    folder = run_folder(ctx.settings, model, demo.fingerprint, options)
+    done = (folder / "head_stats.npz").exists() and open_cached(folder).complete
+    if not done:
+        st.caption("No corpus run with this model is open on the Corpus statistics page, so this page runs the demo "
+                   "corpus (303 texts) first.")
+        if str(folder) in st.session_state.get(CANCELLED, set()):
+            if not st.button("Resume the demo run", type="primary", key="space_resume"):
+                st.stop()
+        run_with_progress(demo, model, folder, options, resume=(folder / "manifest.json").exists())
+    run = open_cached(folder)
+sample = run.manifest.get("sample") or {}
+if not sample.get("queries_keys") or not sample.get("index"):
+    st.info("This run kept no token sample. Run it again with `--qk --index` (the Corpus page's runs always do).")
+    st.stop()
+stamp = (run.path / "manifest.json").stat().st_mtime
+n_layers, n_heads = run.shape
+st.caption(f"Run: {run.manifest['corpus']['name']} · {run.n_texts:,} texts · {sample['tokens']:,} sampled tokens "
+           f"(cap {sample['cap']:,}) · {run.manifest['model_description']}")
+contexts = sample_contexts(str(run.path), stamp, json.dumps(run.manifest["model"]))
+
+# -- 1. query–key space ---------------------------------------------------------------------------------------
+st.subheader("Query–key space")
+c1, c2, c3, c4 = st.columns([1, 1, 2, 2])
+layer = c1.selectbox("Layer", range(n_layers), index=min(ctx.layer, n_layers - 1), key="space_layer")
+head = c2.selectbox("Head", range(n_heads), index=min(ctx.head, n_heads - 1), key="space_head")
+colour_by = c3.radio("Colour", ["kind", "position", "type", "text"], horizontal=True, key="space_colour",
+                     format_func={"kind": "query / key", "position": "position", "type": "sentence A/B",
+                                  "text": "text"}.get)
+method = c4.radio("Projection", METHODS, horizontal=True, key="space_method", format_func=str.upper,
+                  help="PCA is deterministic and fast; UMAP and t-SNE (seeded) need umap-learn / scikit-learn.")
+try:
+    proj = cached_projection(str(run.path), stamp, layer, head, n_heads, method)
+except ValueError as exc:
+    st.warning(str(exc))
+    proj = cached_projection(str(run.path), stamp, layer, head, n_heads, "pca")
+colours = {"kind": None, "position": contexts["positions"], "type": contexts["types"], "text": contexts["text_ids"]}
+colour = colours[colour_by]
+hover = [("key · " if k else "query · ") + contexts["hover"][r] for r, k in zip(proj.rows, proj.is_key)]
+
+
+def _open_point(key: str, layer: int, head: int) -> None:
+    points = ((st.session_state.get(key) or {}).get("selection") or {}).get("points") or []
+    if not points or points[0].get("customdata") is None:
+        return
+    row = int(points[0]["customdata"])
+    text_id = int(contexts["text_ids"][row])
+    texts = run.texts()
+    i = int(np.nonzero(texts["text_id"].to_numpy() == text_id)[0][0])
+    for k, v in sidebar_state(run.manifest["model"]).items():
+        st.session_state[k] = v
+    st.session_state["ctl_text_a"] = texts["text_a"][i].as_py()
+    st.session_state["ctl_text_b"] = texts["text_b"][i].as_py() or ""
+    select_head(layer, head)
+    st.session_state[OPEN_FLAG] = True
+
+
+fig = qk_scatter_figure(proj.coords, proj.is_key, hover, None if colour is None else colour[proj.rows],
+                        f"Layer {layer}, head {head}: {len(proj.rows) // 2:,} queries and keys ({method.upper()})",
+                        colour_title=colour_by, rows=proj.rows)
+show_figure(fig, f"qk_space_L{layer}H{head}", key="space_scatter",
+            on_select=lambda: _open_point("space_scatter", layer, head))
+
+
+def _enlarge() -> None:
+    points = ((st.session_state.get("space_grid") or {}).get("selection") or {}).get("points") or []
+    if points and points[0].get("customdata") is not None:
+        st.session_state["space_head"] = int(points[0]["customdata"])
+
+
+grid = cached_layer_grid(str(run.path), stamp, layer, n_heads)
+show_figure(qk_grid_figure([g.coords for g in grid], [g.is_key for g in grid], layer), f"qk_grid_L{layer}",
+            key="space_grid", on_select=_enlarge)
+
+# -- 2. nearest contexts --------------------------------------------------------------------------------------
+st.subheader("Nearest contexts")
+trace = ctx.trace
+if trace is None:
+    st.info(ctx.error or "Type a sentence in the sidebar to pick a token from it.")
+    st.stop()
+if run.manifest["model"] != model.key():
+    st.info("The sidebar's model is not this run's model, so its tokens cannot be compared with the corpus.")
+    st.stop()
+n1, n2, n3 = st.columns([2, 2, 1])
+default = next((i for i, t in enumerate(trace.tokens) if t not in ("[CLS]", "[SEP]")), 0)
+position = n1.selectbox("Token of the sidebar's text", range(trace.n_tokens), index=default, key="space_position",
+                        format_func=lambda i: f"{i}: {trace.tokens[i]}")
+n_hidden = trace.hidden_states.shape[0]
+nb_layer = n2.slider("Layer (0 = embeddings)", 0, n_hidden - 1, n_hidden - 1, key="space_nb_layer")
+k = n3.number_input("k", 1, 100, 10, key="space_k")
+states = trace.hidden_states
+try:
+    found = neighbours_of(run, states, trace.tokens, position=position, layer=nb_layer, k=int(k))
+except (CorpusRunError, ValueError) as exc:
+    st.error(str(exc))
+    st.stop()
+word = trace.tokens[position]
+left, right = st.columns([3, 2])
+with left:
+    st.markdown(f"**Nearest to `{word}` (position {position}) at layer {nb_layer}**")
+    st.dataframe({"cosine": [round(f["score"], 4) for f in found], "token": [f["token"] for f in found],
+                  "text": [f["text"] + (f"  ‖  {f['text_b']}" if f["text_b"] else "") for f in found],
+                  "text id": [f["text_index"] for f in found], "position": [f["position"] for f in found]},
+                 hide_index=True, width="stretch")
+with right:
+    show_figure(neighbour_words_figure([f["token"] for f in found], f"Which words the {len(found)} nearest are"),
+                "neighbour_words")
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _by_layer(path: str, stamp: float, tokens: tuple, position: int, k: int, _states: np.ndarray, key: str):
+    same, score, tops = [], [], []
+    for layer in range(_states.shape[0]):
+        f = neighbours_of(open_cached(path), _states, tokens, position=position, layer=layer, k=k)
+        same.append(np.mean([x["token"] == tokens[position] for x in f]) if f else 0.0)
+        score.append(np.mean([x["score"] for x in f]) if f else 0.0)
+        tops.append(" · ".join(f"{x['token']}: {x['text'][:50]}" for x in f[:3]))
+    return np.array(same), np.array(score), tops
+
+
+same, score, tops = _by_layer(str(run.path), stamp, trace.tokens, position, int(k), states,
+                              f"{trace.description}|{'␟'.join(trace.tokens)}")
+t1, t2 = st.columns([2, 3])
+with t1:
+    show_figure(layer_trend_figure(same, score, word), "neighbours_by_layer")
+with t2:
+    st.markdown("**The three nearest at every layer**")
+    st.dataframe({"layer": list(range(len(tops))), "nearest": tops}, hide_index=True, width="stretch")
