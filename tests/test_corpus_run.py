@@ -184,3 +184,38 @@ def test_cli_says_what_is_wrong(tmp_path):
     result = _cli("--input", "demo", "--model", "bert", "--engine", "ray", "--ray-address", "10.255.255.1:1",
                   "--limit", "5", "--out", str(tmp_path / "ray"))
     assert result.returncode == 1 and "Ray cluster" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
+    import signal
+    import time
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(f"text number {i} talks about banks, rivers and money." for i in range(3000)))
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "model_core", "corpus", "--input", str(texts), "--model", "bert",
+            "--shard-size", "100", "--batch-size", "16", "--out", str(out)]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + 120
+    while not list((out / "texts.parquet").glob("part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "--resume" in stderr and "Traceback" not in stderr
+    partial = open_run(out)
+    assert not partial.complete and 0 < partial.n_texts < 3000
+    resumed = _cli("--input", str(texts), "--model", "bert", "--shard-size", "100", "--batch-size", "16",
+                   "--resume", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert open_run(out).complete and open_run(out).n_texts == 3000
+
+
+def test_ray_engine_without_ray_says_how_to_install(monkeypatch):
+    from model_core.corpus import ray_engine
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ValueError, match="pip install 'ray"):
+        ray_engine._ray()
