@@ -28,11 +28,12 @@ from ui.corpus import (
     JUST_RAN,
     RUNNING,
     OPEN_RUN,
-    corpus_model,
+    load_text_and_head,
     open_cached,
     page_options,
     run_folder,
     run_with_progress,
+    sidebar_model_or_stop,
     sidebar_state,
     text_link,
 )
@@ -63,11 +64,7 @@ how_to_read(
     "Rumshisky (2019), “Revealing the Dark Secrets of BERT”, EMNLP.",
 )
 
-try:
-    model = corpus_model(ctx.controls)
-except ValueError as exc:
-    st.info(f"The sidebar's model cannot be used: {exc}")
-    st.stop()
+model = sidebar_model_or_stop(ctx.controls)
 st.caption(f"Model: the sidebar's, {model.label()}.")
 cap = settings.corpus_max_texts
 
@@ -252,11 +249,7 @@ model_key = run.manifest["model"]
 
 def _open_text(row: dict) -> None:
     """Load a text into the sidebar, with the run's model and this head in focus, and open the heatmaps."""
-    for k, v in sidebar_state(model_key).items():
-        st.session_state[k] = v
-    st.session_state["ctl_text_a"], st.session_state["ctl_text_b"] = row["text_a"], row["text_b"] or ""
-    select_head(layer, head)
-    st.session_state[OPEN_FLAG] = True
+    load_text_and_head(model_key, row["text_a"], row["text_b"], layer, head, OPEN_FLAG)
 
 
 for title, rows in (("Highest", top), ("Lowest", bottom)):

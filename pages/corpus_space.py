@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from model_core.corpus import CorpusModel, CorpusRunError, demo_corpus
+from model_core.corpus import CorpusRunError, demo_corpus
 from model_core.corpus.neighbours import neighbours_of
 from model_core.corpus.qk_space import METHODS
 from ui.analysis_widgets import how_to_read, show_figure
@@ -18,16 +18,15 @@ from ui.corpus import (
     OPEN_RUN,
     cached_layer_grid,
     cached_projection,
-    corpus_model,
+    load_text_and_head,
     open_cached,
     page_options,
     run_folder,
     run_with_progress,
     sample_contexts,
-    sidebar_state,
+    sidebar_model_or_stop,
 )
 from ui.corpus_figures import layer_trend_figure, neighbour_words_figure, qk_grid_figure, qk_scatter_figure
-from ui.state import select_head
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
 OPEN_FLAG = "_space_open_heatmaps"
@@ -51,11 +50,7 @@ how_to_read(
     "Hoover, Strobelt & Gehrmann (2020), “exBERT”.",
 )
 
-try:
-    model = corpus_model(ctx.controls)
-except ValueError as exc:
-    st.info(f"The sidebar's model cannot be used: {exc}")
-    st.stop()
+model = sidebar_model_or_stop(ctx.controls)
 
 # The run: the one the Corpus page shows, else the demo corpus with the sidebar's model (run here if needed).
 path = st.session_state.get(OPEN_RUN)
@@ -116,12 +111,8 @@ def _open_point(key: str, layer: int, head: int) -> None:
     text_id = int(contexts["text_ids"][row])
     texts = run.texts()
     i = int(np.nonzero(texts["text_id"].to_numpy() == text_id)[0][0])
-    for k, v in sidebar_state(run.manifest["model"]).items():
-        st.session_state[k] = v
-    st.session_state["ctl_text_a"] = texts["text_a"][i].as_py()
-    st.session_state["ctl_text_b"] = texts["text_b"][i].as_py() or ""
-    select_head(layer, head)
-    st.session_state[OPEN_FLAG] = True
+    load_text_and_head(run.manifest["model"], texts["text_a"][i].as_py(), texts["text_b"][i].as_py(), layer, head,
+                       OPEN_FLAG)
 
 
 fig = qk_scatter_figure(proj.coords, proj.is_key, hover, None if colour is None else colour[proj.rows],

@@ -62,6 +62,29 @@ def corpus_model(controls: Controls) -> CorpusModel:
     return CorpusModel.from_options(**controls.trace_key())
 
 
+def sidebar_model_or_stop(controls: Controls) -> CorpusModel:
+    """The sidebar's model for a corpus page, or stop the page saying why it cannot be used."""
+    try:
+        return corpus_model(controls)
+    except ValueError as exc:
+        st.info(f"The sidebar's model cannot be used: {exc}")
+        st.stop()
+        raise  # unreachable: st.stop() raises
+
+
+def load_text_and_head(model_key: dict[str, Any], text_a: str, text_b: str | None, layer: int, head: int,
+                       flag: str) -> None:
+    """From a widget callback: put the run's model and a text in the sidebar, focus the head, and set ``flag``
+    (the page then switches to the heatmaps at the start of its next run)."""
+    from ui.state import select_head
+
+    for key, value in sidebar_state(model_key).items():
+        st.session_state[key] = value
+    st.session_state["ctl_text_a"], st.session_state["ctl_text_b"] = text_a, text_b or ""
+    select_head(layer, head)
+    st.session_state[flag] = True
+
+
 def loaded_model(model: CorpusModel) -> LoadedCorpusModel:
     """The app's cached copy of ``model`` (the same one the traces use), ready for batches."""
     if model.kind == "bert":
