@@ -7,10 +7,11 @@
 #   TORCH_INDEX_URL  wheel index for torch; CPU by default. For a GPU host:
 #                    --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 #   PRELOAD_MODEL    a hub id (e.g. bert-base-uncased) downloaded into the image's model cache at
-#                    build time; the container then runs offline with it as the default model.
+#                    build time, a model folder under docker/models/, or bundled:all-MiniLM-L6-v2;
+#                    the container then runs offline with it as the default model.
 #
-# scripts/replay_dockerfile.py reads this file and replays it without a Docker engine: keep each
-# RUN to one job, and root-only steps (useradd) in RUNs of their own.
+# `make image-test` builds this file with buildah (no Docker engine needed), runs the image as uid 1000
+# and checks it in headless Chromium; see scripts/image_test.py.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG NODE_IMAGE=node:22-bookworm-slim
@@ -49,9 +50,11 @@ ENV HOME=/home/user \
     HF_HOME=/home/user/.cache/huggingface
 WORKDIR /home/user/app
 
-# Optional: bake one hub model into the cache (a layer of its own, before the code).
+# Optional: bake one model in (a layer of its own, before the code): a hub id is downloaded into the
+# cache; a folder under docker/models/ in the build context is copied here; the bundled model is there.
 ARG PRELOAD_MODEL=
 COPY --chown=user docker/preload_model.py docker/preload_model.py
+COPY --chown=user docker/models/ docker/models/
 RUN python docker/preload_model.py "$PRELOAD_MODEL"
 
 # Public-deployment mode: a fixed list of models, no local folders. With a preloaded model the

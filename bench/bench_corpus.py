@@ -108,9 +108,11 @@ def overhead(name: str, repeat: int) -> dict:
             "run_s": round(w, 3), "ratio": round(w / b, 2), "demo_texts_per_s": round(len(corpus) / w, 1)}
 
 
-# The CLI in a process that prints its own peak RSS when it ends.
-PEAK_WRAPPER = ("import resource, sys; from model_core.__main__ import main; rc = main(sys.argv[1:]); "
-                "print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
+# The CLI in a process that prints its own peak RSS when it ends. VmHWM, not ru_maxrss: Linux carries
+# ru_maxrss across fork + exec, so a child of this (model-laden) process would report this process's peak.
+PEAK_WRAPPER = ("import re, sys; from model_core.__main__ import main; rc = main(sys.argv[1:]); "
+                "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1); "
+                "print('PEAK_KB', hwm, file=sys.stderr); sys.exit(rc)")
 
 
 def cli_run(name: str, n: int, data: Path) -> dict:

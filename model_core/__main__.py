@@ -87,7 +87,9 @@ def _read_corpus(args: argparse.Namespace):
 def corpus_main(args: argparse.Namespace) -> int:
     """The ``corpus`` verb: read, run with a progress bar, print where the run is."""
     from model_core.corpus import CorpusModel, RunOptions, run_corpus
+    from model_core.memory import fixed_mmap_threshold
 
+    fixed_mmap_threshold()  # a long run's peak memory stays that of its largest batch
     if args.model == "bert" and (args.causal or args.weights != "random"):
         print("error: --causal and --weights apply to --model custom only; BERT is bidirectional", file=sys.stderr)
         return 2

@@ -85,7 +85,9 @@ def resolve_model_source(model_id: str | None, settings: Settings | None = None)
         raise ModelLoadError(f"{model_id!r} contains '..'; give a hub id (like bert-base-uncased) or a plain folder path.")
     looks_like_path = model_id.startswith(("/", ".", "~")) or model_id.count("/") > 1 or _is_dir(model_id)
     if looks_like_path:
-        if not settings.allow_local_models:
+        # The deployment's own default (e.g. a folder baked into the image) is allowed even when users may
+        # not load folders.
+        if not settings.allow_local_models and model_id != settings.default_model:
             raise ModelLoadError(
                 f"Loading local folders is switched off on this deployment ({model_id!r}); "
                 "use a hub id or the bundled model."

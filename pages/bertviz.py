@@ -32,8 +32,11 @@ st.caption(f"{t.description} · {t.n_tokens} tokens · layer {layer}, head {head
 
 missing = bv.vendor_missing(str(STATIC))
 if missing:
-    st.error(f"The JavaScript these views need is not installed ({', '.join(missing)} missing from static/vendor/). "
-             "Run `make setup` (it calls scripts/install_assets.sh, which needs npm), then reload.")
+    st.info(f"bertviz's views need four JavaScript files that are not installed here ({', '.join(missing)} missing "
+            "from static/vendor/). They come from npm: install Node.js and npm (Debian: `apt-get install nodejs npm`), "
+            "run `make setup`, and reload this page. Every other page works without them; the Attention heatmaps "
+            "page shows the same weights.")
+    st.page_link(HEATMAPS_PAGE, label="Open the Attention heatmaps", icon=":material/grid_view:")
     st.stop()
 
 kind = st.radio("View", list(VIEW_LABELS), format_func=VIEW_LABELS.get, horizontal=True, key="bv_kind")

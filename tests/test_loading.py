@@ -91,3 +91,17 @@ def test_allowlist(tmp_path):
     assert resolve_model_source(BUNDLED_MODEL_ID, s).kind == "bundled"
     with pytest.raises(ModelLoadError, match="not allowed"):
         resolve_model_source("roberta-base", s)
+
+
+def test_the_deployments_own_default_folder_loads_with_local_folders_off(tmp_path, tiny_bert):
+    """An image built with PRELOAD_MODEL=docker/models/X runs with that folder as default and folders off."""
+    from model_core.loading import resolve_model_source
+    from model_core.settings import Settings
+
+    tiny_bert.save_pretrained(tmp_path / "baked")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text("{}")
+    settings = Settings(default_model=str(tmp_path / "baked"), allow_local_models=False)
+    assert resolve_model_source(None, settings).kind == "folder"
+    with pytest.raises(ModelLoadError, match="switched off"):
+        resolve_model_source(str(tmp_path / "other"), settings)

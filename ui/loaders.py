@@ -10,6 +10,7 @@ import torch
 
 from model_core import AttentionTrace, CustomSpec, build_custom_model, encode, load_pretrained, trace_bert, trace_custom
 from model_core.loading import LoadedModel, load_tokenizer, select_device
+from model_core.memory import release_freed_memory
 from model_core.settings import load_settings
 from model_core.tracing import describe_custom
 
@@ -82,7 +83,7 @@ def get_trace(
         limit = min(settings.max_tokens, loaded.model.config.max_position_embeddings)
         encoded = encode(loaded.tokenizer, text_a, text_b, max_tokens=limit, truncate=truncate)
         trace = trace_bert(loaded, encoded, hm)
-        _release_freed_memory()
+        release_freed_memory()  # glibc keeps each session thread's freed buffers in its own arena
         return trace
     spec = CustomSpec(weights=weights, seed=seed, causal=causal, norm_placement=norm_placement,
                       num_layers=num_layers, num_heads=num_heads, hidden_size=hidden_size,
@@ -92,20 +93,5 @@ def get_trace(
     limit = min(settings.max_tokens, custom.config.max_position_embeddings)
     encoded = encode(tokenizer, text_a, text_b, max_tokens=limit, truncate=truncate)
     trace = trace_custom(custom, encoded, describe_custom(spec, custom), hm)
-    _release_freed_memory()
+    release_freed_memory()
     return trace
-
-
-def _release_freed_memory() -> None:
-    """Give the forward pass's freed buffers back to the OS (glibc keeps them per thread otherwise).
-
-    Each session's script runs in its own thread, and glibc gives threads their own malloc arenas,
-    which keep freed memory: ten sessions' forward passes grew the server by ~20 MB a session beyond
-    their traces. malloc_trim(0) returns it; a no-op where there is no glibc.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -15,6 +15,7 @@ from model_core.corpus.sample import array_path, create_arrays, plan_sample, wri
 from model_core.corpus.sources import Corpus
 from model_core.corpus.stats import PatternRules, StatSums
 from model_core.corpus import store
+from model_core.memory import release_freed_memory
 from model_core.settings import HARD_MAX_TOKENS
 
 Engine = Literal["local", "ray"]
@@ -211,6 +212,7 @@ def run_corpus(
         counts["skipped"] += int(result.skipped.sum())
         counts["tokens"] += int(result.n_tokens[kept].sum())
         new_texts += len(result.text_ids)
+        release_freed_memory()  # padded batches of many shapes fragment the heap; keep the peak flat
         store.write_head_stats(out, sums, rules)
         elapsed = time.perf_counter() - start
         manifest["counts"] = counts

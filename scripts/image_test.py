@@ -1,0 +1,474 @@
+"""`make image-test`: build the unchanged Dockerfile with a real OCI builder (buildah), run the image as
+uid 1000 with its own ENTRYPOINT and ENV, and check it the way a user meets it.
+
+Steps, each printed as PASS or FAIL (the exit status is 1 if any failed):
+
+1. base images: the Dockerfile's own (``python:3.11-slim-bookworm``, ``node:22-bookworm-slim``) when Docker
+   Hub answers; otherwise local stand-ins built once from Debian bookworm packages (debootstrap; Python
+   3.11, Node.js 18) and reused by later runs. The output says which.
+2. torch index: the Dockerfile's CPU index when it answers; otherwise a local PEP 503 index on 127.0.0.1
+   serving the same CPU wheel of torch (and its dependencies) that pip on this machine installs.
+3. build: ``buildah bud --format docker`` (so the HEALTHCHECK is kept) with ``PYTHON_IMAGE``/``NODE_IMAGE``/
+   ``TORCH_INDEX_URL`` only where a stand-in is used; the image's size and the build time are printed.
+4. config: USER is the uid-1000 user, the HEALTHCHECK is there, the public-deployment ENV is in place.
+5. start: ``buildah run --isolation chroot --user 1000:1000`` of the image's ENTRYPOINT with its ENV; the
+   server listens on the host's loopback.
+6. healthcheck: the image's own HEALTHCHECK command, run inside the container, until it passes (time to
+   healthy printed).
+7. files: the app's files belong to ``user``, the Hugging Face cache is writable by the process's user, and
+   no local state (.venv, .git, node_modules, screenshots) was copied in.
+8. pages: headless Chromium loads every page from the container's port: no exception, no error, no request
+   outside the app.
+9. bertviz: the head view draws its SVG (require.js, d3 and jQuery came from the node stage's static/vendor).
+10. memory: the server's RSS at rest and after a 512-token heatmaps page.
+11. preload: a second build with ``PRELOAD_MODEL=docker/models/<tiny BERT>`` (a folder made here): the
+    container runs offline (``HF_HUB_OFFLINE=1``) with that folder as its default model.
+
+Containers are removed at the end, whatever happened. Needs root, buildah and debootstrap
+(``apt-get install buildah debootstrap``), and Chromium for steps 8-10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+BUILDAH = ["buildah", "--storage-driver", "vfs"]
+CACHE = Path(os.environ.get("AE_IMAGE_TEST_CACHE", "~/.cache/attention-explorer/image-test")).expanduser()
+REAL_BASES = {"PYTHON_IMAGE": "docker.io/library/python:3.11-slim-bookworm",
+              "NODE_IMAGE": "docker.io/library/node:22-bookworm-slim"}
+STANDINS = {"PYTHON_IMAGE": ("localhost/ae-standin-python:bookworm", "standin-python.Containerfile"),
+            "NODE_IMAGE": ("localhost/ae-standin-node:bookworm", "standin-node.Containerfile")}
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+IMAGE = "localhost/attention-explorer:image-test"
+PRELOAD_DIR = "docker/models/ae-image-test-tiny-bert"
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+LONG_TEXT = " ".join(("the quick brown fox jumps over the lazy dog while a small bird sings in the old tree near "
+                      "the river and children play").split() * 40)
+
+
+class Report:
+    """PASS/FAIL lines, as they happen."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+        self.figures: dict[str, object] = {}
+
+    def step(self, name: str, ok: bool, detail: str = "") -> bool:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}" + (f": {detail}" if detail else ""), flush=True)
+        if not ok:
+            self.failed.append(name)
+        return ok
+
+    def note(self, text: str) -> None:
+        print(f"NOTE  {text}", flush=True)
+
+
+def sh(args: list[str], *, timeout: float = 3600, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:6])}… exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return result
+
+
+def image_exists(name: str) -> bool:
+    return sh([*BUILDAH, "inspect", "--type", "image", name]).returncode == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- 1. base images -------------------------------------------------------------------------------------
+def standin_rootfs() -> Path:
+    """A debootstrap'ed bookworm (minbase) as a tar, made once and kept in the cache."""
+    tar = CACHE / "rootfs" / "rootfs.tar"
+    if tar.exists():
+        return tar
+    folder = CACHE / "rootfs" / "bookworm"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    sh(["debootstrap", "--variant=minbase", "bookworm", str(folder), "http://deb.debian.org/debian"], check=True)
+    sh(["tar", "-C", str(folder), "-cf", str(tar.with_suffix(".tmp")), "."], check=True)
+    tar.with_suffix(".tmp").replace(tar)
+    shutil.rmtree(folder, ignore_errors=True)
+    return tar
+
+
+def base_images(report: Report) -> dict[str, str]:
+    """Build arguments for the base images: none when the real ones pull, stand-ins otherwise."""
+    pulled = all(sh([*BUILDAH, "pull", "--quiet", image], timeout=120).returncode == 0 for image in REAL_BASES.values())
+    if pulled:
+        report.step("base images", True, "pulled the Dockerfile's own " + ", ".join(REAL_BASES.values()))
+        return {}
+    report.note("Docker Hub cannot be reached: building with LOCAL STAND-INS for the base images, made from "
+                "Debian bookworm packages (python3 3.11 + venv + pip; nodejs 18 + npm), not the official images.")
+    args, built = {}, []
+    for arg, (name, containerfile) in STANDINS.items():
+        args[arg] = name
+        if image_exists(name):
+            continue
+        context = CACHE / "standin-context"
+        context.mkdir(parents=True, exist_ok=True)
+        shutil.copy(standin_rootfs(), context / "rootfs.tar")
+        ca = Path("/etc/ssl/certs/ca-certificates.crt")
+        (context / "host-ca.crt").write_bytes(ca.read_bytes() if ca.exists() else b"")
+        sh([*BUILDAH, "bud", "--isolation", "chroot", "--format", "docker", "-f",
+            str(ROOT / "scripts" / "image" / containerfile), "-t", name, str(context)], check=True)
+        built.append(name)
+    report.step("base images", True, ("built " + ", ".join(built) if built else "reused")
+                + " (stand-ins: " + ", ".join(args.values()) + ")")
+    return args
+
+
+# -- 2. torch index -------------------------------------------------------------------------------------
+def reachable(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=8):
+            return True
+    except OSError:
+        return False
+
+
+def torch_pin() -> str:
+    return re.search(r"^torch==(\S+)", (ROOT / "requirements.txt").read_text(), re.M).group(1)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # the build's own log says what it fetched
+        pass
+
+
+def local_torch_index(report: Report, stack: contextlib.ExitStack) -> dict[str, str]:
+    """Serve torch's CPU wheel and its dependencies as a PEP 503 index on 127.0.0.1 (for the build's RUN)."""
+    if reachable(TORCH_INDEX + "/torch/"):
+        report.step("torch index", True, f"the Dockerfile's default {TORCH_INDEX}")
+        return {}
+    wheels, simple = CACHE / "torch-wheels", CACHE / "torch-index"
+    sh([sys.executable, "-m", "pip", "download", "--quiet", f"torch=={torch_pin()}", "--dest", str(wheels),
+        "--python-version", "3.11", "--only-binary=:all:"], check=True)
+    shutil.rmtree(simple, ignore_errors=True)
+    for wheel in wheels.glob("*.whl"):
+        project = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+        (simple / project).mkdir(parents=True, exist_ok=True)
+        shutil.copy(wheel, simple / project / wheel.name)
+    for folder in simple.iterdir():
+        links = "".join(f'<a href="{w.name.replace("+", "%2B")}">{w.name}</a>\n' for w in folder.glob("*.whl"))
+        (folder / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    port = free_port()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(_QuietHandler, directory=str(simple)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stack.callback(server.shutdown)
+    report.note(f"{TORCH_INDEX} cannot be reached: TORCH_INDEX_URL points at a local index of the same CPU wheel "
+                f"(torch {torch_pin()}, from this machine's pip) on 127.0.0.1:{port}.")
+    report.step("torch index", True, f"local, {len(list(simple.iterdir()))} projects")
+    return {"TORCH_INDEX_URL": f"http://127.0.0.1:{port}/"}
+
+
+# -- 3-4. build and config ----------------------------------------------------------------------------
+def build(report: Report, args: dict[str, str], tag: str, label: str) -> bool:
+    cmd = [*BUILDAH, "bud", "--isolation", "chroot", "--format", "docker", "-t", tag]
+    for key, value in args.items():
+        cmd += ["--build-arg", f"{key}={value}"]
+    start = time.perf_counter()
+    result = sh([*cmd, str(ROOT)], timeout=3600)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        return report.step(label, False, f"buildah bud exited {result.returncode}:\n{result.stderr[-4000:]}")
+    size = sh([*BUILDAH, "images", "--format", "{{.Size}}", tag]).stdout.strip()
+    report.figures[f"{label} s"] = round(seconds, 1)
+    report.figures[f"{label} image size"] = size
+    return report.step(label, True, f"{seconds:.0f} s, image {size}")
+
+
+def image_config(name: str) -> dict:
+    data = json.loads(sh([*BUILDAH, "inspect", "--type", "image", name], check=True).stdout)
+    return data["Docker"]["config"]
+
+
+def check_config(report: Report, config: dict) -> None:
+    env = dict(e.split("=", 1) for e in config.get("Env", []))
+    problems = []
+    if config.get("User") in (None, "", "root", "0"):
+        problems.append(f"USER is {config.get('User')!r}")
+    if not (config.get("Healthcheck") or {}).get("Test"):
+        problems.append("no HEALTHCHECK (was the image built with --format docker?)")
+    if env.get("AE_ALLOW_LOCAL_MODELS") != "false" or not env.get("AE_ALLOWED_MODELS"):
+        problems.append("public-deployment ENV missing")
+    if env.get("HOME") != "/home/user" or not env.get("HF_HOME", "").startswith("/home/user/"):
+        problems.append(f"HOME/HF_HOME are {env.get('HOME')}/{env.get('HF_HOME')}")
+    report.step("config", not problems, "; ".join(problems) or
+                f"USER {config['User']}, HEALTHCHECK {config['Healthcheck']['Test'][0]}, "
+                f"ENTRYPOINT {config.get('Entrypoint')}")
+
+
+# -- 5-7. the running container ---------------------------------------------------------------------------
+class Container:
+    """One container of the image, its ENTRYPOINT running as uid 1000 on a free host port."""
+
+    def __init__(self, image: str, name: str, env: dict[str, str]) -> None:
+        self.name, self.port = name, free_port()
+        sh([*BUILDAH, "rm", name])
+        sh([*BUILDAH, "from", "--name", name, image], check=True)
+        self.config = image_config(image)
+        self.env = {**dict(e.split("=", 1) for e in self.config.get("Env", [])), "PORT": str(self.port), **env}
+        self.log = open(CACHE / f"{name}.log", "w")
+        flags = [f"--env={k}={v}" for k, v in self.env.items()]
+        self.proc = subprocess.Popen([*BUILDAH, "run", "--isolation", "chroot", "--user", "1000:1000", *flags,
+                                      "--workingdir", self.config.get("WorkingDir") or "/", name, "--",
+                                      *self.config["Entrypoint"], *(self.config.get("Cmd") or [])],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.started = time.perf_counter()
+
+    def run(self, *command: str, user: str = "1000:1000") -> subprocess.CompletedProcess:
+        flags = [f"--env={k}={v}" for k, v in self.env.items()]
+        return sh([*BUILDAH, "run", "--isolation", "chroot", "--user", user, *flags, self.name, "--", *command],
+                  timeout=120)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def server_pid(self) -> int | None:
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                if "streamlit run app.py" in cmd and f"--server.port={self.port}" in cmd:
+                    return int(proc.name)
+        return None
+
+    def rss_mb(self) -> float | None:
+        pid = self.server_pid()
+        if pid is None:
+            return None
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+
+    def log_tail(self) -> str:
+        self.log.flush()
+        return (CACHE / f"{self.name}.log").read_text(errors="replace")[-2000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is not None and self.log.closed:
+            return
+        pid = self.server_pid()
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 15)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        sh([*BUILDAH, "rm", self.name])
+        self.log.close()
+
+
+def wait_healthy(report: Report, box: Container) -> bool:
+    """The image's own HEALTHCHECK command, inside the container, until it passes."""
+    check = box.config["Healthcheck"]
+    test = check["Test"]
+    command = ["/bin/sh", "-c", test[1]] if test[0] == "CMD-SHELL" else test[1:]
+    limit = check.get("StartPeriod", 90e9) / 1e9 + check.get("Retries", 3) * check.get("Interval", 30e9) / 1e9
+    while time.perf_counter() - box.started < limit:
+        if box.proc.poll() is not None:
+            return report.step("healthcheck", False, f"the container exited {box.proc.returncode}:\n{box.log_tail()}")
+        if box.run(*command).returncode == 0:
+            seconds = time.perf_counter() - box.started
+            report.figures["start to healthy s"] = round(seconds, 1)
+            return report.step("healthcheck", True, f"the image's HEALTHCHECK passed {seconds:.1f} s after start")
+        time.sleep(1)
+    return report.step("healthcheck", False, f"not healthy after {limit:.0f} s:\n{box.log_tail()}")
+
+
+def check_files(report: Report, box: Container) -> None:
+    app = box.config.get("WorkingDir") or "/home/user/app"
+    owners = box.run("stat", "-c", "%U %n", app, f"{app}/app.py", f"{app}/model_core/settings.py",
+                     f"{app}/static/vendor/require.js", f"{app}/docker/entrypoint.sh")
+    wrong = [line for line in owners.stdout.splitlines() if not line.startswith("user ")]
+    report.step("files belong to user", owners.returncode == 0 and not wrong, owners.stderr.strip() or
+                ("; ".join(wrong) if wrong else f"{len(owners.stdout.splitlines())} paths owned by user"))
+    write = box.run("/bin/sh", "-c", 'mkdir -p "$HF_HOME/hub" && echo ok > "$HF_HOME/hub/.write-test" '
+                    '&& rm "$HF_HOME/hub/.write-test" && id -u')
+    report.step("HF cache writable", write.returncode == 0 and write.stdout.strip() == "1000",
+                write.stderr.strip() or f"uid {write.stdout.strip()} wrote into {box.env.get('HF_HOME')}")
+    leaked = box.run("/bin/sh", "-c", f"cd {app} && ls -d .venv .git node_modules screenshots 2>/dev/null; true")
+    report.step("no local state copied", not leaked.stdout.strip(), leaked.stdout.strip() or "none of .venv, .git, "
+                "node_modules, screenshots")
+
+
+# -- 8-10. the browser --------------------------------------------------------------------------------------
+def check_pages(report: Report, box: Container, browser) -> None:
+    from browser_support import app_pages, wait_for_run
+
+    for path, title in app_pages():
+        url_path = "" if path == "pages/home.py" else Path(path).stem
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        errors, outside = [], []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: outside.append(r.url) if r.url.startswith(("http", "ws"))
+                and urllib.parse.urlparse(r.url).hostname not in LOCAL_HOSTS else None)
+        try:
+            page.goto(f"{box.url}/{url_path}", wait_until="domcontentloaded")
+            wait_for_run(page, 300)
+            exceptions = page.locator('[data-testid="stException"]').all_inner_texts()
+            alerts = page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
+            problems = exceptions + alerts + errors + [f"outside request {u}" for u in outside]
+            report.step(f"page {title}", not problems, "; ".join(problems)[:500])
+        except Exception as exc:  # noqa: BLE001 - a page that never finishes is a FAIL, not a crash
+            report.step(f"page {title}", False, f"{type(exc).__name__}: {exc}"[:500])
+        finally:
+            context.close()
+
+
+def check_bertviz(report: Report, box: Container, browser) -> None:
+    from browser_support import wait_for_run
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{box.url}/bertviz", wait_until="domcontentloaded")
+        wait_for_run(page, 300)
+        frame = page.frame_locator('iframe[title="bertviz head view"]')
+        frame.locator("svg line").first.wait_for(state="attached", timeout=120_000)
+        lines = page.locator('iframe[title="bertviz head view"]').element_handle().content_frame().evaluate(
+            "document.querySelectorAll('svg line').length")
+        report.step("bertviz head view", lines > 0, f"{lines} SVG lines drawn from static/vendor")
+    except Exception as exc:  # noqa: BLE001
+        report.step("bertviz head view", False, f"{type(exc).__name__}: {exc}"[:500])
+    finally:
+        page.close()
+
+
+def check_memory(report: Report, box: Container, browser) -> None:
+    from browser_support import wait_for_run
+
+    rest = box.rss_mb()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{box.url}/heatmaps?a={urllib.parse.quote(LONG_TEXT)}&b=&truncate=true", wait_until="domcontentloaded")
+        wait_for_run(page, 300)
+        sidebar = page.locator('section[data-testid="stSidebar"]').inner_text()
+        tokens = re.search(r"(\d+) tokens\s*$", sidebar, re.M).group(1)
+    except Exception as exc:  # noqa: BLE001
+        report.step("memory", False, f"the 512-token page did not load: {exc}"[:300])
+        return
+    finally:
+        page.close()
+    after = box.rss_mb()
+    report.figures["RSS at rest MB"] = None if rest is None else round(rest)
+    report.figures["RSS after a 512-token page MB"] = None if after is None else round(after)
+    report.step("memory", rest is not None and after is not None,
+                f"server RSS {rest:.0f} MB at rest, {after:.0f} MB after the heatmaps page of a {tokens}-token text"
+                if rest and after else "the server process was not found")
+
+
+# -- 11. a preloaded folder model -------------------------------------------------------------------------
+def make_tiny_bert(folder: Path) -> None:
+    """A tiny random BERT with the bundled model's tokenizer: a real model folder, made offline."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from model_core.loading import bundled_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(bundled_model_path()), local_files_only=True)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512)
+    shutil.rmtree(folder, ignore_errors=True)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def check_preload(report: Report, args: dict[str, str], browser) -> None:
+    from browser_support import wait_for_run
+
+    folder = ROOT / PRELOAD_DIR
+    make_tiny_bert(folder)
+    try:
+        if not build(report, {**args, "PRELOAD_MODEL": PRELOAD_DIR}, IMAGE + "-preload", "build with PRELOAD_MODEL"):
+            return
+        box = Container(IMAGE + "-preload", "ae-image-test-preload", {})
+        try:
+            if not wait_healthy(report, box):
+                return
+            env = box.run("/bin/sh", "-c", "echo $HF_HUB_OFFLINE $AE_DEFAULT_MODEL").stdout.split()
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(box.url, wait_until="domcontentloaded")
+            wait_for_run(page, 300)
+            caption = page.locator('section[data-testid="stSidebar"]').inner_text()
+            page.close()
+            ok = env == ["1", PRELOAD_DIR] and PRELOAD_DIR in caption and "2 layers x 2 heads" in caption
+            report.step("preloaded folder is the offline default", ok,
+                        f"HF_HUB_OFFLINE={env[0] if env else '?'}, AE_DEFAULT_MODEL={env[1] if len(env) > 1 else '?'}, "
+                        f"the sidebar names it: {PRELOAD_DIR in caption}")
+        finally:
+            box.stop()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        sh([*BUILDAH, "rmi", IMAGE + "-preload"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Build the Dockerfile with buildah and check the running image.")
+    parser.add_argument("--skip-preload", action="store_true", help="leave out step 11 (a second build)")
+    args = parser.parse_args()
+    report = Report()
+    if os.geteuid() != 0 or shutil.which("buildah") is None:
+        report.step("buildah", False, "needs root and buildah: apt-get install buildah debootstrap")
+        return 1
+    CACHE.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        build_args = base_images(report)
+        build_args |= local_torch_index(report, stack)
+        if not build(report, build_args, IMAGE, "build"):
+            return 1
+        check_config(report, image_config(IMAGE))
+        box = Container(IMAGE, "ae-image-test", {})
+        stack.callback(box.stop)
+        if wait_healthy(report, box):
+            check_files(report, box)
+            from browser_support import CHROMIUM, chromium
+
+            if not CHROMIUM.exists():
+                report.step("browser", False, "Chromium is missing: apt-get install chromium")
+            else:
+                for browser in chromium():
+                    check_memory(report, box, browser)  # first: "at rest" is right after the start
+                    check_pages(report, box, browser)
+                    check_bertviz(report, box, browser)
+                    box.stop()
+                    if not args.skip_preload:
+                        check_preload(report, build_args, browser)
+    print(json.dumps({"figures": report.figures, "total_s": round(time.perf_counter() - started, 1)}), flush=True)
+    if report.failed:
+        print(f"FAILED: {', '.join(report.failed)}")
+        return 1
+    print("image-test: every step passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
