@@ -34,6 +34,10 @@ test: setup
 image-test: setup
 	$(PY) scripts/image_test.py $(IMAGE_TEST_ARGS)
 
+# The inner loop: everything but the slow and browser tests.
+test-fast: setup
+	$(PY) -m pytest -ra -m "not slow and not browser" $(PYTEST_ARGS)
+
 bench: setup
 	$(PY) bench/bench_model_core.py
 

@@ -53,7 +53,9 @@ def app_server(tmp_path_factory):
     """The real app, started as `make run` starts it, once per browser-test module."""
     from browser_support import AppServer
 
-    server = AppServer(tmp_path_factory.mktemp("app") / "server.log")
+    folder = tmp_path_factory.mktemp("app")
+    # Corpus runs of the pages go to a fresh folder, not the user's cache.
+    server = AppServer(folder / "server.log", extra_env={"AE_CORPUS_DIR": str(folder / "corpus-runs")})
     yield server
     server.stop()
 
