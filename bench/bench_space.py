@@ -125,8 +125,8 @@ def browser_figures(run_dir: Path) -> dict:
             wait_for_run(page, 300)
             page.get_by_text("Open a run folder").click()
             wait_for_run(page, 300)
-            page.get_by_label("Run folder").fill(str(run_dir))
-            page.get_by_label("Run folder").press("Enter")
+            page.get_by_role("textbox", name="Run folder").fill(str(run_dir))
+            page.get_by_role("textbox", name="Run folder").press("Enter")
             page.get_by_text("Pattern type (heuristic)").wait_for(timeout=300_000)
             wait_for_run(page, 300)
             t = time.perf_counter()
@@ -155,7 +155,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=100_000)
     parser.add_argument("--ivf", type=int, default=1_200_000)
     parser.add_argument("--skip-browser", action="store_true")
+    parser.add_argument("--browser-only", action="store_true", help="only step 4, on a new 20,000-token run")
     args = parser.parse_args()
+    if args.browser_only:
+        folder = Path(tempfile.mkdtemp()) / "run20k"
+        make_run(20_000, folder)
+        print(json.dumps({"browser": browser_figures(folder)}), flush=True)
+        return
     folder = Path(tempfile.mkdtemp()) / "run"
     run, seconds = make_run(args.tokens, folder)
     print(json.dumps({"run": str(folder), "texts": run.n_texts, "run_s": round(seconds, 1),

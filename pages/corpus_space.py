@@ -85,22 +85,7 @@ contexts = sample_contexts(str(run.path), stamp, json.dumps(run.manifest["model"
 
 # -- 1. query–key space ---------------------------------------------------------------------------------------
 st.subheader("Query–key space")
-c1, c2, c3, c4 = st.columns([1, 1, 2, 2])
-layer = c1.selectbox("Layer", range(n_layers), index=min(ctx.layer, n_layers - 1), key="space_layer")
-head = c2.selectbox("Head", range(n_heads), index=min(ctx.head, n_heads - 1), key="space_head")
-colour_by = c3.radio("Colour", ["kind", "position", "type", "text"], horizontal=True, key="space_colour",
-                     format_func={"kind": "query / key", "position": "position", "type": "sentence A/B",
-                                  "text": "text"}.get)
-method = c4.radio("Projection", METHODS, horizontal=True, key="space_method", format_func=str.upper,
-                  help="PCA is deterministic and fast; UMAP and t-SNE (seeded) need umap-learn / scikit-learn.")
-try:
-    proj = cached_projection(str(run.path), stamp, layer, head, n_heads, method)
-except ValueError as exc:
-    st.warning(str(exc))
-    proj = cached_projection(str(run.path), stamp, layer, head, n_heads, "pca")
-colours = {"kind": None, "position": contexts["positions"], "type": contexts["types"], "text": contexts["text_ids"]}
-colour = colours[colour_by]
-hover = [("key · " if k else "query · ") + contexts["hover"][r] for r, k in zip(proj.rows, proj.is_key)]
+layer = st.selectbox("Layer", range(n_layers), index=min(ctx.layer, n_layers - 1), key="space_layer")
 
 
 def _open_point(key: str, layer: int, head: int) -> None:
@@ -115,11 +100,35 @@ def _open_point(key: str, layer: int, head: int) -> None:
                        OPEN_FLAG)
 
 
-fig = qk_scatter_figure(proj.coords, proj.is_key, hover, None if colour is None else colour[proj.rows],
-                        f"Layer {layer}, head {head}: {len(proj.rows) // 2:,} queries and keys ({method.upper()})",
-                        colour_title=colour_by, rows=proj.rows)
-show_figure(fig, f"qk_space_L{layer}H{head}", key="space_scatter",
-            on_select=lambda: _open_point("space_scatter", layer, head))
+@st.fragment
+def qk_scatter() -> None:
+    """The head, colour and projection pickers and the scatter: a change reruns only this part."""
+    if st.session_state.pop(OPEN_FLAG, False):  # a click on a point (its callback ran before this fragment rerun)
+        st.switch_page(HEATMAPS_PAGE)
+    c2, c3, c4 = st.columns([1, 2, 2])
+    head = c2.selectbox("Head", range(n_heads), index=min(ctx.head, n_heads - 1), key="space_head")
+    colour_by = c3.radio("Colour", ["kind", "position", "type", "text"], horizontal=True, key="space_colour",
+                         format_func={"kind": "query / key", "position": "position", "type": "sentence A/B",
+                                      "text": "text"}.get)
+    method = c4.radio("Projection", METHODS, horizontal=True, key="space_method", format_func=str.upper,
+                      help="PCA is deterministic and fast; UMAP and t-SNE (seeded) need umap-learn / scikit-learn.")
+    try:
+        proj = cached_projection(str(run.path), stamp, layer, head, n_heads, method)
+    except ValueError as exc:
+        st.warning(str(exc))
+        proj = cached_projection(str(run.path), stamp, layer, head, n_heads, "pca")
+    colours = {"kind": None, "position": contexts["positions"], "type": contexts["types"],
+               "text": contexts["text_ids"]}
+    colour = colours[colour_by]
+    hover = [contexts["hover"][r] for r in proj.rows]
+    fig = qk_scatter_figure(proj.coords, proj.is_key, hover, None if colour is None else colour[proj.rows],
+                            f"Layer {layer}, head {head}: {len(proj.rows) // 2:,} queries and keys ({method.upper()})",
+                            colour_title=colour_by, rows=proj.rows)
+    show_figure(fig, f"qk_space_L{layer}H{head}", key="space_scatter",
+                on_select=lambda: _open_point("space_scatter", layer, head))
+
+
+qk_scatter()
 
 
 def _enlarge() -> None:

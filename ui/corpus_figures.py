@@ -70,7 +70,7 @@ def qk_scatter_figure(coords: np.ndarray, is_key: np.ndarray, hover: list[str], 
                        "colorbar": {"title": colour_title}}
         fig.add_trace(go.Scattergl(
             x=coords[sel, 0], y=coords[sel, 1], mode="markers", name=name, marker=marker,
-            hovertext=[h for h, s in zip(hover, sel) if s], hoverinfo="text",
+            hovertext=[h for h, s in zip(hover, sel) if s], hovertemplate=f"{name[:-1]} · %{{hovertext}}<extra></extra>",
             customdata=None if rows is None else rows[sel]))
     fig.update_layout(title=title, height=height, template="plotly_white", clickmode="event+select", dragmode="pan",
                       margin={"l": 40, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.05})
