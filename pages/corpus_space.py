@@ -92,7 +92,7 @@ def _open_point(key: str, layer: int, head: int) -> None:
     points = ((st.session_state.get(key) or {}).get("selection") or {}).get("points") or []
     if not points or points[0].get("customdata") is None:
         return
-    row = int(points[0]["customdata"])
+    row = int(points[0]["customdata"][0])
     text_id = int(contexts["text_ids"][row])
     texts = run.texts()
     i = int(np.nonzero(texts["text_id"].to_numpy() == text_id)[0][0])
@@ -123,7 +123,9 @@ def qk_scatter() -> None:
     hover = [contexts["hover"][r] for r in proj.rows]
     fig = qk_scatter_figure(proj.coords, proj.is_key, hover, None if colour is None else colour[proj.rows],
                             f"Layer {layer}, head {head}: {len(proj.rows) // 2:,} queries and keys ({method.upper()})",
-                            colour_title=colour_by, rows=proj.rows)
+                            colour_title=colour_by,
+                            ids=np.stack([proj.rows, contexts["text_ids"][proj.rows], contexts["positions"][proj.rows]],
+                                         axis=1))
     show_figure(fig, f"qk_space_L{layer}H{head}", key="space_scatter",
                 on_select=lambda: _open_point("space_scatter", layer, head))
 

@@ -178,10 +178,10 @@ def sample_contexts(path: str, stamp: float, model_key_json: str) -> dict[str, A
         if e is None or p >= len(e.ids):
             hover.append(f"text {t}, position {p}")
             continue
-        toks = tokenizer.convert_ids_to_tokens(e.ids[max(0, p - 5): p + 6])
-        mid = min(p, 5)
+        toks = tokenizer.convert_ids_to_tokens(e.ids[max(0, p - 3): p + 4])
+        mid = min(p, 3)
         toks[mid] = f"⟦{toks[mid]}⟧"
-        hover.append(f"{' '.join(toks)}<br>text {t}, position {p}")
+        hover.append(" ".join(toks))  # text id and position travel as numbers (customdata)
         types[i] = e.types[p]
     return {"hover": hover, "types": types, "text_ids": text_ids, "positions": positions,
             "tokens": table["token"].to_pylist()}

@@ -54,10 +54,11 @@ QUERY_COLOUR, KEY_COLOUR = "#4c78a8", "#e45756"
 
 
 def qk_scatter_figure(coords: np.ndarray, is_key: np.ndarray, hover: list[str], colour: np.ndarray | None, title: str,
-                      *, colour_title: str = "", rows: np.ndarray | None = None, height: int = 620) -> go.Figure:
-    """The joint query–key scatter (WebGL): queries as circles, keys as crosses; a click reports the point's row.
+                      *, colour_title: str = "", ids: np.ndarray | None = None, height: int = 620) -> go.Figure:
+    """The joint query–key scatter (WebGL): queries as circles, keys as crosses; a click reports the point's ids.
 
-    Shape: coords (points, 2); is_key (points,); colour (points,) numbers, or None to colour by query/key.
+    Shape: coords (points, 2); is_key (points,); colour (points,) numbers, or None to colour by query/key;
+    ids (points, 3): sample row, text id, position (shown on hover; a click reports them).
     """
     fig = go.Figure()
     for key, name, symbol in ((False, "queries", "circle"), (True, "keys", "x")):
@@ -70,8 +71,10 @@ def qk_scatter_figure(coords: np.ndarray, is_key: np.ndarray, hover: list[str], 
                        "colorbar": {"title": colour_title}}
         fig.add_trace(go.Scattergl(
             x=coords[sel, 0], y=coords[sel, 1], mode="markers", name=name, marker=marker,
-            hovertext=[h for h, s in zip(hover, sel) if s], hovertemplate=f"{name[:-1]} · %{{hovertext}}<extra></extra>",
-            customdata=None if rows is None else rows[sel]))
+            hovertext=[h for h, s in zip(hover, sel) if s],
+            hovertemplate=(f"{name[:-1]} · %{{hovertext}}<br>text %{{customdata[1]}}, position %{{customdata[2]}}"
+                           "<extra></extra>") if ids is not None else f"{name[:-1]} · %{{hovertext}}<extra></extra>",
+            customdata=None if ids is None else ids[sel].tolist()))  # lists: a click reports them
     fig.update_layout(title=title, height=height, template="plotly_white", clickmode="event+select", dragmode="pan",
                       margin={"l": 40, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.05})
     fig.update_xaxes(showticklabels=False, zeroline=False)
