@@ -105,8 +105,14 @@ def qk_scatter() -> None:
     """The head, colour and projection pickers and the scatter: a change reruns only this part."""
     if st.session_state.pop(OPEN_FLAG, False):  # a click on a point (its callback ran before this fragment rerun)
         st.switch_page(HEATMAPS_PAGE)
-    c2, c3, c4 = st.columns([1, 2, 2])
+    c2, c3, c4, c5 = st.columns([1, 2, 2, 2])
     head = c2.selectbox("Head", range(n_heads), index=min(ctx.head, n_heads - 1), key="space_head")
+    n_sample = int(sample["tokens"])
+    choices = sorted({n for n in (2_000, 5_000, 10_000) if n < n_sample} | {n_sample})
+    shown = c5.select_slider("Tokens drawn", choices, value=min(10_000, n_sample), key="space_shown",
+                             format_func=lambda n: f"{n:,}" + (" (all)" if n == n_sample else ""),
+                             help="Each token is a query and a key. The projection always uses the whole sample; "
+                                  "drawing fewer points keeps a head change quick.")
     colour_by = c3.radio("Colour", ["kind", "position", "type", "text"], horizontal=True, key="space_colour",
                          format_func={"kind": "query / key", "position": "position", "type": "sentence A/B",
                                       "text": "text"}.get)
@@ -117,6 +123,10 @@ def qk_scatter() -> None:
     except ValueError as exc:
         st.warning(str(exc))
         proj = cached_projection(str(run.path), stamp, layer, head, n_heads, "pca")
+    if shown < n_sample:  # a fixed subsample of tokens: the same points for every head
+        keep_rows = np.sort(np.random.default_rng(0).choice(n_sample, size=shown, replace=False))
+        keep = np.isin(proj.rows, keep_rows)
+        proj = type(proj)(proj.coords[keep], proj.is_key[keep], proj.rows[keep], proj.method)
     colours = {"kind": None, "position": contexts["positions"], "type": contexts["types"],
                "text": contexts["text_ids"]}
     colour = colours[colour_by]
