@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, AppServer, chromium, wait_for_run
+from browser_support import CHROMIUM, CHROMIUM_MISSING, wait_for_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -15,27 +15,16 @@ if not CHROMIUM.exists():
 TIMEOUT_S = 240
 
 
-@pytest.fixture(scope="module")
-def corpus_app(tmp_path_factory):
-    """The app with its corpus runs in a fresh folder, so the demo really runs."""
-    folder = tmp_path_factory.mktemp("corpus")
-    server = AppServer(folder / "server.log", extra_env={"AE_CORPUS_DIR": str(folder / "runs")})
-    yield server
-    server.stop()
+# app_server (conftest) gives each module a fresh AE_CORPUS_DIR, so the demo corpus really runs.
 
 
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
-
-
-def test_demo_run_draws_and_a_text_opens_in_the_heatmaps_with_the_head(corpus_app, browser):
+def test_demo_run_draws_and_a_text_opens_in_the_heatmaps_with_the_head(app_server, browser):
     context = browser.new_context(viewport={"width": 1400, "height": 1400})
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        page.goto(f"{corpus_app.url}/corpus", wait_until="domcontentloaded")
+        page.goto(f"{app_server.url}/corpus", wait_until="domcontentloaded")
         page.get_by_text("Pattern type (heuristic)").wait_for(timeout=TIMEOUT_S * 1000)
         wait_for_run(page, TIMEOUT_S)
         assert "303" in page.locator('[data-testid="stMetricValue"]').first.inner_text()
@@ -61,13 +50,13 @@ def test_demo_run_draws_and_a_text_opens_in_the_heatmaps_with_the_head(corpus_ap
         context.close()
 
 
-def test_upload_shows_progress_and_cancel_keeps_a_partial_run_that_resumes(corpus_app, browser, tmp_path):
+def test_upload_shows_progress_and_cancel_keeps_a_partial_run_that_resumes(app_server, browser, tmp_path):
     upload = tmp_path / "many.txt"
     upload.write_text("\n".join(f"sentence number {i} is about the bank of river {i % 7}." for i in range(4000)))
     context = browser.new_context(viewport={"width": 1400, "height": 1200})
     page = context.new_page()
     try:
-        page.goto(f"{corpus_app.url}/corpus", wait_until="domcontentloaded")
+        page.goto(f"{app_server.url}/corpus", wait_until="domcontentloaded")
         wait_for_run(page, TIMEOUT_S)
         page.get_by_text("Upload a file").click()
         wait_for_run(page, TIMEOUT_S)
