@@ -85,7 +85,8 @@ contexts = sample_contexts(str(run.path), stamp, json.dumps(run.manifest["model"
 
 # -- 1. query–key space ---------------------------------------------------------------------------------------
 st.subheader("Query–key space")
-layer = st.selectbox("Layer", range(n_layers), index=min(ctx.layer, n_layers - 1), key="space_layer")
+layer_col, _ = st.columns([1, 6])  # a narrow picker, in line with the head picker below
+layer = layer_col.selectbox("Layer", range(n_layers), index=min(ctx.layer, n_layers - 1), key="space_layer")
 
 
 def _open_point(key: str, layer: int, head: int) -> None:
