@@ -18,7 +18,7 @@ from ui.analysis_widgets import (
     trace_cache_key,
 )
 from ui.context import require_trace
-from ui.state import select_head
+from ui.state import open_page_if_requested, select_head
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
 
@@ -38,8 +38,7 @@ def _open_picked() -> None:
     st.session_state[OPEN_FLAG] = True
 
 
-if st.session_state.pop(OPEN_FLAG, False):
-    st.switch_page(HEATMAPS_PAGE)
+open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)
 
 st.header("Head statistics")
 ctx = require_trace()

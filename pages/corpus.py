@@ -38,14 +38,13 @@ from ui.corpus import (
     text_link,
 )
 from ui.corpus_figures import pattern_figure, corpus_stat_figure
-from ui.state import select_head
+from ui.state import open_page_if_requested, select_head
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
 OPEN_FLAG = "_corpus_open_heatmaps"
 SOURCES = {"demo": "Demo corpus", "upload": "Upload a file", "hub": "Hugging Face dataset", "folder": "Open a run folder"}
 
-if st.session_state.pop(OPEN_FLAG, False):
-    st.switch_page(HEATMAPS_PAGE)
+open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)
 
 st.header("Corpus statistics")
 ctx = get_context()

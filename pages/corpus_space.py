@@ -13,6 +13,7 @@ from model_core.corpus.neighbours import neighbours_of
 from model_core.corpus.qk_space import METHODS
 from ui.analysis_widgets import how_to_read, show_figure
 from ui.context import get_context
+from ui.state import open_page_if_requested
 from ui.corpus import (
     CANCELLED,
     OPEN_RUN,
@@ -31,8 +32,7 @@ from ui.corpus_figures import layer_trend_figure, neighbour_words_figure, qk_gri
 HEATMAPS_PAGE = "pages/heatmaps.py"
 OPEN_FLAG = "_space_open_heatmaps"
 
-if st.session_state.pop(OPEN_FLAG, False):
-    st.switch_page(HEATMAPS_PAGE)
+open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)
 
 st.header("Query–key space & nearest contexts")
 ctx = get_context()
@@ -104,8 +104,7 @@ def _open_point(key: str, layer: int, head: int) -> None:
 @st.fragment
 def qk_scatter() -> None:
     """The head, colour and projection pickers and the scatter: a change reruns only this part."""
-    if st.session_state.pop(OPEN_FLAG, False):  # a click on a point (its callback ran before this fragment rerun)
-        st.switch_page(HEATMAPS_PAGE)
+    open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)  # a click on a point (its callback ran before this rerun)
     c2, c3, c4, c5 = st.columns([1, 2, 2, 2])
     head = c2.selectbox("Head", range(n_heads), index=min(ctx.head, n_heads - 1), key="space_head")
     n_sample = int(sample["tokens"])

@@ -69,7 +69,7 @@ def sidebar_model_or_stop(controls: Controls) -> CorpusModel:
     except ValueError as exc:
         st.info(f"The sidebar's model cannot be used: {exc}")
         st.stop()
-        raise  # unreachable: st.stop() raises
+        raise AssertionError("st.stop() returned")  # it raises; this keeps the return type honest
 
 
 def load_text_and_head(model_key: dict[str, Any], text_a: str, text_b: str | None, layer: int, head: int,

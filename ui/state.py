@@ -256,3 +256,9 @@ def sync_query_params(settings: Settings | None = None) -> None:
     current = {k: st.query_params[k] for k in st.query_params}
     if current != wanted:
         st.query_params.from_dict(wanted)
+
+
+def open_page_if_requested(flag: str, page: str = "pages/heatmaps.py") -> None:
+    """Switch to ``page`` when a widget callback set ``flag`` (callbacks cannot switch pages themselves)."""
+    if st.session_state.pop(flag, False):
+        st.switch_page(page)
