@@ -9,7 +9,8 @@ Run: ``.venv/bin/python bench/bench_space.py [--tokens 100000] [--ivf 1200000] [
    an IVF index as the run builds past 1,000,000 tokens, and its recall@10 against the exact index.
 3. **Projection**: PCA of 20,000 queries + 20,000 keys of one head, and the 800-token grid of a whole layer.
 4. **Browser**: the app opens that run folder on the Corpus page, then the Query–key space page, in headless
-   Chromium: time until every figure is drawn, time for a head change, and the server's RSS with the run open.
+   Chromium: time until every figure is drawn, time for a head change and for a layer change (its scatter and the
+   grid of all its heads), and the server's RSS with the run open.
 """
 
 from __future__ import annotations
@@ -136,15 +137,29 @@ def browser_figures(run_dir: Path) -> dict:
             out["space_page_open_s"] = round(time.perf_counter() - t - 0.5, 2)
             out["server_rss_mb_with_run_open"] = round(server.rss_mb(), 1)
             combo = page.locator('[data-testid="stMain"] input[role="combobox"][aria-label="Head"]')
-            times = []
+            times, titled = [], []
             for head in (3, 7, 5):
                 combo.click()
                 page.locator(f'[role="listbox"] [role="option"][data-key="{head}"]').click()
                 t = time.perf_counter()
                 page.get_by_text(f"Layer 0, head {head}: ").wait_for(timeout=120_000)
+                titled.append(time.perf_counter() - t)
                 wait_for_run(page, 300, quiet_s=0.5)
                 times.append(time.perf_counter() - t - 0.5)
             out["head_change_s"] = [round(x, 2) for x in times]
+            out["head_change_until_title_s"] = [round(x, 2) for x in titled]
+            # A layer change: the scatter of the new layer and the projections of all its heads (the grid).
+            combo = page.locator('[data-testid="stMain"] input[role="combobox"][aria-label="Layer"]')
+            times = []
+            for layer in (3, 5):
+                combo.click()
+                page.locator(f'[role="listbox"] [role="option"][data-key="{layer}"]').click()
+                t = time.perf_counter()
+                page.get_by_text(f"Layer {layer}: every head").wait_for(timeout=120_000)
+                page.get_by_text(f"Layer {layer}, head 5: ").wait_for(timeout=120_000)
+                wait_for_run(page, 300, quiet_s=0.5)
+                times.append(time.perf_counter() - t - 0.5)
+            out["layer_change_with_grid_s"] = [round(x, 2) for x in times]
     finally:
         server.stop()
     return out

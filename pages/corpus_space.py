@@ -27,7 +27,13 @@ from ui.corpus import (
     sample_contexts,
     sidebar_model_or_stop,
 )
-from ui.corpus_figures import layer_trend_figure, neighbour_words_figure, qk_grid_figure, qk_scatter_figure
+from ui.corpus_figures import (
+    layer_trend_figure,
+    neighbour_words_figure,
+    qk_grid_figure,
+    qk_scatter_figure,
+    scatter_point_row,
+)
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
 OPEN_FLAG = "_space_open_heatmaps"
@@ -89,11 +95,11 @@ layer_col, _ = st.columns([1, 6])  # a narrow picker, in line with the head pick
 layer = layer_col.selectbox("Layer", range(n_layers), index=min(ctx.layer, n_layers - 1), key="space_layer")
 
 
-def _open_point(key: str, layer: int, head: int) -> None:
+def _open_point(key: str, layer: int, head: int, is_key: np.ndarray, rows: np.ndarray) -> None:
     points = ((st.session_state.get(key) or {}).get("selection") or {}).get("points") or []
-    if not points or points[0].get("customdata") is None:
+    if not points or points[0].get("point_index") is None:
         return
-    row = int(points[0]["customdata"][0])
+    row = int(rows[scatter_point_row(is_key, int(points[0].get("curve_number", 0)), int(points[0]["point_index"]))])
     text_id = int(contexts["text_ids"][row])
     texts = run.texts()
     i = int(np.nonzero(texts["text_id"].to_numpy() == text_id)[0][0])
@@ -133,11 +139,9 @@ def qk_scatter() -> None:
     hover = [contexts["hover"][r] for r in proj.rows]
     fig = qk_scatter_figure(proj.coords, proj.is_key, hover, None if colour is None else colour[proj.rows],
                             f"Layer {layer}, head {head}: {len(proj.rows) // 2:,} queries and keys ({method.upper()})",
-                            colour_title=colour_by,
-                            ids=np.stack([proj.rows, contexts["text_ids"][proj.rows], contexts["positions"][proj.rows]],
-                                         axis=1))
+                            colour_title=colour_by)
     show_figure(fig, f"qk_space_L{layer}H{head}", key="space_scatter",
-                on_select=lambda: _open_point("space_scatter", layer, head))
+                on_select=lambda: _open_point("space_scatter", layer, head, proj.is_key, proj.rows))
 
 
 qk_scatter()
@@ -145,8 +149,8 @@ qk_scatter()
 
 def _enlarge() -> None:
     points = ((st.session_state.get("space_grid") or {}).get("selection") or {}).get("points") or []
-    if points and points[0].get("customdata") is not None:
-        st.session_state["space_head"] = int(points[0]["customdata"])
+    if points and points[0].get("curve_number") is not None:
+        st.session_state["space_head"] = int(points[0]["curve_number"]) // 2  # two traces per head
 
 
 grid = cached_layer_grid(str(run.path), stamp, layer, n_heads)

@@ -37,10 +37,16 @@ def app_pages() -> list[tuple[str, str]]:
 
 
 def streamlit_command(port: int) -> list[str]:
-    """`make run`'s command (the venv's streamlit on app.py), on ``port``, headless."""
+    """`make run`'s command (the venv's streamlit on app.py), on ``port``, headless, without a file watcher.
+
+    No watcher, as in the image: a test or bench server must not reload when a file of the checkout changes,
+    and the watcher's re-walks of the tree (``.venv``, ``node_modules``) took most of the server's CPU during a
+    query-key head change.
+    """
     exe = ROOT / ".venv" / "bin" / "streamlit"
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "streamlit"]
-    return base + ["run", "app.py", "--server.port", str(port), "--server.headless", "true"]
+    return base + ["run", "app.py", "--server.port", str(port), "--server.headless", "true",
+                   "--server.fileWatcherType", "none"]
 
 
 class AppServer:

@@ -202,3 +202,32 @@ def test_cli_neighbours_prints_json_best_first(tmp_path):
                           "--position", "9", "--layer", "1", "--json"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 1 and "out of range" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_click_on_the_scatter_maps_back_to_its_row_and_nothing_per_point_but_coords_hover_colour_is_sent():
+    from ui.corpus_figures import qk_scatter_figure, scatter_point_row
+
+    rng = np.random.default_rng(0)
+    is_key = rng.random(40) < 0.5
+    coords = rng.normal(size=(40, 2))
+    hover = [f"<b>row</b> {i}" for i in range(40)]
+    fig = qk_scatter_figure(coords, is_key, hover, None, "t")
+    for curve, trace in enumerate(fig.data):
+        for index in range(len(trace.x)):
+            row = scatter_point_row(is_key, curve, index)
+            assert trace.hovertext[index] == hover[row]
+            assert np.isclose(trace.x[index], coords[row, 0], atol=1e-6)
+        assert trace.customdata is None
+        assert np.asarray(trace.x).dtype == np.float32
+    with pytest.raises(ValueError, match="not in trace"):
+        scatter_point_row(is_key, 1, int(is_key.sum()))
+
+
+def test_the_layer_grid_draws_two_traces_per_head_in_head_order():
+    from ui.corpus_figures import qk_grid_figure
+
+    rng = np.random.default_rng(1)
+    fig = qk_grid_figure([rng.normal(size=(10, 2)) for _ in range(6)], [np.arange(10) % 2 == 1] * 6, 3)
+    assert len(fig.data) == 12
+    assert [t.name for t in fig.data[::2]] == [f"head {h}" for h in range(6)]
+    assert fig.layout.height <= 1000

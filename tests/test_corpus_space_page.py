@@ -36,7 +36,7 @@ def test_page_runs_the_demo_with_the_sidebars_model_and_finds_river_banks(tmp_pa
 
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Chromium not installed: apt-get install chromium")
-def test_clicking_a_point_opens_its_text_with_the_head_in_focus(tmp_path):
+def test_a_grid_panel_enlarges_its_head_and_a_point_opens_its_text_with_that_head_in_focus(tmp_path):
     server = AppServer(tmp_path / "server.log", extra_env={"AE_CORPUS_DIR": str(tmp_path / "runs")})
     try:
         for browser in chromium():
@@ -45,6 +45,18 @@ def test_clicking_a_point_opens_its_text_with_the_head_in_focus(tmp_path):
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(f"{server.url}/corpus_space?head=4", wait_until="domcontentloaded")
             page.get_by_text("Layer 0, head 4: ").wait_for(timeout=240_000)
+            wait_for_run(page, 240)
+            # The layer grid: a click on head 7's panel enlarges head 7 in the scatter.
+            grid = page.locator('[data-testid="stMain"] .js-plotly-plot').nth(1)
+            grid.scroll_into_view_if_needed()
+            page.wait_for_timeout(1000)
+            xy = grid.evaluate("""gd => {
+                const t = gd._fullData[14], xa = gd._fullLayout[t.xaxis.replace('x', 'xaxis')],
+                      ya = gd._fullLayout[t.yaxis.replace('y', 'yaxis')], r = gd.getBoundingClientRect();
+                return [r.left + xa._offset + xa.l2p(t.x[0]), r.top + ya._offset + ya.l2p(t.y[0])];
+            }""")
+            page.mouse.click(xy[0], xy[1])
+            page.get_by_text("Layer 0, head 7: ").wait_for(timeout=120_000)
             wait_for_run(page, 240)
             plot = page.locator('[data-testid="stMain"] .js-plotly-plot').first
             plot.scroll_into_view_if_needed()
@@ -59,7 +71,7 @@ def test_clicking_a_point_opens_its_text_with_the_head_in_focus(tmp_path):
             page.wait_for_function("() => location.pathname.endsWith('/heatmaps')", timeout=120_000)
             wait_for_run(page, 240)
             assert page.locator('section[data-testid="stSidebar"] textarea').first.input_value()
-            page.get_by_role("heading", name="Layer 0, head 4").wait_for(timeout=60_000)
+            page.get_by_role("heading", name="Layer 0, head 7").wait_for(timeout=60_000)
             assert page.locator('[data-testid="stException"]').count() == 0
             assert not errors, errors
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import urllib.parse
 from pathlib import Path
@@ -173,6 +174,7 @@ def sample_contexts(path: str, stamp: float, model_key_json: str) -> dict[str, A
         for r in rows:
             encoded[wanted[start + r.text_id]] = r
     hover, types = [], np.zeros(len(text_ids), dtype=np.int8)
+    # One hover string per row, the token's neighbours escaped so that a "<b>" in a text stays text.
     for i, (t, p) in enumerate(zip(text_ids, positions)):
         e = encoded.get(int(t))
         if e is None or p >= len(e.ids):
@@ -181,7 +183,7 @@ def sample_contexts(path: str, stamp: float, model_key_json: str) -> dict[str, A
         toks = tokenizer.convert_ids_to_tokens(e.ids[max(0, p - 3): p + 4])
         mid = min(p, 3)
         toks[mid] = f"⟦{toks[mid]}⟧"
-        hover.append(" ".join(toks))  # text id and position travel as numbers (customdata)
+        hover.append(f"{html.escape(' '.join(toks), quote=False)}<br>text {t}, position {p}")
         types[i] = e.types[p]
     return {"hover": hover, "types": types, "text_ids": text_ids, "positions": positions,
             "tokens": table["token"].to_pylist()}

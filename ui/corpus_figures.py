@@ -54,27 +54,27 @@ QUERY_COLOUR, KEY_COLOUR = "#4c78a8", "#e45756"
 
 
 def qk_scatter_figure(coords: np.ndarray, is_key: np.ndarray, hover: list[str], colour: np.ndarray | None, title: str,
-                      *, colour_title: str = "", ids: np.ndarray | None = None, height: int = 620) -> go.Figure:
-    """The joint query–key scatter (WebGL): queries as circles, keys as crosses; a click reports the point's ids.
+                      *, colour_title: str = "", height: int = 620) -> go.Figure:
+    """The joint query–key scatter (WebGL): queries as circles (trace 0), keys as crosses (trace 1).
 
-    Shape: coords (points, 2); is_key (points,); colour (points,) numbers, or None to colour by query/key;
-    ids (points, 3): sample row, text id, position (shown on hover; a click reports them).
+    A click reports the trace and the point's index within it; ``scatter_point_rows`` maps them back to rows
+    of ``coords``. Nothing per point travels but the coordinates (float32), the hover text and the colour.
+
+    Shape: coords (points, 2); is_key (points,); colour (points,) numbers, or None to colour by query/key.
     """
     fig = go.Figure()
+    hover = np.asarray(hover, dtype=object)
     for key, name, symbol in ((False, "queries", "circle"), (True, "keys", "x")):
         sel = is_key == key
         marker: dict = {"size": 4, "symbol": symbol, "opacity": 0.7}
         if colour is None:
             marker["color"] = KEY_COLOUR if key else QUERY_COLOUR
         else:
-            marker |= {"color": colour[sel], "colorscale": "Viridis", "showscale": not key,
-                       "colorbar": {"title": colour_title}}
+            marker |= {"color": np.asarray(colour[sel], dtype=np.float32), "colorscale": "Viridis",
+                       "showscale": not key, "colorbar": {"title": colour_title}}
         fig.add_trace(go.Scattergl(
-            x=coords[sel, 0], y=coords[sel, 1], mode="markers", name=name, marker=marker,
-            hovertext=[h for h, s in zip(hover, sel) if s],
-            hovertemplate=(f"{name[:-1]} · %{{hovertext}}<br>text %{{customdata[1]}}, position %{{customdata[2]}}"
-                           "<extra></extra>") if ids is not None else f"{name[:-1]} · %{{hovertext}}<extra></extra>",
-            customdata=None if ids is None else ids[sel].tolist()))  # lists: a click reports them
+            x=coords[sel, 0].astype(np.float32), y=coords[sel, 1].astype(np.float32), mode="markers", name=name,
+            marker=marker, hovertext=hover[sel].tolist(), hovertemplate=f"{name[:-1]} · %{{hovertext}}<extra></extra>"))
     fig.update_layout(title=title, height=height, template="plotly_white", clickmode="event+select", dragmode="pan",
                       margin={"l": 40, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.05})
     fig.update_xaxes(showticklabels=False, zeroline=False)
@@ -82,10 +82,18 @@ def qk_scatter_figure(coords: np.ndarray, is_key: np.ndarray, hover: list[str], 
     return fig
 
 
-def qk_grid_figure(projections: list[np.ndarray], is_key: list[np.ndarray], layer: int, *, cols: int = 4) -> go.Figure:
-    """Small joint projections of every head of a layer (no hover: a picture to spot structured heads).
+def scatter_point_row(is_key: np.ndarray, curve: int, index: int) -> int:
+    """The row of ``coords`` that ``qk_scatter_figure`` drew as point ``index`` of trace ``curve``."""
+    rows = np.flatnonzero(is_key == bool(curve))
+    if not 0 <= index < len(rows):
+        raise ValueError(f"Point {index} is not in trace {curve}.")
+    return int(rows[index])
 
-    Clicking a panel reports a point whose ``customdata`` is its head.
+
+def qk_grid_figure(projections: list[np.ndarray], is_key: list[np.ndarray], layer: int, *, cols: int = 4) -> go.Figure:
+    """Small joint projections of every head of a layer: a picture to spot structured heads (hover names the head).
+
+    Clicking a panel reports a point of trace ``2 * head`` (queries) or ``2 * head + 1`` (keys).
     """
     from plotly.subplots import make_subplots
 
@@ -97,9 +105,11 @@ def qk_grid_figure(projections: list[np.ndarray], is_key: list[np.ndarray], laye
         r, c = head // cols + 1, head % cols + 1
         for key, colour in ((False, QUERY_COLOUR), (True, KEY_COLOUR)):
             sel = keys == key
-            fig.add_trace(go.Scattergl(x=coords[sel, 0], y=coords[sel, 1], mode="markers", showlegend=False,
+            fig.add_trace(go.Scattergl(x=coords[sel, 0].astype(np.float32), y=coords[sel, 1].astype(np.float32),
+                                       mode="markers", showlegend=False, name=f"head {head}",
                                        marker={"size": 2, "color": colour, "opacity": 0.5},
-                                       customdata=np.full(int(sel.sum()), head), hoverinfo="skip"), row=r, col=c)
+                                       # "skip" would also stop the click reaching Streamlit
+                                       hovertemplate=f"head {head}<extra>click to enlarge</extra>"), row=r, col=c)
     fig.update_xaxes(showticklabels=False, zeroline=False, showgrid=False)
     fig.update_yaxes(showticklabels=False, zeroline=False, showgrid=False)
     fig.update_layout(title=f"Layer {layer}: every head (blue queries, red keys); click one to enlarge it",
