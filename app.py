@@ -37,17 +37,19 @@ PAGES = [
 
 
 def _navigation() -> st.navigation:
+    missing = [path for path, *_ in PAGES if not (ROOT / path).exists()]
+    if missing:  # a deleted or renamed page must not vanish from the app in silence
+        raise FileNotFoundError(f"app.py lists pages that do not exist: {', '.join(missing)}")
     sections: dict[str, list] = {}
     for path, title, icon, section in PAGES:
-        if (ROOT / path).exists():
-            sections.setdefault(section, []).append(
-                st.Page(path, title=title, icon=icon, default=path == "pages/home.py"))
+        sections.setdefault(section, []).append(st.Page(path, title=title, icon=icon, default=path == "pages/home.py"))
     return st.navigation(sections)
 
 
 # Pages that draw the sidebar's layer/head picker themselves, inside a fragment with the views that
 # depend on the head, so a change of head reruns only that fragment (ui.state.head_fragment).
-PAGES_WITH_HEAD_FRAGMENT = {"pages/home.py", "pages/heatmaps.py", "pages/causal.py"}
+PAGES_WITH_HEAD_FRAGMENT = {"pages/home.py", "pages/heatmaps.py", "pages/causal.py", "pages/inside.py",
+                            "pages/analysis_norms.py"}
 
 
 def _page_path(page) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from model_core.analysis import grid_to_csv, matrix_to_csv, norm_weighted_attention, special_token_mass
-from ui.analysis_figures import layer_head_figure, side_by_side_figure, special_mass_figure
+from ui.analysis_figures import layer_head_figure, special_mass_figure
 from ui.analysis_widgets import (
     bundle_buttons,
     cached_bundle,
@@ -16,6 +16,8 @@ from ui.analysis_widgets import (
     trace_cache_key,
 )
 from ui.context import require_trace
+from ui.figures import attention_heatmap
+from ui.state import head_fragment
 
 st.header("Norm-weighted attention")
 ctx = require_trace()
@@ -32,13 +34,29 @@ how_to_read(
     "Transformers with Vector Norms”, EMNLP.",
 )
 
-layer, head = min(ctx.layer, trace.n_layers - 1), min(ctx.head, trace.n_heads - 1)
-raw = trace.attentions[layer, head]
-weighted = norm_weighted_attention(trace.attentions[layer : layer + 1, head : head + 1],
-                                   trace.value_norms[layer : layer + 1, head : head + 1])[0, 0]
 figure_format()
-show_figure(side_by_side_figure(raw, weighted, trace.tokens, ("raw α", "norm-weighted ‖α f(x)‖"),
-                                f"Layer {layer}, head {head}"), f"{trace.model_kind}_L{layer}H{head}_norm_weighted")
+labels = [f"{i} {t}" for i, t in enumerate(trace.tokens)]
+
+
+def _head(layer: int, head: int) -> None:
+    """Raw and norm-weighted attention of the focused head, with their CSVs: a head change reruns only this."""
+    raw = trace.attentions[layer, head]
+    weighted = norm_weighted_attention(trace.attentions[layer : layer + 1, head : head + 1],
+                                       trace.value_norms[layer : layer + 1, head : head + 1])[0, 0]
+    st.markdown(f"**Layer {layer}, head {head}**")
+    left, right = st.columns(2)
+    for col, matrix, title, stem, key in ((left, raw, "raw α", "raw", "norm_raw"),
+                                          (right, weighted, "norm-weighted ‖α f(x)‖", "norm_weighted", "norm_weighted")):
+        with col:
+            show_figure(attention_heatmap(matrix, trace.tokens, title=title, sentence_b_start=trace.sentence_b_start,
+                                          zmax=None, value_name="α" if key == "norm_raw" else "‖α f(x)‖"),
+                        f"{trace.model_kind}_L{layer}H{head}_{stem}")
+            csv_button(f"{title}, this head (CSV)", matrix_to_csv(matrix, labels, labels),
+                       f"{stem}_L{layer}H{head}.csv", key)
+
+
+head_fragment("norms_head", _head, slot=ctx.head_slot, n_layers=trace.n_layers, n_heads=trace.n_heads,
+              settings=ctx.settings)
 mass = special_token_mass(trace)
 show_figure(special_mass_figure(mass), f"{trace.model_kind}_special_token_mass")
 drop = (mass.raw_cls + mass.raw_sep) - (mass.norm_cls + mass.norm_sep)
@@ -47,14 +65,6 @@ show_figure(layer_head_figure(drop, "Share on [CLS]+[SEP]: raw minus norm-weight
             f"{trace.model_kind}_special_share_drop")
 
 st.subheader("Download")
-labels = [f"{i} {t}" for i, t in enumerate(trace.tokens)]
-d1, d2, d3 = st.columns(3)
-with d1:
-    csv_button("Raw α, this head (CSV)", matrix_to_csv(raw, labels, labels), f"raw_L{layer}H{head}.csv", "norm_raw")
-with d2:
-    csv_button("‖α f(x)‖, this head (CSV)", matrix_to_csv(weighted, labels, labels),
-               f"norm_weighted_L{layer}H{head}.csv", "norm_weighted")
-with d3:
-    csv_button("Share drop per head (CSV)", grid_to_csv(drop), "special_share_drop.csv", "norm_drop")
+csv_button("Share drop per head (CSV)", grid_to_csv(drop), "special_share_drop.csv", "norm_drop")
 npz, json_text = cached_bundle(trace_cache_key(trace), trace)
 bundle_buttons(npz, json_text, f"{trace.model_kind}_analysis", "norm_bundle")

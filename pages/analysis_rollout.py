@@ -6,7 +6,7 @@ import numpy as np
 import streamlit as st
 
 from model_core.analysis import FLOW_MAX_TOKENS, FLOW_MAX_TOKENS_ONE_ROW, matrix_to_csv, normalize_rows
-from ui.analysis_figures import relevance_figure, token_matrix_figure
+from ui.analysis_figures import relevance_figure
 from ui.analysis_widgets import (
     bundle_buttons,
     cached_bundle,
@@ -18,6 +18,7 @@ from ui.analysis_widgets import (
     trace_cache_key,
 )
 from ui.context import require_trace
+from ui.figures import attention_heatmap
 
 st.header("Attention rollout and attention flow")
 ctx = require_trace()
@@ -39,16 +40,31 @@ how_to_read(
 key = trace_cache_key(trace)
 result = cached_rollout_and_flow(key, trace)
 figure_format()
-layer = st.slider("Rollout up to layer", 0, trace.n_layers - 1, trace.n_layers - 1, key="rollout_layer")
+labels = [f"{i} {t}" for i, t in enumerate(trace.tokens)]
+
+
+@st.fragment
+def rollout_view() -> None:
+    """The layer slider with the rollout it picks and its CSV: moving it reruns only this part."""
+    layer = st.slider("Rollout up to layer", 0, trace.n_layers - 1, trace.n_layers - 1, key="rollout_layer")
+    show_figure(attention_heatmap(result.rollout[layer], trace.tokens, title=f"Attention rollout after layer {layer}",
+                                  sentence_b_start=trace.sentence_b_start, zmax=None, value_name="share"),
+                f"{trace.model_kind}_rollout_L{layer}")
+    csv_button(f"Rollout after layer {layer} (CSV)", matrix_to_csv(result.rollout[layer], labels, labels),
+               f"rollout_layer{layer}.csv", "rollout_csv")
+
+
 left, right = st.columns(2)
 with left:
-    show_figure(token_matrix_figure(result.rollout[layer], trace.tokens, f"Attention rollout after layer {layer}",
-                                    colorbar="share"), f"{trace.model_kind}_rollout_L{layer}")
+    rollout_view()
 with right:
     if result.flow is not None:
         flow = normalize_rows(result.flow)
-        show_figure(token_matrix_figure(flow, trace.tokens, "Attention flow (rows normalised)", colorbar="share"),
+        show_figure(attention_heatmap(flow, trace.tokens, title="Attention flow (rows normalised)",
+                                      sentence_b_start=trace.sentence_b_start, zmax=None, value_name="share"),
                     f"{trace.model_kind}_flow")
+        csv_button("Flow, raw max-flow values (CSV)", matrix_to_csv(result.flow, labels, labels), "flow.csv",
+                   "flow_csv")
     else:
         st.info(f"The full flow matrix is limited to {FLOW_MAX_TOKENS} tokens and this input has "
                 f"{trace.n_tokens}: shorten the text to see it. Rollout above has no limit.")
@@ -62,17 +78,7 @@ show_figure(relevance_figure(trace.tokens, series, "Relevance of each input toke
             f"{trace.model_kind}_cls_relevance")
 
 st.subheader("Download")
-d1, d2, d3 = st.columns(3)
-labels = [f"{i} {t}" for i, t in enumerate(trace.tokens)]
-with d1:
-    csv_button(f"Rollout after layer {layer} (CSV)", matrix_to_csv(result.rollout[layer], labels, labels),
-               f"rollout_layer{layer}.csv", "rollout_csv")
-with d2:
-    if result.flow is not None:
-        csv_button("Flow, raw max-flow values (CSV)", matrix_to_csv(result.flow, labels, labels), "flow.csv",
-                   "flow_csv")
-with d3:
-    csv_button("Relevance to [CLS] (CSV)", matrix_to_csv(np.stack(list(series.values()), 1), labels, list(series)),
-               "cls_relevance.csv", "cls_csv")
+csv_button("Relevance to [CLS] (CSV)", matrix_to_csv(np.stack(list(series.values()), 1), labels, list(series)),
+           "cls_relevance.csv", "cls_csv")
 npz, json_text = cached_bundle(key, trace)
 bundle_buttons(npz, json_text, f"{trace.model_kind}_analysis", "rollout_bundle")

@@ -6,16 +6,22 @@ import streamlit as st
 
 from model_core import InputError, ModelLoadError
 from ui.context import require_trace
-from ui.figures import PLOTLY_CONFIG, SCORE_SCALE, attention_heatmap, token_label, vector_heatmap
+from ui.figures import (
+    PLOTLY_CONFIG,
+    SCORE_SCALE,
+    attention_heatmap,
+    token_norms_figure,
+    vector_heatmap,
+)
 from ui.guard import view_guard
+from ui.state import head_fragment
 from ui.walkthrough_loader import get_walkthrough
 
 MAX_DIMS = 64  # columns shown in the vector heatmaps; hover gives exact values
 
 ctx = require_trace()
-t, layer, head = ctx.trace, ctx.layer, ctx.head
+t = ctx.trace
 st.title("Inside the encoder")
-st.caption(f"{t.description} · {t.n_tokens} tokens · layer {layer}, head {head} (change them in the sidebar)")
 
 if t.model_kind == "bert":
     st.info(
@@ -26,183 +32,204 @@ if t.model_kind == "bert":
         icon=":material/info:",
     )
 
-try:
-    with st.spinner(f"Walking through layer {layer}…"):
-        wt = get_walkthrough(layer, **ctx.controls.trace_key())
-except (InputError, ModelLoadError, ValueError) as exc:
-    st.warning(f"The walk cannot run for this model: {exc}")
-    st.stop()
 
-shapes = wt.shapes()
-n, hidden, d_head = wt.n_tokens, wt.hidden_size, wt.d_head
-
-
-def shape_line(*names: str) -> None:
+def shape_line(wt, *names: str) -> None:
     """A caption with each named tensor's shape, e.g. ``queries`` (12, 13, 32)."""
+    shapes = wt.shapes()
     st.caption(" · ".join(f"`{name}` shape {shapes[name]}" for name in names))
 
 
-def norm_lines(series: dict[str, str], title: str) -> go.Figure:
-    """One line per walkthrough field: each token's vector norm."""
-    fig = go.Figure()
-    x = [f"{i}: {token_label(tok)}" for i, tok in enumerate(wt.tokens)]
-    for label, name in series.items():
-        fig.add_trace(go.Scatter(x=x, y=wt.token_norms(name), mode="lines+markers", name=label,
-                                 hovertemplate="%{x}<br>‖·‖ = %{y:.3f}<extra>" + label + "</extra>"))
-    fig.update_layout(title=dict(text=title, font=dict(size=13)), height=320, margin=dict(l=10, r=10, t=36, b=10),
-                      yaxis=dict(title="L2 norm", rangemode="tozero"), legend=dict(orientation="h", y=-0.3),
-                      xaxis=dict(tickangle=-45 if n > 12 else 0))
-    return fig
+def norm_lines(wt, series: dict[str, str], title: str) -> go.Figure:
+    """One line per walkthrough field (label -> field): each token's vector norm."""
+    return token_norms_figure(wt.tokens, {label: wt.token_norms(name) for label, name in series.items()}, title)
 
 
 def dims_title(what: str, dims: int) -> str:
     return f"{what} (first {min(dims, MAX_DIMS)} of {dims} dims)"
 
 
-# -- (a) tokens ---------------------------------------------------------------------------------
-st.header("1 · WordPiece tokens and ids")
-st.markdown("The tokenizer splits the text into WordPiece units (`##` marks a piece that continues a word), "
-            "adds `[CLS]` at the start and `[SEP]` after each sentence, and maps every token to its vocabulary id. "
-            "The token type says which sentence a token belongs to.")
-with view_guard("token table"):
-    st.dataframe(pd.DataFrame({"position": range(n), "token": wt.tokens, "id": wt.token_ids,
-                               "token type": ["A (0)" if k == 0 else "B (1)" for k in wt.token_type_ids]}),
-                 hide_index=True, width="stretch", height=min(560, 40 + 35 * (n + 1)))
-    shape_line("token_ids", "token_type_ids")
+def _tokens(wt, layer: int, head: int) -> None:
+    n = wt.n_tokens
+    st.markdown("The tokenizer splits the text into WordPiece units (`##` marks a piece that continues a word), "
+                "adds `[CLS]` at the start and `[SEP]` after each sentence, and maps every token to its vocabulary id. "
+                "The token type says which sentence a token belongs to.")
+    with view_guard("token table"):
+        st.dataframe(pd.DataFrame({"position": range(n), "token": wt.tokens, "id": wt.token_ids,
+                                   "token type": ["A (0)" if k == 0 else "B (1)" for k in wt.token_type_ids]}),
+                     hide_index=True, width="stretch", height=min(560, 40 + 35 * (n + 1)))
+        shape_line(wt, "token_ids", "token_type_ids")
 
-# -- (b) embeddings -----------------------------------------------------------------------------
-st.header("2 · Embeddings")
-st.markdown("Each id picks a row of the token embedding, each position a row of the learned position "
-            "embedding, each token type a row of the token-type embedding. Their sum is normalised:")
-st.latex(r"x_i = \mathrm{LayerNorm}\big(E_{\mathrm{tok}}[\mathrm{id}_i] + E_{\mathrm{pos}}[i] + "
-         r"E_{\mathrm{type}}[\mathrm{type}_i]\big)")
-with view_guard("embeddings"):
-    tabs = st.tabs(["Token", "Position", "Token type", "Sum", "After LayerNorm"])
-    for tab, (label, name) in zip(tabs, [("token embedding", "token_embeddings"),
-                                         ("position embedding", "position_embeddings"),
-                                         ("token-type embedding", "token_type_embeddings"),
-                                         ("sum of the three", "embedding_sum"),
-                                         ("after LayerNorm = input of layer 0", "embeddings")]):
-        with tab:
-            st.plotly_chart(vector_heatmap(getattr(wt, name), wt.tokens, title=dims_title(label, hidden),
-                                           max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key=f"emb_{name}")
-            shape_line(name)
-    st.plotly_chart(norm_lines({"token": "token_embeddings", "position": "position_embeddings",
-                                "token type": "token_type_embeddings", "sum": "embedding_sum",
-                                "after LayerNorm": "embeddings"}, "Norm of each token's embedding"),
-                    config=PLOTLY_CONFIG, key="emb_norms")
 
-# -- (c) one head -------------------------------------------------------------------------------
-st.header(f"3 · Layer {layer}, head {head}: queries, keys, values and attention")
-st.markdown(f"The head projects each token's vector (width {hidden}) to a query, a key and a value of width "
-            f"d_head = {hidden} / {wt.n_heads} = {d_head}. Scores compare every query with every key; the softmax "
-            "turns each row into weights that sum to 1; the output mixes the values with those weights.")
-st.latex(r"\mathrm{scores} = \frac{Q K^\top}{\sqrt{d_\mathrm{head}}}, \quad "
-         r"\mathrm{weights} = \mathrm{softmax}(\mathrm{scores}), \quad \mathrm{output} = \mathrm{weights}\, V")
-with view_guard("queries, keys and values"):
-    cols = st.columns(3)
-    for col, (label, name) in zip(cols, [("Q (queries)", "queries"), ("K (keys)", "keys"), ("V (values)", "values")]):
-        with col:
-            st.plotly_chart(vector_heatmap(getattr(wt, name)[head], wt.tokens, title=label, max_dims=d_head),
-                            config=PLOTLY_CONFIG, key=f"qkv_{name}")
-    st.caption(f"Each is (pos, d_head) = ({n}, {d_head}) for this head; `queries` for all heads of the layer "
-               f"has shape {shapes['queries']}.")
-with view_guard("scores and weights"):
-    c1, c2 = st.columns(2)
-    with c1:
-        st.plotly_chart(attention_heatmap(wt.masked_scores[head], wt.tokens, title="Scores QKᵀ/√d_head"
-                                          + (" after the causal mask (−∞ above the diagonal)" if wt.causal else ""),
-                                          sentence_b_start=wt.sentence_b_start, colorscale=SCORE_SCALE,
-                                          zmin=-wt.score_limit(head), zmax=wt.score_limit(head), value_name="score"),
-                        config=PLOTLY_CONFIG, key="scores")
-        shape_line("scores")
-    with c2:
-        st.plotly_chart(attention_heatmap(wt.weights[head], wt.tokens, title="Weights = softmax(scores)",
-                                          sentence_b_start=wt.sentence_b_start), config=PLOTLY_CONFIG, key="weights")
-        shape_line("weights")
-with view_guard("head output"):
-    st.plotly_chart(vector_heatmap(wt.head_outputs[head], wt.tokens, title="Head output = weights @ V",
-                                   max_dims=d_head), config=PLOTLY_CONFIG, key="head_out")
-    shape_line("head_outputs")
+def _embeddings(wt, layer: int, head: int) -> None:
+    hidden = wt.hidden_size
+    st.markdown("Each id picks a row of the token embedding, each position a row of the learned position "
+                "embedding, each token type a row of the token-type embedding. Their sum is normalised:")
+    st.latex(r"x_i = \mathrm{LayerNorm}\big(E_{\mathrm{tok}}[\mathrm{id}_i] + E_{\mathrm{pos}}[i] + "
+             r"E_{\mathrm{type}}[\mathrm{type}_i]\big)")
+    with view_guard("embeddings"):
+        tabs = st.tabs(["Token", "Position", "Token type", "Sum", "After LayerNorm"])
+        for tab, (label, name) in zip(tabs, [("token embedding", "token_embeddings"),
+                                             ("position embedding", "position_embeddings"),
+                                             ("token-type embedding", "token_type_embeddings"),
+                                             ("sum of the three", "embedding_sum"),
+                                             ("after LayerNorm = input of layer 0", "embeddings")]):
+            with tab:
+                st.plotly_chart(vector_heatmap(getattr(wt, name), wt.tokens, title=dims_title(label, hidden),
+                                               max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key=f"emb_{name}")
+                shape_line(wt, name)
+        st.plotly_chart(norm_lines(wt, {"token": "token_embeddings", "position": "position_embeddings",
+                                    "token type": "token_type_embeddings", "sum": "embedding_sum",
+                                    "after LayerNorm": "embeddings"}, "Norm of each token's embedding"),
+                        config=PLOTLY_CONFIG, key="emb_norms")
 
-# -- (d) concatenation and output projection ----------------------------------------------------
-st.header("4 · Concatenate the heads, then the output projection")
-st.markdown(f"The {wt.n_heads} head outputs, each of width {d_head}, are laid side by side "
-            f"(head {head} fills columns {head * d_head}–{(head + 1) * d_head - 1}) and mixed by one linear layer "
-            "W_O, so every output dimension can draw on every head.")
-st.latex(r"\mathrm{MultiHead}(x) = \mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W_O^\top + b_O")
-with view_guard("concatenation"):
-    c1, c2 = st.columns(2)
-    with c1:
-        fig = vector_heatmap(wt.concat, wt.tokens, title=f"Concatenated heads (all {hidden} dims)", max_dims=hidden)
-        fig.add_vrect(x0=head * d_head - 0.5, x1=(head + 1) * d_head - 0.5, line=dict(color="#e4572e", width=2))
-        st.plotly_chart(fig, config=PLOTLY_CONFIG, key="concat")
-        shape_line("concat")
-    with c2:
-        st.plotly_chart(vector_heatmap(wt.attention_output, wt.tokens, title=dims_title("After W_O", hidden),
-                                       max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="attn_out")
-        shape_line("attention_output")
 
-# -- (e) feed-forward ---------------------------------------------------------------------------
-st.header("5 · Feed-forward layer")
-st.markdown(f"Each position goes on its own through linear ({hidden} → {wt.intermediate_size}), GELU, "
-            f"linear ({wt.intermediate_size} → {hidden}). GELU keeps positive inputs and squashes negative "
-            "ones towards 0, so most intermediate activations end near zero.")
-st.latex(r"\mathrm{FFN}(x) = W_2\, \mathrm{GELU}(W_1 x + b_1) + b_2")
-with view_guard("feed-forward"):
-    c1, c2 = st.columns(2)
-    with c1:
-        st.plotly_chart(vector_heatmap(wt.ffn_hidden, wt.tokens, title=dims_title("W₁x + b₁ (before GELU)",
-                                                                                  wt.intermediate_size),
-                                       max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="ffn_hidden")
-        shape_line("ffn_hidden")
-    with c2:
-        st.plotly_chart(vector_heatmap(wt.ffn_activation, wt.tokens, title=dims_title("GELU activation",
+def _one_head(wt, layer: int, head: int) -> None:
+    n, hidden, d_head = wt.n_tokens, wt.hidden_size, wt.d_head
+    st.markdown(f"The head projects each token's vector (width {hidden}) to a query, a key and a value of width "
+                f"d_head = {hidden} / {wt.n_heads} = {d_head}. Scores compare every query with every key; the softmax "
+                "turns each row into weights that sum to 1; the output mixes the values with those weights.")
+    st.latex(r"\mathrm{scores} = \frac{Q K^\top}{\sqrt{d_\mathrm{head}}}, \quad "
+             r"\mathrm{weights} = \mathrm{softmax}(\mathrm{scores}), \quad \mathrm{output} = \mathrm{weights}\, V")
+    with view_guard("queries, keys and values"):
+        cols = st.columns(3)
+        for col, (label, name) in zip(cols, [("Q (queries)", "queries"), ("K (keys)", "keys"), ("V (values)", "values")]):
+            with col:
+                st.plotly_chart(vector_heatmap(getattr(wt, name)[head], wt.tokens, title=label, max_dims=d_head),
+                                config=PLOTLY_CONFIG, key=f"qkv_{name}")
+        st.caption(f"Each is (pos, d_head) = ({n}, {d_head}) for this head; `queries` for all heads of the layer "
+                   f"has shape {wt.shapes()['queries']}.")
+    with view_guard("scores and weights"):
+        c1, c2 = st.columns(2)
+        with c1:
+            st.plotly_chart(attention_heatmap(wt.masked_scores[head], wt.tokens, title="Scores QKᵀ/√d_head"
+                                              + (" after the causal mask (−∞ above the diagonal)" if wt.causal else ""),
+                                              sentence_b_start=wt.sentence_b_start, colorscale=SCORE_SCALE,
+                                              zmin=-wt.score_limit(head), zmax=wt.score_limit(head), value_name="score"),
+                            config=PLOTLY_CONFIG, key="scores")
+            shape_line(wt, "scores")
+        with c2:
+            st.plotly_chart(attention_heatmap(wt.weights[head], wt.tokens, title="Weights = softmax(scores)",
+                                              sentence_b_start=wt.sentence_b_start), config=PLOTLY_CONFIG, key="weights")
+            shape_line(wt, "weights")
+    with view_guard("head output"):
+        st.plotly_chart(vector_heatmap(wt.head_outputs[head], wt.tokens, title="Head output = weights @ V",
+                                       max_dims=d_head), config=PLOTLY_CONFIG, key="head_out")
+        shape_line(wt, "head_outputs")
+
+
+def _concat(wt, layer: int, head: int) -> None:
+    hidden, d_head = wt.hidden_size, wt.d_head
+    st.markdown(f"The {wt.n_heads} head outputs, each of width {d_head}, are laid side by side "
+                f"(head {head} fills columns {head * d_head}–{(head + 1) * d_head - 1}) and mixed by one linear layer "
+                "W_O, so every output dimension can draw on every head.")
+    st.latex(r"\mathrm{MultiHead}(x) = \mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W_O^\top + b_O")
+    with view_guard("concatenation"):
+        c1, c2 = st.columns(2)
+        with c1:
+            fig = vector_heatmap(wt.concat, wt.tokens, title=f"Concatenated heads (all {hidden} dims)", max_dims=hidden)
+            fig.add_vrect(x0=head * d_head - 0.5, x1=(head + 1) * d_head - 0.5, line=dict(color="#e4572e", width=2))
+            st.plotly_chart(fig, config=PLOTLY_CONFIG, key="concat")
+            shape_line(wt, "concat")
+        with c2:
+            st.plotly_chart(vector_heatmap(wt.attention_output, wt.tokens, title=dims_title("After W_O", hidden),
+                                           max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="attn_out")
+            shape_line(wt, "attention_output")
+
+
+def _ffn(wt, layer: int, head: int) -> None:
+    hidden = wt.hidden_size
+    st.markdown(f"Each position goes on its own through linear ({hidden} → {wt.intermediate_size}), GELU, "
+                f"linear ({wt.intermediate_size} → {hidden}). GELU keeps positive inputs and squashes negative "
+                "ones towards 0, so most intermediate activations end near zero.")
+    st.latex(r"\mathrm{FFN}(x) = W_2\, \mathrm{GELU}(W_1 x + b_1) + b_2")
+    with view_guard("feed-forward"):
+        c1, c2 = st.columns(2)
+        with c1:
+            st.plotly_chart(vector_heatmap(wt.ffn_hidden, wt.tokens, title=dims_title("W₁x + b₁ (before GELU)",
                                                                                       wt.intermediate_size),
-                                       max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="ffn_act")
-        shape_line("ffn_activation")
-    st.plotly_chart(vector_heatmap(wt.ffn_output, wt.tokens, title=dims_title("FFN output", hidden),
-                                   max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="ffn_out")
-    shape_line("ffn_input", "ffn_output")
+                                           max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="ffn_hidden")
+            shape_line(wt, "ffn_hidden")
+        with c2:
+            st.plotly_chart(vector_heatmap(wt.ffn_activation, wt.tokens, title=dims_title("GELU activation",
+                                                                                          wt.intermediate_size),
+                                           max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="ffn_act")
+            shape_line(wt, "ffn_activation")
+        st.plotly_chart(vector_heatmap(wt.ffn_output, wt.tokens, title=dims_title("FFN output", hidden),
+                                       max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="ffn_out")
+        shape_line(wt, "ffn_input", "ffn_output")
 
-# -- (f) LayerNorm placement and the residual stream --------------------------------------------
-st.header("6 · Residual connections and LayerNorm placement")
-if wt.norm_placement == "pre":
-    st.markdown("This model uses **pre-LayerNorm** (the book's choice): each sublayer reads a normalised copy, "
-                "and the residual stream itself is never normalised inside the layer, so its norm can grow "
-                "layer by layer. Training is more stable this way.")
-    st.latex(r"x' = x + \mathrm{Attn}(\mathrm{LN}_1(x)), \qquad y = x' + \mathrm{FFN}(\mathrm{LN}_2(x'))")
-    series = {"layer input x": "layer_input", "x' = x + Attn": "residual_1", "LN₂(x') (FFN input)": "ffn_input",
-              "y = x' + FFN (layer output)": "layer_output"}
-else:
-    st.markdown("This model uses **post-LayerNorm** (the original Transformer and BERT): each residual sum is "
-                "normalised, so the stream leaving every sublayer has a comparable norm.")
-    st.latex(r"x' = \mathrm{LN}_1(x + \mathrm{Attn}(x)), \qquad y = \mathrm{LN}_2(x' + \mathrm{FFN}(x'))")
-    series = {"layer input x": "layer_input", "x + Attn (before LN₁)": "residual_1", "x' = LN₁(…)": "ffn_input",
-              "x' + FFN (before LN₂)": "residual_2", "y = LN₂(…) (layer output)": "layer_output"}
-with view_guard("residual stream"):
-    st.plotly_chart(norm_lines(series, f"Norm of each token's vector through layer {layer}"),
-                    config=PLOTLY_CONFIG, key="norms")
-    shape_line("layer_input", "residual_1", "layer_output")
 
-# -- (g) classifier ---------------------------------------------------------------------------
-st.header("7 · Classifier on [CLS]")
-st.markdown(f"After the last layer, the `[CLS]` vector (width {hidden}) goes through dropout (off at inference) "
-            f"and one linear layer to {len(wt.logits)} logits; a softmax turns them into probabilities.")
-if t.model_kind == "bert":
-    st.caption("The classifier's weights are random (seed 0): BERT has no trained classifier head here.")
-else:
-    st.caption("The classifier's weights are as random as the rest of this encoder: it was never trained.")
-with view_guard("classifier"):
-    c1, c2 = st.columns([2, 1])
-    with c1:
-        labels = [f"label {i}" for i in range(len(wt.logits))]
-        fig = go.Figure(go.Bar(x=labels, y=wt.logits, text=[f"{v:.3f}" for v in wt.logits], textposition="outside",
-                               hovertemplate="%{x}: logit %{y:.4f}<extra></extra>"))
-        fig.update_layout(title=dict(text="Logits", font=dict(size=13)), height=280,
-                          margin=dict(l=10, r=10, t=36, b=10))
-        st.plotly_chart(fig, config=PLOTLY_CONFIG, key="logits")
-    with c2:
-        st.dataframe(pd.DataFrame({"label": labels, "logit": wt.logits, "probability": wt.probabilities}),
-                     hide_index=True)
-    shape_line("final_hidden", "logits")
+def _residual(wt, layer: int, head: int) -> None:
+    if wt.norm_placement == "pre":
+        st.markdown("This model uses **pre-LayerNorm** (the book's choice): each sublayer reads a normalised copy, "
+                    "and the residual stream itself is never normalised inside the layer, so its norm can grow "
+                    "layer by layer. Training is more stable this way.")
+        st.latex(r"x' = x + \mathrm{Attn}(\mathrm{LN}_1(x)), \qquad y = x' + \mathrm{FFN}(\mathrm{LN}_2(x'))")
+        series = {"layer input x": "layer_input", "x' = x + Attn": "residual_1", "LN₂(x') (FFN input)": "ffn_input",
+                  "y = x' + FFN (layer output)": "layer_output"}
+    else:
+        st.markdown("This model uses **post-LayerNorm** (the original Transformer and BERT): each residual sum is "
+                    "normalised, so the stream leaving every sublayer has a comparable norm.")
+        st.latex(r"x' = \mathrm{LN}_1(x + \mathrm{Attn}(x)), \qquad y = \mathrm{LN}_2(x' + \mathrm{FFN}(x'))")
+        series = {"layer input x": "layer_input", "x + Attn (before LN₁)": "residual_1", "x' = LN₁(…)": "ffn_input",
+                  "x' + FFN (before LN₂)": "residual_2", "y = LN₂(…) (layer output)": "layer_output"}
+    with view_guard("residual stream"):
+        st.plotly_chart(norm_lines(wt, series, f"Norm of each token's vector through layer {layer}"),
+                        config=PLOTLY_CONFIG, key="norms")
+        shape_line(wt, "layer_input", "residual_1", "layer_output")
+
+
+def _classifier(wt, layer: int, head: int) -> None:
+    hidden = wt.hidden_size
+    st.markdown(f"After the last layer, the `[CLS]` vector (width {hidden}) goes through dropout (off at inference) "
+                f"and one linear layer to {len(wt.logits)} logits; a softmax turns them into probabilities.")
+    if t.model_kind == "bert":
+        st.caption("The classifier's weights are random (seed 0): BERT has no trained classifier head here.")
+    else:
+        st.caption("The classifier's weights are as random as the rest of this encoder: it was never trained.")
+    with view_guard("classifier"):
+        c1, c2 = st.columns([2, 1])
+        with c1:
+            labels = [f"label {i}" for i in range(len(wt.logits))]
+            fig = go.Figure(go.Bar(x=labels, y=wt.logits, text=[f"{v:.3f}" for v in wt.logits], textposition="outside",
+                                   hovertemplate="%{x}: logit %{y:.4f}<extra></extra>"))
+            fig.update_layout(title=dict(text="Logits", font=dict(size=13)), height=280,
+                              margin=dict(l=10, r=10, t=36, b=10))
+            st.plotly_chart(fig, config=PLOTLY_CONFIG, key="logits")
+        with c2:
+            st.dataframe(pd.DataFrame({"label": labels, "logit": wt.logits, "probability": wt.probabilities}),
+                         hide_index=True)
+        shape_line(wt, "final_hidden", "logits")
+
+
+# (title, body, open at first): a closed step builds nothing (its expander reruns the walk when opened).
+STEPS = (
+    ("1 · WordPiece tokens and ids", _tokens, True),
+    ("2 · Embeddings", _embeddings, False),
+    ("3 · Layer {layer}, head {head}: queries, keys, values and attention", _one_head, True),
+    ("4 · Concatenate the heads, then the output projection", _concat, False),
+    ("5 · Feed-forward layer", _ffn, False),
+    ("6 · Residual connections and LayerNorm placement", _residual, False),
+    ("7 · Classifier on [CLS]", _classifier, False),
+)
+
+
+def _walk(layer: int, head: int) -> None:
+    """The walk for one layer and head, one folded step each; a change of layer or head reruns only this."""
+    st.caption(f"{t.description} · {t.n_tokens} tokens · layer {layer}, head {head} (change them in the sidebar). "
+               "Open a step to see it; a closed step is not computed or sent.")
+    try:
+        with st.spinner(f"Walking through layer {layer}…"):
+            wt = get_walkthrough(layer, **ctx.controls.trace_key())
+    except (InputError, ModelLoadError, ValueError) as exc:
+        st.warning(f"The walk cannot run for this model: {exc}")
+        return
+    for index, (title, body, open_at_first) in enumerate(STEPS):
+        box = st.expander(title.format(layer=layer, head=head), expanded=open_at_first, key=f"inside_step{index + 1}",
+                          on_change="rerun")
+        if box.open:
+            with box:
+                body(wt, layer, head)
+
+
+head_fragment("inside_head", _walk, slot=ctx.head_slot, n_layers=t.n_layers, n_heads=t.n_heads, settings=ctx.settings)

@@ -11,8 +11,8 @@ from ui.analysis_figures import (
     logits_figure,
     plotly_config,
     special_mass_figure,
-    token_matrix_figure,
 )
+from ui.figures import attention_heatmap
 
 
 def test_plotly_config_sets_the_download_format_and_name():
@@ -25,9 +25,10 @@ def test_plotly_config_sets_the_download_format_and_name():
 
 def test_token_matrix_keeps_repeated_tokens_apart():
     trace = synthetic_trace(13, 1, 1)
-    fig = token_matrix_figure(trace.attentions[0, 0], trace.tokens, "t")
+    fig = attention_heatmap(trace.attentions[0, 0], trace.tokens, title="t")
     assert list(fig.layout.xaxis.ticktext).count("flies") == 2
-    np.testing.assert_allclose(np.asarray(fig.data[0].z), trace.attentions[0, 0])
+    assert len(set(fig.data[0].x)) == 13  # "2: flies" and "8: flies" are two columns
+    np.testing.assert_allclose(np.asarray(fig.data[0].z), trace.attentions[0, 0], atol=1e-5)
 
 
 def test_clickable_grid_has_one_point_per_defined_head():

@@ -28,15 +28,13 @@ PAGES = {
     "pages/home.py": ("Attention Explorer", 1),
     "pages/heatmaps.py": ("Attention heatmaps", 6),
     "pages/causal.py": ("Causal mask & masked scores", 4),
-    "pages/inside.py": ("Inside the encoder", 15),
+    "pages/inside.py": ("Inside the encoder", 6),  # the steps open at first: tokens and the focused head
 }
-INSIDE_HEADERS = 7  # tokens, embeddings, one head, concat + W_O, feed-forward, LayerNorm, classifier
+INSIDE_STEPS = 7  # tokens, embeddings, one head, concat + W_O, feed-forward, LayerNorm, classifier
 
 
 def _page_params():
-    return [pytest.param(page, marks=pytest.mark.skipif(not (ROOT / page).exists(),
-                                                        reason=f"{page} does not exist yet"), id=Path(page).stem)
-            for page in PAGES]
+    return [pytest.param(page, id=Path(page).stem) for page in PAGES]
 
 
 def _app(**state) -> AppTest:
@@ -76,13 +74,19 @@ def _check_page(at: AppTest, page: str, model: str) -> None:
     assert len(charts) >= min_charts, f"{page} drew {len(charts)} charts, expected at least {min_charts}"
     assert at.session_state["_app_context"].trace.model_kind == model
     if page == "pages/inside.py":
-        assert len(at.header) == INSIDE_HEADERS, [h.value for h in at.header]
+        assert len(at.expander) == INSIDE_STEPS, [e.label for e in at.expander]
         text = " ".join(m.value for m in at.markdown)
+        assert "LayerNorm" not in text  # step 6 is closed: nothing of it was built
         if model == "bert":
             assert "custom_from_bert" in " ".join(i.value for i in at.info)
-            assert "post-LayerNorm" in text
-        else:
-            assert "pre-LayerNorm" in text  # the sidebar's default for the custom encoder
+        # Open every step: all 19 figures, and step 6 names the model's LayerNorm placement.
+        for step in range(1, INSIDE_STEPS + 1):
+            at.session_state[f"inside_step{step}"] = True
+        _run(at)
+        _clean(at)
+        assert len(at.get("plotly_chart")) >= 15
+        text = " ".join(m.value for m in at.markdown)
+        assert ("post-LayerNorm" if model == "bert" else "pre-LayerNorm") in text
 
 
 @pytest.mark.parametrize("page", _page_params())
@@ -164,7 +168,7 @@ def test_link_opens_a_page_with_its_state():
     _run(at)
     _open(at, "pages/inside.py")
     _clean(at)
-    assert at.header[2].value.startswith("3 · Layer 3, head 0")
+    assert at.expander[2].label.startswith("3 · Layer 3, head 0")
 
 
 def test_out_of_range_layer_in_a_link_warns_and_uses_the_default():
@@ -215,3 +219,25 @@ def test_causal_page_shows_a_window_of_a_long_input_with_true_positions():
     _clean(at)
     labels = json.loads(at.get("plotly_chart")[-1].proto.spec)["data"][0]["y"]
     assert (labels[0], labels[-1]) == ("54: word", "181: [SEP]")
+
+
+def test_a_page_listed_in_app_py_whose_file_is_missing_fails_loudly(tmp_path):
+    source = (ROOT / "app.py").read_text()
+    listed = '("pages/home.py", "Home", ":material/home:", "Attention"),'
+    assert listed in source
+    (tmp_path / "app.py").write_text(source.replace(listed, listed + ' ("pages/gone.py", "Gone", "", "Attention"),'))
+    (tmp_path / "pages").symlink_to(ROOT / "pages")
+    (tmp_path / ".streamlit").symlink_to(ROOT / ".streamlit")
+    at = AppTest.from_file(str(tmp_path / "app.py"), default_timeout=TIMEOUT)
+    at.run()
+    assert at.exception and "pages/gone.py" in at.exception[0].value
+
+
+def test_every_page_in_app_py_has_a_test_here_or_in_the_analysis_and_corpus_tests():
+    from browser_support import app_pages
+    from test_pages_analysis import PAGES as ANALYSIS
+
+    listed = {path for path, _ in app_pages()}
+    tested = set(PAGES) | set(ANALYSIS) | {"pages/bertviz.py", "pages/corpus.py", "pages/corpus_space.py"}
+    assert listed == tested, listed ^ tested
+    assert all((ROOT / path).exists() for path in listed)

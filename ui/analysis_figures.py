@@ -1,7 +1,8 @@
 """Plotly figures for the analysis pages (contexts, rollout and flow, norms, head statistics, masking).
 
 Figure builders only: each takes numbers from ``model_core.analysis`` and returns a plotly Figure.
-No streamlit here, so the figures can be built and checked in plain tests.
+No streamlit here, so the figures can be built and checked in plain tests. Token x token matrices are
+drawn by ``ui.figures.attention_heatmap``, the app's one builder for them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from plotly.subplots import make_subplots
 from model_core.analysis.contexts import ContextComparison
 from model_core.analysis.masking import MaskingEffect
 from model_core.analysis.norms import SpecialTokenMass
+from ui.figures import category_ticks, token_labels
 
 FIGURE_FORMATS = ("png", "svg")
 
@@ -30,71 +32,9 @@ def plotly_config(filename: str, fmt: str = "png") -> dict[str, Any]:
     }
 
 
-def _token_axis(tokens: Sequence[str]) -> dict[str, Any]:
-    # Numeric positions with token tick labels: a categorical axis would merge repeated words.
-    return {"tickmode": "array", "tickvals": list(range(len(tokens))), "ticktext": list(tokens)}
-
-
 def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     fig.update_layout(title=title, height=height, margin={"l": 60, "r": 20, "t": 50, "b": 50}, template="plotly_white")
     return fig
-
-
-def token_matrix_figure(
-    matrix: np.ndarray, tokens: Sequence[str], title: str, *, zmax: float | None = None, colorbar: str = ""
-) -> go.Figure:
-    """Heatmap of a query x key matrix with token labels (query rows top to bottom).
-
-    Shape: matrix (q_pos, k_pos).
-    """
-    matrix = np.asarray(matrix, dtype=float)
-    n = len(tokens)
-    hover = [[f"{tokens[i]} ({i}) → {tokens[j]} ({j})" for j in range(n)] for i in range(n)]
-    fig = go.Figure(
-        go.Heatmap(
-            z=matrix,
-            x=list(range(n)),
-            y=list(range(n)),
-            text=hover,
-            hovertemplate="%{text}<br>%{z:.4f}<extra></extra>",
-            colorscale="Blues",
-            zmin=0.0,
-            zmax=zmax,
-            colorbar={"title": colorbar},
-        )
-    )
-    fig.update_xaxes(title="key (attended to)", **_token_axis(tokens), tickangle=-60)
-    fig.update_yaxes(title="query", autorange="reversed", **_token_axis(tokens))
-    return _layout(fig, title, height=max(380, 22 * n + 140))
-
-
-def side_by_side_figure(
-    left: np.ndarray, right: np.ndarray, tokens: Sequence[str], titles: tuple[str, str], title: str
-) -> go.Figure:
-    """Two query x key heatmaps next to each other, each with its own colour scale.
-
-    Shape: left, right (q_pos, k_pos).
-    """
-    n = len(tokens)
-    # Wide spacing: the left colour bar and the right heatmap's token labels both live in the gap.
-    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.25)
-    for col, (matrix, x) in enumerate(((left, 0.385), (right, 1.01)), start=1):
-        fig.add_trace(
-            go.Heatmap(
-                z=np.asarray(matrix, dtype=float),
-                x=list(range(n)),
-                y=list(range(n)),
-                colorscale="Blues",
-                zmin=0.0,
-                colorbar={"x": x, "len": 0.9, "thickness": 12},
-                hovertemplate="query %{y} → key %{x}<br>%{z:.4f}<extra></extra>",
-            ),
-            row=1,
-            col=col,
-        )
-        fig.update_xaxes(**_token_axis(tokens), tickangle=-60, row=1, col=col)
-        fig.update_yaxes(**_token_axis(tokens), autorange="reversed", row=1, col=col)
-    return _layout(fig, title, height=max(380, 22 * n + 160))
 
 
 def layer_head_figure(
@@ -173,14 +113,16 @@ def cosine_by_layer_figure(cosine: np.ndarray, title: str, *, ytitle: str = "cos
 
 
 def relevance_figure(tokens: Sequence[str], series: Mapping[str, np.ndarray], title: str) -> go.Figure:
-    """Grouped bars of each token's relevance, one bar group per token.
+    """Grouped bars of each token's relevance, one bar group per token ("i: token" on hover, thinned ticks).
 
     Shape: each series (k_pos,).
     """
+    labels = token_labels(tokens)
     fig = go.Figure()
     for name, values in series.items():
-        fig.add_trace(go.Bar(name=name, x=list(range(len(tokens))), y=np.asarray(values, dtype=float)))
-    fig.update_xaxes(**_token_axis(tokens), tickangle=-60)
+        fig.add_trace(go.Bar(name=name, x=labels, y=np.asarray(values, dtype=np.float32),
+                             hovertemplate="%{x}<br>%{y:.4f}<extra>" + name + "</extra>"))
+    fig.update_xaxes(**category_ticks(labels), tickangle=-60)
     fig.update_yaxes(title="share")
     return _layout(fig, title, height=360)
 

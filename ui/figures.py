@@ -29,16 +29,8 @@ def token_label(token: str) -> str:
     return html.escape(token, quote=False)
 
 
-def _ticks(tokens: tuple[str, ...], keep: np.ndarray) -> dict:
-    idx = np.arange(len(keep))
-    step = max(1, int(np.ceil(len(keep) / MAX_TICKS)))
-    shown = idx[::step]
-    return dict(tickmode="array", tickvals=shown.tolist(),
-                ticktext=[token_label(tokens[keep[i]]) for i in shown], tickfont=dict(size=10))
-
-
-def _category_ticks(labels: list[str], max_ticks: int = MAX_TICKS) -> dict:
-    """Ticks for an axis whose categories are ``labels`` ("i: token"): at most ``max_ticks``, showing the token."""
+def category_ticks(labels: list[str], max_ticks: int = MAX_TICKS) -> dict:
+    """Ticks for an axis of ``token_labels`` ("i: token"): at most ``max_ticks`` of them, each showing its token."""
     step = max(1, int(np.ceil(len(labels) / max_ticks)))
     shown = labels[::step]
     return dict(type="category", tickmode="array", tickvals=shown,
@@ -71,7 +63,8 @@ def attention_heatmap(
     neg_inf = np.isneginf(z)
     # float32 goes to the browser as a base64 typed array (4 bytes a cell) rather than JSON text.
     shown = np.round(np.where(neg_inf, np.nan, z), 5).astype(np.float32)
-    labels = [f"{i}: {token_label(tokens[i])}" for i in keep]
+    every = token_labels(tokens)
+    labels = [every[i] for i in keep]
     n = len(keep)
     # An explicit colour range: Plotly would otherwise scan all n * n values for it on every redraw.
     finite = shown[np.isfinite(shown)]
@@ -103,7 +96,7 @@ def attention_heatmap(
     height = height or min(760, 260 + 14 * n)
     # One tick label per ~12 px of the plot's height (the plot is about square), at most MAX_TICKS.
     max_ticks = int(np.clip((height - 150) // 12, 8, MAX_TICKS))
-    x_ticks, y_ticks = _category_ticks(labels, max_ticks), _category_ticks(labels, max_ticks)
+    x_ticks, y_ticks = category_ticks(labels, max_ticks), category_ticks(labels, max_ticks)
     margin = dict(l=10, r=10, t=40 if title else 10, b=10)
     if n > FIXED_MARGIN_TOKENS:
         # Fixed room for the longest shown label (x labels stand upright), so Plotly lays out once.
@@ -222,18 +215,44 @@ def summary_grid(values: np.ndarray, *, title: str, colorscale: str = "Viridis",
     return fig
 
 
+def token_labels(tokens: tuple[str, ...] | list[str]) -> list[str]:
+    """Unique category labels "i: token" (repeated words stay apart; hovers read the label from the axis)."""
+    return [f"{i}: {token_label(t)}" for i, t in enumerate(tokens)]
+
+
 def vector_heatmap(matrix: np.ndarray, tokens: tuple[str, ...], *, title: str, colorscale: str = SCORE_SCALE,
                    x_title: str = "dimension", max_dims: int = 128) -> go.Figure:
-    """Rows are tokens, columns are vector dimensions (the first ``max_dims``). Shape: (pos, dim)."""
-    m = np.asarray(matrix)[:, :max_dims]
+    """Rows are tokens, columns are vector dimensions (the first ``max_dims``). Shape: (pos, dim).
+
+    Like ``attention_heatmap`` at any length: float32 z (a typed array), the token read on hover from the
+    category axis (no per-cell strings), thinned ticks, a height that stops at 600 px.
+    """
+    m = np.asarray(matrix, dtype=np.float32)[:, :max_dims]
     limit = float(np.abs(m).max()) or 1.0
-    labels = [f"{i}: {token_label(t)}" for i, t in enumerate(tokens)]
-    fig = go.Figure(go.Heatmap(z=np.round(m, 4), y=list(range(len(tokens))), colorscale=colorscale, zmin=-limit,
-                               zmax=limit, customdata=np.repeat(np.array(labels, dtype=object)[:, None], m.shape[1], 1),
-                               hovertemplate="%{customdata}<br>dim %{x}: %{z:.4f}<extra></extra>",
+    labels = token_labels(tokens)
+    height = min(600, 140 + 16 * len(tokens))
+    fig = go.Figure(go.Heatmap(z=m, y=labels, colorscale=colorscale, zmin=-limit, zmax=limit,
+                               hovertemplate="%{y}<br>dim %{x}: %{z:.4f}<extra></extra>",
                                colorbar=dict(thickness=10)))
-    fig.update_layout(title=dict(text=title, font=dict(size=13)), height=min(600, 140 + 16 * len(tokens)),
+    fig.update_layout(title=dict(text=title, font=dict(size=13)), height=height,
                       margin=dict(l=10, r=10, t=36, b=10),
                       xaxis=dict(title=x_title),
-                      yaxis=dict(autorange="reversed", **_ticks(tokens, np.arange(len(tokens)))))
+                      yaxis=dict(autorange="reversed",
+                                 **category_ticks(labels, int(np.clip((height - 80) // 12, 8, MAX_TICKS)))))
+    return fig
+
+
+def token_norms_figure(tokens: tuple[str, ...], series: dict[str, np.ndarray], title: str) -> go.Figure:
+    """One line per series (label -> one number per token), e.g. each token's vector norm at a step.
+
+    Shape: each series (pos,).
+    """
+    labels = token_labels(tokens)
+    fig = go.Figure()
+    for label, values in series.items():
+        fig.add_trace(go.Scatter(x=labels, y=np.asarray(values, dtype=np.float32), mode="lines+markers", name=label,
+                                 hovertemplate="%{x}<br>‖·‖ = %{y:.3f}<extra>" + label + "</extra>"))
+    fig.update_layout(title=dict(text=title, font=dict(size=13)), height=320, margin=dict(l=10, r=10, t=36, b=10),
+                      yaxis=dict(title="L2 norm", rangemode="tozero"), legend=dict(orientation="h", y=-0.3),
+                      xaxis=dict(tickangle=-45 if len(tokens) > 12 else 0, **category_ticks(labels)))
     return fig
