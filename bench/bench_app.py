@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import signal
 import socket
@@ -66,7 +67,9 @@ TIMEOUT_MS = 120_000
 FINGERPRINT_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
     if (!gd._fullData || !gd.querySelector('.main-svg')) return null;
     return gd._fullData.map(t => {
-        const z = t.z, x = Array.from(t.x || []); if (!z) return x.length;
+        const z = t.z, x = Array.from(t.x || []);
+        if (!z) { let s = 0; const y = Array.from(t.y || []);  // bars and lines: their values
+                  for (let i = 0; i < y.length; i++) s += (+y[i] || 0) * (i + 1); return x.length + ':' + s.toFixed(6); }
         const labels = x.slice(0, 3).join(',') + x.slice(-1);
         const rows = z.length, mid = z[Math.floor(rows / 2)] || [], first = z[0] || [];
         let s = 0; for (let i = 0; i < first.length; i++) s += (+first[i] || 0) * (i + 1);
@@ -191,6 +194,7 @@ class Meter:
     frames: int = 0
     pending: list = field(default_factory=list)
     frame_times: list = field(default_factory=list)  # time.perf_counter() of each frame since reset
+    skip_static: bool = False  # count only what the page itself received, not Streamlit's or bertviz's files
 
     def attach(self, page) -> None:
         def on_ws(ws):
@@ -206,6 +210,8 @@ class Meter:
 
     def settle(self) -> None:
         for r in self.pending:
+            if self.skip_static and ("/static/" in r.url or r.url.endswith((".woff2", ".js", ".css"))):
+                continue
             try:
                 self.http_bytes += len(r.body())
             except Exception:  # noqa: BLE001 - a body that is gone (redirect, aborted) counts 0
@@ -527,6 +533,167 @@ def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: 
     return rows
 
 
+# -- every page from a link ----------------------------------------------------------------------
+# page path -> (figures it draws at least, the picker that the page's own figures depend on)
+EVERY_PAGE = {
+    "heatmaps": (6, ("sidebar", "Head")),
+    "": (1, ("sidebar", "Head")),  # Home, the default page, lives at the root
+    "causal": (8, ("sidebar", "Head")),
+    "inside": (6, ("sidebar", "Head")),
+    "bertviz": (0, ("sidebar", "Layer")),  # no Plotly figure: its iframe must draw (PAGE_READY_JS)
+    "analysis_contexts": (3, ("sidebar", "Head")),
+    "analysis_rollout": (2, ("slider", "Rollout up to layer")),
+    "analysis_norms": (4, ("sidebar", "Head")),
+    "analysis_head_stats": (1, ("select", "Statistic")),
+    "analysis_masking": (3, ("select", "…or a whole layer")),
+}
+PAGE_READY_JS = """([minFigures, mustText]) => {
+    const status = document.querySelector('[data-testid="stStatusWidget"]');
+    if (status && /Running|Stop/i.test(status.innerText)) return false;
+    if (document.querySelector('[data-stale="true"]') || document.querySelector('[data-testid="stSpinner"]')) return false;
+    if (mustText && !document.body.innerText.includes(mustText)) return false;
+    const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
+    if (plots.length < minFigures || plots.some(gd => !gd._fullData || !gd.querySelector('.main-svg'))) return false;
+    if (mustText && location.pathname.endsWith('/bertviz') && !document.querySelector('iframe')) return false;
+    for (const f of document.querySelectorAll('iframe')) {
+        const doc = f.contentDocument;
+        if (!doc || doc.querySelectorAll('svg *').length < 10) return false;
+    }
+    return true;
+}"""
+TALLEST_JS = """() => Math.max(0, ...Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => gd._fullLayout ?
+    gd._fullLayout.height : 0), ...Array.from(document.querySelectorAll('iframe')).map(f => f.getBoundingClientRect().height))"""
+IFRAME_STAMP_JS = """() => Array.from(document.querySelectorAll('iframe')).map(f => {
+    if (!f.contentDocument) return ''; const w = f.contentWindow; if (!w.__stamp) w.__stamp = Math.random(); return w.__stamp; }).join()"""
+
+
+def forward_seconds(label: str, text: str) -> float:
+    """The trace (tokenise + forward pass + the AttentionTrace) of ``text`` in this process, the model loaded
+    beforehand, as the app's cached model is (median of 3)."""
+    from model_core import build_custom_model, encode, load_pretrained, trace_bert, trace_custom
+    from model_core.loading import load_tokenizer
+    from model_core.tracing import CustomSpec, describe_custom
+
+    params = MODELS[label]
+    if params["model"] == "bert":
+        loaded = load_pretrained(None)
+        tokenizer = loaded.tokenizer
+
+        def run(encoded):
+            return trace_bert(loaded, encoded)
+    else:
+        spec = CustomSpec(num_layers=int(params["layers"]), num_heads=int(params["heads"]),
+                          hidden_size=int(params["hidden"]))
+        model = build_custom_model(spec)
+        tokenizer = load_tokenizer()
+        description = describe_custom(spec, model)
+
+        def run(encoded):
+            return trace_custom(model, encoded, description)
+    run(encode(tokenizer, "warm up", None))
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run(encode(tokenizer, text, None))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def open_link(context, origin: str, path: str, params: dict, min_figures: int, n_tokens: int):
+    """Open a shared link to a page in a new tab; (page, meter, seconds until every figure is drawn, bytes).
+
+    The browser context is shared, so Streamlit's own JavaScript comes from its cache, as for anyone who has
+    opened the app before; the bytes are what the page itself received (websocket frames and HTTP bodies other
+    than static files).
+    """
+    page = context.new_page()
+    meter = Meter(skip_static=True)
+    meter.attach(page)
+    start = time.perf_counter()
+    page.goto(f"{origin}/{path}?{urllib.parse.urlencode(params)}", wait_until="commit")
+    page.wait_for_function(PAGE_READY_JS, arg=[min_figures, f"· {n_tokens} tokens"], polling=50, timeout=TIMEOUT_MS)
+    seconds = time.perf_counter() - start
+    page.wait_for_timeout(300)
+    meter.settle()
+    return page, meter, seconds, meter.total
+
+
+def use_picker(page, meter: Meter, picker: tuple[str, str], min_figures: int) -> tuple[float, int]:
+    """Change the page's own picker once; (seconds until its figures are redrawn and painted, bytes)."""
+    kind, label = picker
+    before = page.evaluate(FINGERPRINT_JS), page.evaluate(IFRAME_STAMP_JS)
+    meter.reset()
+    if kind == "slider":
+        thumb = page.get_by_role("slider", name=label)
+        thumb.focus()
+        armed = page.evaluate(ARM_INPUT_JS)
+        thumb.press("ArrowLeft")
+    else:
+        scope = page.locator('section[data-testid="stSidebar"]') if kind == "sidebar" else page.locator(
+            '[data-testid="stMain"]')
+        combo = scope.locator(f'input[role="combobox"][aria-label="{label}"]')
+        combo.click()
+        combo.press("ArrowDown")
+        option = page.locator('[role="listbox"] [role="option"]').nth(2)
+        option.wait_for()
+        armed = page.evaluate(ARM_INPUT_JS)
+        option.click()
+    page.wait_for_function(
+        f"""() => {{ const before = {json.dumps(before[0])}, frames = {json.dumps(before[1])};
+            if (!({PAGE_READY_JS})([{min_figures}, null])) return false;
+            const now = ({FINGERPRINT_JS})(), stamps = ({IFRAME_STAMP_JS})();
+            return now.some((f, i) => f !== before[i]) || (frames !== '' && stamps !== frames); }}""",
+        polling=50, timeout=TIMEOUT_MS)
+    t1 = page.evaluate(PAINT_JS)
+    t0 = page.evaluate(INPUT_AT_JS)
+    page.wait_for_timeout(300)
+    meter.settle()
+    return (t1 - t0) / 1000, meter.total
+
+
+def bench_every_page(browser, server: Server, sizes: list[int], models: list[str]) -> list[dict]:
+    """Each page opened from a link (a new text each time, so each open runs the forward pass), then its picker."""
+    rows = []
+    variants = itertools.count(301)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    for label in models:
+        warm = context.new_page()  # the model loaded and Streamlit's JavaScript in the cache
+        warm.goto(f"{server.origin}/heatmaps?{urllib.parse.urlencode({**MODELS[label], 'b': '', 'a': 'warm up'})}")
+        warm.wait_for_function(PAGE_READY_JS, arg=[6, "· 4 tokens"], polling=50, timeout=TIMEOUT_MS)
+        warm.close()
+        for n in sizes:
+            forward = forward_seconds(label, text_of(n, 300))
+            for path, (min_figures, picker) in EVERY_PAGE.items():
+                params = {**MODELS[label], "b": "", "a": text_of(n, next(variants))}
+                page, meter, seconds, size = open_link(context, server.origin, path, params, min_figures, n)
+                tallest = page.evaluate(TALLEST_JS)
+                try:
+                    change, change_bytes = use_picker(page, meter, picker, min_figures)
+                except Exception as exc:  # noqa: BLE001 - report it, keep measuring the other pages
+                    print(f"  {label} {n} {path or 'home'}: picker failed ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
+                    change, change_bytes = float("nan"), 0
+                page.close()
+                row = {"model": label, "n": n, "page": path, "open_s": seconds, "bytes": size, "tallest_px": tallest,
+                       "picker": picker[1], "change_s": change, "change_bytes": change_bytes, "forward_s": forward}
+                rows.append(row)
+                print(f"  {label} {n:>3} {path or 'home':20s} open {seconds:5.2f} s {mb(size):>9} tallest {tallest:>5.0f} px · "
+                      f"{picker[1]} {change:5.2f} s {mb(change_bytes):>9} · forward {forward:.2f} s", flush=True)
+    context.close()
+    return rows
+
+
+def every_page_table(rows: list[dict]) -> str:
+    """One markdown table: every page, with its open time as a ratio to the heatmaps page's in the same run."""
+    lines = ["| model | tokens | page | open from a link | × heatmaps page | × forward pass | bytes | tallest figure |"
+             " picker | change |", "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        base = next(x for x in rows if x["model"] == r["model"] and x["n"] == r["n"] and x["page"] == "heatmaps")
+        lines.append(f"| {r['model']} | {r['n']} | {r['page'] or 'home'} | {r['open_s']:.2f} s | {r['open_s'] / base['open_s']:.2f} | "
+                     f"{r['open_s'] / r['forward_s']:.1f} | {mb(r['bytes'])} | {r['tallest_px']:.0f} px | {r['picker']} | "
+                     f"{r['change_s']:.2f} s |")
+    return "\n".join(lines)
+
+
 def bench_sessions(browser, n_sessions: int, n_tokens: int) -> dict:
     """A fresh server; RSS after one session, then after ``n_sessions`` (each its own text)."""
     server = Server()
@@ -562,6 +729,9 @@ def main() -> None:
     parser.add_argument("--profile-browser", type=Path, metavar="PATH",
                         help="record the page's JavaScript CPU profile over the head changes at the largest size "
                              "(PATH-<model>-<tokens>.cpuprofile, for Chrome DevTools) and summarise it")
+    parser.add_argument("--pages-only", action="store_true",
+                        help="only every page opened from a link and its own picker (with the forward pass)")
+    parser.add_argument("--no-pages", action="store_true", help="skip the every-page run")
     args = parser.parse_args()
     if args.quick:
         args.repeat = 1
@@ -577,6 +747,10 @@ def main() -> None:
         try:
             if args.profile:
                 server.start_profile(args.profile)
+            page_rows = [] if args.no_pages else bench_every_page(browser, server, args.sizes, args.models)
+            if args.pages_only:
+                print("\n" + every_page_table(page_rows))
+                return
             rows = bench_pages(browser, server, args.sizes, args.repeat, args.models,
                                bertviz_page=not args.heatmaps_only and (ROOT / "pages/bertviz.py").exists(),
                                raw_bertviz=not args.heatmaps_only, browser_profile=args.profile_browser)
@@ -585,6 +759,8 @@ def main() -> None:
         sessions = bench_sessions(browser, args.sessions, 128) if args.sessions else None
         browser.close()
 
+    if page_rows:
+        print("\n" + every_page_table(page_rows))
     print()
     print("| model | tokens | heatmaps page: time | bytes received | head change: time | bytes |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -111,4 +111,4 @@ with d3:
 arrays = {"tokens": np.asarray(trace.tokens), "bins": np.asarray(result.bins), "first_span": [first.start, first.end],
           "second_span": [second.start, second.end], "js": result.js, "hidden_cosine": result.hidden_cosine,
           "dist_first": result.dist_first, "dist_second": result.dist_second}
-bundle_buttons(to_npz_bytes(arrays), to_json_str(arrays), f"{trace.model_kind}_{word}_contexts", "ctx_bundle")
+bundle_buttons(lambda: (to_npz_bytes(arrays), to_json_str(arrays)), f"{trace.model_kind}_{word}_contexts", "ctx_bundle")

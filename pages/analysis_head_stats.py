@@ -74,5 +74,4 @@ c3.button("Open this head in the heatmaps", key="stats_open", on_click=_open_pic
 
 st.subheader("Download")
 csv_button("All statistics, one row per head (CSV)", rows_to_csv(stats.to_rows()), "head_stats.csv", "stats_csv")
-npz, json_text = cached_bundle(trace_cache_key(trace), trace)
-bundle_buttons(npz, json_text, f"{trace.model_kind}_analysis", "stats_bundle")
+bundle_buttons(lambda: cached_bundle(trace_cache_key(trace), trace), f"{trace.model_kind}_analysis", "stats_bundle")

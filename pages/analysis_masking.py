@@ -85,4 +85,4 @@ arrays = {"masked_heads": effect.masked_heads, "cls_cosine": effect.cls_cosine, 
           "attention_tv": effect.attention_tv, "attention_js": effect.attention_js}
 if effect.logits_baseline is not None:
     arrays |= {"logits_baseline": effect.logits_baseline, "logits_masked": effect.logits_masked}
-bundle_buttons(to_npz_bytes(arrays), to_json_str(arrays), f"{trace.model_kind}_masking", "mask_bundle")
+bundle_buttons(lambda: (to_npz_bytes(arrays), to_json_str(arrays)), f"{trace.model_kind}_masking", "mask_bundle")

@@ -13,6 +13,7 @@ from ui.analysis_widgets import (
     figure_format,
     how_to_read,
     show_figure,
+    token_window,
     trace_cache_key,
 )
 from ui.context import require_trace
@@ -44,14 +45,15 @@ def _head(layer: int, head: int) -> None:
     weighted = norm_weighted_attention(trace.attentions[layer : layer + 1, head : head + 1],
                                        trace.value_norms[layer : layer + 1, head : head + 1])[0, 0]
     st.markdown(f"**Layer {layer}, head {head}**")
+    hide = token_window(trace.n_tokens, "norms_window", "two matrices")
     left, right = st.columns(2)
     for col, matrix, title, stem, key in ((left, raw, "raw α", "raw", "norm_raw"),
                                           (right, weighted, "norm-weighted ‖α f(x)‖", "norm_weighted", "norm_weighted")):
         with col:
             show_figure(attention_heatmap(matrix, trace.tokens, title=title, sentence_b_start=trace.sentence_b_start,
-                                          zmax=None, value_name="α" if key == "norm_raw" else "‖α f(x)‖"),
+                                          hide=hide, zmax=float(matrix.max()), value_name="α" if key == "norm_raw" else "‖α f(x)‖"),
                         f"{trace.model_kind}_L{layer}H{head}_{stem}")
-            csv_button(f"{title}, this head (CSV)", matrix_to_csv(matrix, labels, labels),
+            csv_button(f"{title}, this head (CSV)", lambda m=matrix: matrix_to_csv(m, labels, labels),
                        f"{stem}_L{layer}H{head}.csv", key)
 
 
@@ -66,5 +68,4 @@ show_figure(layer_head_figure(drop, "Share on [CLS]+[SEP]: raw minus norm-weight
 
 st.subheader("Download")
 csv_button("Share drop per head (CSV)", grid_to_csv(drop), "special_share_drop.csv", "norm_drop")
-npz, json_text = cached_bundle(trace_cache_key(trace), trace)
-bundle_buttons(npz, json_text, f"{trace.model_kind}_analysis", "norm_bundle")
+bundle_buttons(lambda: cached_bundle(trace_cache_key(trace), trace), f"{trace.model_kind}_analysis", "norm_bundle")

@@ -50,7 +50,7 @@ def rollout_view() -> None:
     show_figure(attention_heatmap(result.rollout[layer], trace.tokens, title=f"Attention rollout after layer {layer}",
                                   sentence_b_start=trace.sentence_b_start, zmax=None, value_name="share"),
                 f"{trace.model_kind}_rollout_L{layer}")
-    csv_button(f"Rollout after layer {layer} (CSV)", matrix_to_csv(result.rollout[layer], labels, labels),
+    csv_button(f"Rollout after layer {layer} (CSV)", lambda: matrix_to_csv(result.rollout[layer], labels, labels),
                f"rollout_layer{layer}.csv", "rollout_csv")
 
 
@@ -63,7 +63,7 @@ with right:
         show_figure(attention_heatmap(flow, trace.tokens, title="Attention flow (rows normalised)",
                                       sentence_b_start=trace.sentence_b_start, zmax=None, value_name="share"),
                     f"{trace.model_kind}_flow")
-        csv_button("Flow, raw max-flow values (CSV)", matrix_to_csv(result.flow, labels, labels), "flow.csv",
+        csv_button("Flow, raw max-flow values (CSV)", lambda: matrix_to_csv(result.flow, labels, labels), "flow.csv",
                    "flow_csv")
     else:
         st.info(f"The full flow matrix is limited to {FLOW_MAX_TOKENS} tokens and this input has "
@@ -80,5 +80,4 @@ show_figure(relevance_figure(trace.tokens, series, "Relevance of each input toke
 st.subheader("Download")
 csv_button("Relevance to [CLS] (CSV)", matrix_to_csv(np.stack(list(series.values()), 1), labels, list(series)),
            "cls_relevance.csv", "cls_csv")
-npz, json_text = cached_bundle(key, trace)
-bundle_buttons(npz, json_text, f"{trace.model_kind}_analysis", "rollout_bundle")
+bundle_buttons(lambda: cached_bundle(key, trace), f"{trace.model_kind}_analysis", "rollout_bundle")

@@ -39,6 +39,7 @@ if missing:
     st.page_link(HEATMAPS_PAGE, label="Open the Attention heatmaps", icon=":material/grid_view:")
     st.stop()
 
+MAX_VIEW_PX = 1000
 kind = st.radio("View", list(VIEW_LABELS), format_func=VIEW_LABELS.get, horizontal=True, key="bv_kind")
 st.caption(VIEW_HELP[kind])
 
@@ -79,6 +80,7 @@ if not size.ok or st.toggle("Show only a span of tokens", key="bv_use_window"):
 
 with view_guard(f"bertviz {kind}"):
     view = bv.view_html(kind, t, layers, heads, token_window=window)
-    st.iframe(view.html, height=view.height, alt=f"bertviz {VIEW_LABELS[kind].lower()}")
+    # At most MAX_VIEW_PX tall: a longer view (the head view of 128 tokens is 2,100 px) scrolls inside its frame.
+    st.iframe(view.html, height=min(view.height, MAX_VIEW_PX), alt=f"bertviz {VIEW_LABELS[kind].lower()}")
     st.caption(f"{len(view.html.encode()) / 1e3:,.0f} kB sent · about {view.n_elements:,} SVG elements · "
                "bertviz's own JavaScript, served by this app with d3 and jQuery from static/vendor/.")

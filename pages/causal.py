@@ -4,13 +4,13 @@ import streamlit as st
 
 from model_core.export import matrix_to_csv
 from model_core.mask_steps import MaskSteps, mask_steps
+from ui.analysis_widgets import token_window
 from ui.context import require_trace
 from ui.figures import PLOTLY_CONFIG, SCORE_SCALE, attention_heatmap
 from ui.guard import view_guard
 from ui.loaders import get_trace
 from ui.state import head_fragment
 
-WINDOW = 128  # longer inputs show this many tokens at a time: 8 panels of 512 x 512 took 2 s per head
 
 ctx = require_trace()
 t = ctx.trace
@@ -79,14 +79,7 @@ def _steps(layer: int, head: int) -> None:
     st.caption(f"{t.description} · layer {layer}, head {head} · {t.n_tokens} tokens")
     st.info(note)
     rows = [(title, mask_steps(trace, layer, head, apply_causal=apply)) for title, trace, apply in variants]
-    hide: list[int] = []
-    if t.n_tokens > WINDOW:
-        start = st.slider(f"First token shown ({WINDOW} at a time)", 0, t.n_tokens - WINDOW, 0,
-                          key="causal_window",
-                          help="The panels show one window of queries and keys; the CSV downloads have every token.")
-        hide = [*range(start), *range(start + WINDOW, t.n_tokens)]
-        st.caption(f"Tokens {start}–{start + WINDOW - 1} of {t.n_tokens}. Weights are the model's own, not "
-                   "renormalised to the window, so a row sums to 1 only with the keys outside it.")
+    hide = token_window(t.n_tokens, "causal_window")  # 8 panels of 512 x 512 took 2 s per head
     headers = st.columns(2)
     for col, (title, _) in zip(headers, rows):
         col.markdown(f"#### {title}")

@@ -5,6 +5,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from model_core import InputError, ModelLoadError
+from ui.analysis_widgets import token_window
 from ui.context import require_trace
 from ui.figures import (
     PLOTLY_CONFIG,
@@ -99,17 +100,19 @@ def _one_head(wt, layer: int, head: int) -> None:
         st.caption(f"Each is (pos, d_head) = ({n}, {d_head}) for this head; `queries` for all heads of the layer "
                    f"has shape {wt.shapes()['queries']}.")
     with view_guard("scores and weights"):
+        hide = token_window(n, "inside_window", "scores and weights")
         c1, c2 = st.columns(2)
         with c1:
             st.plotly_chart(attention_heatmap(wt.masked_scores[head], wt.tokens, title="Scores QKᵀ/√d_head"
                                               + (" after the causal mask (−∞ above the diagonal)" if wt.causal else ""),
-                                              sentence_b_start=wt.sentence_b_start, colorscale=SCORE_SCALE,
+                                              sentence_b_start=wt.sentence_b_start, colorscale=SCORE_SCALE, hide=hide,
                                               zmin=-wt.score_limit(head), zmax=wt.score_limit(head), value_name="score"),
                             config=PLOTLY_CONFIG, key="scores")
             shape_line(wt, "scores")
         with c2:
             st.plotly_chart(attention_heatmap(wt.weights[head], wt.tokens, title="Weights = softmax(scores)",
-                                              sentence_b_start=wt.sentence_b_start), config=PLOTLY_CONFIG, key="weights")
+                                              sentence_b_start=wt.sentence_b_start, hide=hide),
+                            config=PLOTLY_CONFIG, key="weights")
             shape_line(wt, "weights")
     with view_guard("head output"):
         st.plotly_chart(vector_heatmap(wt.head_outputs[head], wt.tokens, title="Head output = weights @ V",

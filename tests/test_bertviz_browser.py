@@ -148,6 +148,14 @@ def test_long_input_offers_a_token_window_instead_of_freezing(app_url, browser):
         assert 0 < n_lines <= bv.MAX_ELEMENTS
         SHOTS.mkdir(exist_ok=True)
         page.screenshot(path=str(SHOTS / "long-model-window.png"), full_page=True)
+        # The head view of all 123 tokens is ~2,000 px of bertviz's layout: the frame stops at 1,000 px and
+        # the view scrolls inside it.
+        page.get_by_text("Head view", exact=True).click()
+        head = page.locator('iframe[title="bertviz head view"]')
+        head.wait_for(timeout=60_000)
+        page.wait_for_timeout(1000)
+        inner = _frame_of(head).evaluate("document.documentElement.scrollHeight")
+        assert head.evaluate("e => e.clientHeight") <= 1000 < inner
         assert visit.errors == [] and visit.outside == []
     finally:
         visit.close()

@@ -50,22 +50,42 @@ def clicked_cell(chart_key: str) -> tuple[int, int] | None:
     return int(point["y"]), int(point["x"])
 
 
-def csv_button(label: str, text: str, file_name: str, key: str) -> None:
-    """A download button for CSV text."""
-    st.download_button(label, text, file_name=file_name, mime="text/csv", key=key)
+WINDOW = 128  # tokens a readable matrix shows at a time: 512 x 512 in 760 px is 1.5 px a cell
 
 
-def bundle_buttons(npz: bytes, json_text: str, stem: str, key: str) -> None:
-    """Download buttons for the whole analysis as NPZ and as JSON, side by side."""
+def token_window(n_tokens: int, key: str, what: str = "panels") -> list[int]:
+    """Past ``WINDOW`` tokens, a slider picks which ``WINDOW`` positions the matrices show.
+
+    Returns the positions to leave out (for ``attention_heatmap(hide=...)``): none for short inputs. Nothing is
+    renormalised, and the CSV downloads keep every token.
+    """
+    if n_tokens <= WINDOW:
+        return []
+    start = st.slider(f"First token shown ({WINDOW} at a time)", 0, n_tokens - WINDOW, 0, key=key,
+                      help=f"The {what} show one window of queries and keys; the CSV downloads have every token.")
+    st.caption(f"Tokens {start}–{start + WINDOW - 1} of {n_tokens}. Weights are the model's own, not renormalised "
+               "to the window, so a row sums to 1 only with the keys outside it.")
+    return [*range(start), *range(start + WINDOW, n_tokens)]
+
+
+def csv_button(label: str, text: str | Callable[[], str], file_name: str, key: str) -> None:
+    """A download button for CSV text; pass a function to write the CSV only when the button is clicked."""
+    st.download_button(label, text, file_name=file_name, mime="text/csv", key=key, on_click="ignore")
+
+
+def bundle_buttons(make: Callable[[], tuple[bytes, str]], stem: str, key: str) -> None:
+    """Download buttons for the whole analysis as NPZ and as JSON, side by side.
+
+    ``make`` returns (NPZ bytes, JSON text); it runs when a button is clicked, not on every run of the page
+    (at 512 tokens the bundle took seconds to build and megabytes to hold).
+    """
     left, right = st.columns(2)
     with left:
-        st.download_button(
-            "Whole analysis (NPZ)", npz, file_name=f"{stem}.npz", mime="application/octet-stream", key=f"{key}_npz"
-        )
+        st.download_button("Whole analysis (NPZ)", lambda: make()[0], file_name=f"{stem}.npz",
+                           mime="application/octet-stream", key=f"{key}_npz", on_click="ignore")
     with right:
-        st.download_button(
-            "Whole analysis (JSON)", json_text, file_name=f"{stem}.json", mime="application/json", key=f"{key}_json"
-        )
+        st.download_button("Whole analysis (JSON)", lambda: make()[1], file_name=f"{stem}.json",
+                           mime="application/json", key=f"{key}_json", on_click="ignore")
 
 
 def how_to_read(text: str, paper: str) -> None:

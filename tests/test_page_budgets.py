@@ -1,0 +1,83 @@
+"""Every page at 512 tokens, both models, through the real app (AppTest): what it sends stays within budget.
+
+Per page: every Plotly figure is at most 1,000 px tall, and the page's figures and iframes together stay
+within 5 MB, the most a page may send at 512 tokens. Times are measured by ``bench/bench_app.py``; these are
+the deterministic sizes that make them possible, checked on the real models and pages.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_app import text_of  # noqa: E402
+
+from browser_support import app_pages  # noqa: E402
+
+MB = 1_000_000
+PAGE_BYTES = 5 * MB
+MAX_HEIGHT_PX = 1000
+# The corpus pages draw a corpus run, not the sidebar's text (bench_space.py and test_corpus_* cover them).
+TEXT_PAGES = [path for path, _ in app_pages() if not path.startswith("pages/corpus")]
+MODELS = {
+    "bert": {"ctl_model": "bert"},
+    "custom-12x12x768": {"ctl_model": "custom", "ctl_layers": 12, "ctl_heads": 12, "ctl_hidden": 768},
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def app_at_512(request):
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    at.session_state["ctl_text_a"] = text_of(512, 0)
+    at.session_state["ctl_text_b"] = ""
+    for key, value in MODELS[request.param].items():
+        at.session_state[key] = value
+    at.run()
+    assert at.session_state["_app_context"].trace.n_tokens == 512
+    return at
+
+
+def page_sizes(at: AppTest, page: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Run ``page`` through app.py; (bytes of each figure and iframe, height of each figure)."""
+    if "_app_context" in at.session_state:  # see tests/test_pages.py: run through app.py, not the page alone
+        del at.session_state["_app_context"]
+    at.switch_page(page)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["_app_context"].trace.n_tokens == 512
+    sizes, heights = {}, {}
+    for i, chart in enumerate(at.get("plotly_chart")):
+        spec = json.loads(chart.proto.spec)
+        name = f"{i}: {(spec['layout'].get('title') or {}).get('text', '')}"[:60]
+        sizes[name] = len(chart.proto.spec.encode())
+        heights[name] = spec["layout"].get("height") or 450  # Plotly's default
+    for i, frame in enumerate(at.get("iframe")):
+        sizes[f"iframe {i}"] = len((frame.proto.srcdoc or "").encode())  # its height: test_bertviz_browser
+    return sizes, heights
+
+
+@pytest.mark.parametrize("page", TEXT_PAGES, ids=[Path(p).stem for p in TEXT_PAGES])
+def test_page_at_512_tokens_sends_at_most_5_mb_and_no_figure_over_1000_px(app_at_512, page):
+    sizes, heights = page_sizes(app_at_512, page)
+    assert sizes, f"{page} drew nothing"
+    assert sum(sizes.values()) <= PAGE_BYTES, sizes
+    assert max(heights.values(), default=0) <= MAX_HEIGHT_PX, heights
+
+
+def test_inside_the_encoder_with_every_step_open_stays_within_the_height_budget(app_at_512):
+    at = app_at_512
+    for step in range(1, 8):
+        at.session_state[f"inside_step{step}"] = True
+    sizes, heights = page_sizes(at, "pages/inside.py")
+    assert len(sizes) >= 15
+    assert max(heights.values()) <= MAX_HEIGHT_PX, heights
+    for step in range(1, 8):
+        at.session_state[f"inside_step{step}"] = step in (1, 3)
