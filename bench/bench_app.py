@@ -514,9 +514,10 @@ def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: 
             if profiler is not None:
                 print(f"\n  browser profile of the head changes ({label}, {n} tokens) -> {profiler.path}\n"
                       + profiler.save_and_summarise(), flush=True)
+            forward = forward_seconds(label, text_of(n, 0))
             viz = bertviz_bytes(label, n) if raw_bertviz else dict.fromkeys(
                 ("raw_head", "raw_model", "ours_head", "ours_model"))
-            rows.append({"model": label, "n": n, "times": times, "bytes": statistics.median(sizes_b),
+            rows.append({"model": label, "n": n, "times": times, "bytes": statistics.median(sizes_b), "forward": forward,
                          "head_times": heads, "head_bytes": statistics.median(head_bytes), **viz})
         context.close()
         if not bertviz_page:
@@ -569,11 +570,16 @@ IFRAME_STAMP_JS = """() => Array.from(document.querySelectorAll('iframe')).map(f
 
 def forward_seconds(label: str, text: str) -> float:
     """The trace (tokenise + forward pass + the AttentionTrace) of ``text`` in this process, the model loaded
-    beforehand, as the app's cached model is (median of 3)."""
+    beforehand, as the app's cached model is, with the server's number of torch threads (median of 3)."""
+    import torch
+
     from model_core import build_custom_model, encode, load_pretrained, trace_bert, trace_custom
     from model_core.loading import load_tokenizer
     from model_core.tracing import CustomSpec, describe_custom
 
+    from ui.loaders import cpu_threads  # the server's choice: half the cores
+
+    torch.set_num_threads(cpu_threads())
     params = MODELS[label]
     if params["model"] == "bert":
         loaded = load_pretrained(None)
@@ -762,10 +768,12 @@ def main() -> None:
     if page_rows:
         print("\n" + every_page_table(page_rows))
     print()
-    print("| model | tokens | heatmaps page: time | bytes received | head change: time | bytes |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| model | tokens | heatmaps page: time | forward pass | × forward | bytes received | head change: time |"
+          " bytes |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['n']} | {med(r['times'])} | {mb(r['bytes'])} | {med(r['head_times'])} | "
+        print(f"| {r['model']} | {r['n']} | {med(r['times'])} | {r['forward']:.2f} s | "
+              f"{statistics.median(r['times']) / r['forward']:.1f} | {mb(r['bytes'])} | {med(r['head_times'])} | "
               f"{mb(r['head_bytes'])} |")
     print()
     print("| model | tokens | bertviz page (head view): time | bytes received | ours: head view HTML | "

@@ -104,6 +104,9 @@ def compare_masking(baseline: AttentionTrace, masked: AttentionTrace) -> Masking
     tv = np.empty(off.shape)
     js = np.empty(off.shape)
     for layer in range(off.shape[0]):  # one layer at a time keeps float64 temporaries small at 512 tokens
+        if np.array_equal(baseline.attentions[layer], masked.attentions[layer]):
+            tv[layer] = js[layer] = 0.0  # up to the first switched-off layer nothing changes: skip the logs
+            continue
         a1 = np.asarray(baseline.attentions[layer], dtype=np.float64)  # (head, q_pos, k_pos)
         a2 = np.asarray(masked.attentions[layer], dtype=np.float64)
         tv[layer] = (0.5 * np.abs(a1 - a2).sum(-1))[:, queries].mean(-1)
