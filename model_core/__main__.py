@@ -23,6 +23,9 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--truncate", action="store_true", help="keep the first tokens of a text over the limit")
     exp.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
     exp.add_argument("--out", required=True, help="FILE.npz or FILE.json")
+    exp.add_argument("--words", action="store_true",
+                     help="also write words, word_attentions (layer, head, q_word, k_word) and word_spans (word, 2): "
+                          "WordPieces merged into words (attention to a word summed, from a word averaged)")
     _corpus_parser(sub)
     nb = sub.add_parser("neighbours", help="the corpus tokens nearest to a token of a text (a run made with --index)")
     nb.add_argument("--run", required=True, help="a run folder made with --index")
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
         trace = build_trace(args.model, args.text, args.text_b, weights=args.weights, model_id=args.model_id,
                             causal=args.causal, seed=args.seed, truncate=args.truncate, device=args.device)
-        path = write_trace(trace, args.out)
+        path = write_trace(trace, args.out, words=args.words)
     except (ValueError, OSError) as exc:  # InputError and ModelLoadError are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -12,10 +12,30 @@ from model_core.trace import AttentionTrace
 
 EXPORT_KEYS = ("tokens", "token_type_ids", "attentions", "scores", "masked_scores", "mask",
                "hidden_states", "queries", "keys")
+WORD_KEYS = ("words", "word_attentions", "word_spans")
 
 
-def trace_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
-    """The export keys as numpy arrays: float32 tensors, ``tokens`` as strings, ``mask`` as 0/1 float32."""
+def word_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
+    """The word-level keys: ``words``, ``word_attentions`` (layer, head, q_word, k_word) float32 merged by
+    Clark et al.'s rule (see ``model_core.words``), and ``word_spans`` (word, 2): start and end piece, end excluded.
+    """
+    from model_core.words import word_spans
+
+    words = word_spans(trace.tokens)
+    return {"words": np.array(words.words, dtype=str), "word_attentions": words.merge(trace.attentions),
+            "word_spans": words.array()}
+
+
+def trace_arrays(trace: AttentionTrace, *, words: bool = False) -> dict[str, np.ndarray]:
+    """The export keys as numpy arrays: float32 tensors, ``tokens`` as strings, ``mask`` as 0/1 float32.
+
+    With ``words``, also the word-level keys of ``word_arrays``.
+    """
+    return {**trace_fields(trace), **(word_arrays(trace) if words else {})}
+
+
+def trace_fields(trace: AttentionTrace) -> dict[str, np.ndarray]:
+    """The piece-level export keys (``EXPORT_KEYS``)."""
     return {
         "tokens": np.array(trace.tokens, dtype=str),
         "token_type_ids": trace.token_type_ids.astype(np.int64),
@@ -29,10 +49,10 @@ def trace_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
     }
 
 
-def trace_to_npz_bytes(trace: AttentionTrace) -> bytes:
+def trace_to_npz_bytes(trace: AttentionTrace, *, words: bool = False) -> bytes:
     """The trace as compressed .npz bytes (for a download button or a file)."""
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, **trace_arrays(trace))
+    np.savez_compressed(buffer, **trace_arrays(trace, words=words))
     return buffer.getvalue()
 
 
@@ -45,16 +65,16 @@ def _jsonable(value: np.ndarray):
     return value.tolist()
 
 
-def trace_to_json(trace: AttentionTrace) -> str:
+def trace_to_json(trace: AttentionTrace, *, words: bool = False) -> str:
     """The trace as JSON text; -inf (masked scores) becomes null."""
-    payload = {key: _jsonable(arr) for key, arr in trace_arrays(trace).items()}
+    payload = {key: _jsonable(arr) for key, arr in trace_arrays(trace, words=words).items()}
     payload["description"] = trace.description
     payload["sentence_b_start"] = trace.sentence_b_start
     return json.dumps(payload)
 
 
-def write_trace(trace: AttentionTrace, path: str | Path) -> Path:
-    """Write ``trace`` to ``path``; the suffix (.npz or .json) picks the format.
+def write_trace(trace: AttentionTrace, path: str | Path, *, words: bool = False) -> Path:
+    """Write ``trace`` to ``path``; the suffix (.npz or .json) picks the format; ``words`` adds ``WORD_KEYS``.
 
     Raises:
         ValueError: the suffix is neither .npz nor .json.
@@ -62,26 +82,34 @@ def write_trace(trace: AttentionTrace, path: str | Path) -> Path:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        path.write_bytes(trace_to_npz_bytes(trace))
+        path.write_bytes(trace_to_npz_bytes(trace, words=words))
     elif suffix == ".json":
-        path.write_text(trace_to_json(trace), encoding="utf-8")
+        path.write_text(trace_to_json(trace, words=words), encoding="utf-8")
     else:
         raise ValueError(f"--out {str(path)!r} must end in .npz or .json.")
     return path
 
 
 def matrix_to_csv(matrix: np.ndarray, row_labels: list[str] | tuple[str, ...],
-                  col_labels: list[str] | tuple[str, ...]) -> str:
+                  col_labels: list[str] | tuple[str, ...], *, row_positions: list[int] | None = None,
+                  col_positions: list[int] | None = None) -> str:
     """A labelled matrix as CSV text (first column: row label; header: column labels).
 
-    Labels are prefixed with their position so repeated tokens stay distinct; -inf is written as -inf.
+    Each label is prefixed with its token's position in the input, as the heatmaps show it ("1:time"), so
+    repeated tokens stay distinct: the row/column index, or ``row_positions``/``col_positions`` when the matrix
+    leaves positions out (e.g. [CLS] and [SEP] hidden). -inf is written as -inf.
+
     Shape: matrix (rows, cols).
     """
     import csv
 
+    rows = list(range(len(row_labels))) if row_positions is None else list(row_positions)
+    cols = list(range(len(col_labels))) if col_positions is None else list(col_positions)
+    if len(rows) != len(row_labels) or len(cols) != len(col_labels):
+        raise ValueError("row_positions and col_positions need one position per label.")
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["query \\ key", *[f"{j}:{c}" for j, c in enumerate(col_labels)]])
-    for i, (label, row) in enumerate(zip(row_labels, np.asarray(matrix))):
+    writer.writerow(["query \\ key", *[f"{j}:{c}" for j, c in zip(cols, col_labels)]])
+    for i, label, row in zip(rows, row_labels, np.asarray(matrix)):
         writer.writerow([f"{i}:{label}", *[f"{v:.6g}" for v in row]])
     return buffer.getvalue()

@@ -1,0 +1,115 @@
+"""Words, not WordPieces: which pieces make a word, and attention between words (Clark et al., 2019).
+
+Attention *to* a word is the sum of the attention to its pieces; attention *from* a word is the mean of
+its pieces' rows. A row of a merged matrix therefore still sums to what a row of the pieces summed to
+(1 for softmax weights). [CLS], [SEP] and the other special tokens stay words of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SPECIAL_PIECES = frozenset({"[CLS]", "[SEP]", "[PAD]", "[MASK]"})
+CONTINUATION = "##"
+RULE = ("Attention to a word is the sum over its pieces; attention from a word is the mean over its pieces, so "
+        "each row still sums to 1 (Clark et al., 2019). [CLS] and [SEP] stay as they are.")
+
+
+@dataclass(frozen=True)
+class WordSpans:
+    """The words of a WordPiece sequence.
+
+    Attributes:
+        words: each word, its pieces joined without the ``##`` marks.
+        spans: (start, end) piece positions of each word, end excluded. Shape: (word, 2).
+        n_pieces: the number of pieces (tokens) they cover.
+    """
+
+    words: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...]
+    n_pieces: int
+
+    def __post_init__(self) -> None:
+        if len(self.words) != len(self.spans):
+            raise ValueError("words and spans must have the same length.")
+        ends = [s for span in self.spans for s in span]
+        if ends and (ends[0] != 0 or ends[-1] != self.n_pieces or any(a >= b for a, b in self.spans)
+                     or any(self.spans[i][1] != self.spans[i + 1][0] for i in range(len(self.spans) - 1))):
+            raise ValueError(f"spans {self.spans} must tile 0..{self.n_pieces} in order.")
+
+    @classmethod
+    def from_tokens(cls, tokens: tuple[str, ...] | list[str]) -> WordSpans:
+        """Group WordPiece tokens: a ``##`` piece continues the word before it (unless that is special)."""
+        words: list[str] = []
+        spans: list[list[int]] = []
+        for i, token in enumerate(tokens):
+            joins = (token.startswith(CONTINUATION) and len(token) > len(CONTINUATION) and spans
+                     and words[-1] not in SPECIAL_PIECES)
+            if joins:
+                words[-1] += token[len(CONTINUATION):]
+                spans[-1][1] = i + 1
+            else:
+                words.append(token)
+                spans.append([i, i + 1])
+        return cls(tuple(words), tuple((a, b) for a, b in spans), len(tokens))
+
+    @property
+    def n_words(self) -> int:
+        return len(self.words)
+
+    @property
+    def any_split(self) -> bool:
+        """Whether some word has more than one piece (else merging changes nothing but the labels)."""
+        return self.n_words < self.n_pieces
+
+    def array(self) -> np.ndarray:
+        """The spans as an array. Shape: (word, 2) int64."""
+        return np.asarray(self.spans, dtype=np.int64).reshape(-1, 2)
+
+    def word_of(self, position: int) -> int:
+        """The word that piece ``position`` belongs to."""
+        if not 0 <= position < self.n_pieces:
+            raise ValueError(f"position {position} is outside 0-{self.n_pieces - 1}.")
+        starts = [a for a, _ in self.spans]
+        return int(np.searchsorted(starts, position, side="right") - 1)
+
+    def word_start(self, position: int | None) -> int | None:
+        """The word index of a piece position such as ``sentence_b_start`` (None stays None)."""
+        return None if position is None else self.word_of(position)
+
+    def _membership(self) -> np.ndarray:
+        member = np.zeros((self.n_words, self.n_pieces), dtype=np.float64)
+        for w, (a, b) in enumerate(self.spans):
+            member[w, a:b] = 1.0
+        return member
+
+    def merge(self, matrix: np.ndarray) -> np.ndarray:
+        """Merge a query x key matrix (or a stack of them) from pieces to words.
+
+        Rows: the mean over a word's pieces; columns: the sum over its pieces.
+
+        Shape: (..., q_pos, k_pos) -> (..., q_word, k_word), float32.
+        """
+        matrix = np.asarray(matrix)
+        if matrix.shape[-2:] != (self.n_pieces, self.n_pieces):
+            raise ValueError(f"matrix ends in {matrix.shape[-2:]}, expected ({self.n_pieces}, {self.n_pieces}).")
+        member = self._membership()  # (word, pos)
+        rows = member / member.sum(axis=1, keepdims=True)
+        finite = np.where(np.isfinite(matrix), matrix, 0.0).astype(np.float64)
+        return np.einsum("wq,...qk,vk->...wv", rows, finite, member, optimize=True).astype(np.float32)
+
+    def merge_rows(self, values: np.ndarray) -> np.ndarray:
+        """Mean over each word's pieces along the last axis (a value per query). Shape: (..., pos) -> (..., word)."""
+        member = self._membership()
+        return (np.asarray(values, dtype=np.float64) @ (member / member.sum(axis=1, keepdims=True)).T).astype(np.float32)
+
+    def merge_columns(self, values: np.ndarray) -> np.ndarray:
+        """Sum over each word's pieces along the last axis (a value per key). Shape: (..., pos) -> (..., word)."""
+        return (np.asarray(values, dtype=np.float64) @ self._membership().T).astype(np.float32)
+
+
+def word_spans(tokens: tuple[str, ...] | list[str]) -> WordSpans:
+    """``WordSpans.from_tokens``: the words of a WordPiece sequence."""
+    return WordSpans.from_tokens(tokens)

@@ -1,0 +1,83 @@
+"""Words, not WordPieces: the grouping of pieces and Clark et al.'s merge rule, on the real tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model_core import build_trace
+from model_core.words import WordSpans, word_spans
+
+SPLIT = "the embeddings of unaffordable tokenizers"
+
+
+@pytest.fixture(scope="module")
+def split_trace():
+    trace = build_trace("bert", SPLIT, "they split")
+    assert any(t.startswith("##") for t in trace.tokens), trace.tokens
+    return trace
+
+
+def test_pieces_group_into_words_and_specials_stay_alone():
+    words = word_spans(["[CLS]", "em", "##bed", "##ding", "##s", "are", "[SEP]", "##x", "[SEP]"])
+    assert words.words == ("[CLS]", "embeddings", "are", "[SEP]", "##x", "[SEP]")
+    assert words.spans == ((0, 1), (1, 5), (5, 6), (6, 7), (7, 8), (8, 9))
+    assert words.word_of(3) == 1 and words.word_start(5) == 2 and words.word_start(None) is None
+    with pytest.raises(ValueError, match="outside"):
+        words.word_of(9)
+
+
+def test_merge_equals_a_naive_loop_over_words(split_trace):
+    words = word_spans(split_trace.tokens)
+    assert words.any_split
+    a = split_trace.attentions[2, 5]
+    expected = np.zeros((words.n_words, words.n_words))
+    for i, (qa, qb) in enumerate(words.spans):
+        for j, (ka, kb) in enumerate(words.spans):
+            expected[i, j] = np.mean([a[q, ka:kb].sum() for q in range(qa, qb)])
+    np.testing.assert_allclose(words.merge(a), expected, atol=1e-6)
+    # A stack of heads merges head by head.
+    np.testing.assert_allclose(words.merge(split_trace.attentions)[2, 5], expected, atol=1e-6)
+
+
+def test_merged_rows_still_sum_to_one(split_trace):
+    merged = word_spans(split_trace.tokens).merge(split_trace.attentions)
+    np.testing.assert_allclose(merged.sum(-1), 1.0, atol=1e-5)
+
+
+def test_a_text_without_split_words_changes_only_in_its_labels():
+    trace = build_trace("bert", "time flies like an arrow", "fruit flies like a banana")
+    words = word_spans(trace.tokens)
+    assert not words.any_split and words.words == trace.tokens
+    np.testing.assert_allclose(words.merge(trace.attentions), trace.attentions, atol=1e-6)
+
+
+def test_word_spans_reject_gaps():
+    with pytest.raises(ValueError, match="tile"):
+        WordSpans(("a", "b"), ((0, 1), (2, 3)), 3)
+
+
+def test_export_words_adds_the_word_keys_to_npz_and_json(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for suffix in ("npz", "json"):
+        out = tmp_path / f"t.{suffix}"
+        done = subprocess.run([sys.executable, "-m", "model_core", "export", "--model", "bert", "--text", SPLIT,
+                               "--words", "--out", str(out)], cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        data = dict(np.load(out)) if suffix == "npz" else json.loads(out.read_text())
+        words, spans = list(data["words"]), np.asarray(data["word_spans"])
+        merged = np.asarray(data["word_attentions"], dtype=np.float32)
+        tokens = list(data["tokens"])
+        assert "embeddings" in words and len(words) < len(tokens)
+        assert merged.shape[2:] == (len(words), len(words)) and spans.shape == (len(words), 2)
+        assert all(words[w] == "".join(t.removeprefix("##") for t in tokens[a:b]) for w, (a, b) in enumerate(spans))
+        np.testing.assert_allclose(merged, word_spans(tokens).merge(np.asarray(data["attentions"])), atol=1e-5)
+    plain = tmp_path / "plain.npz"
+    subprocess.run([sys.executable, "-m", "model_core", "export", "--model", "bert", "--text", SPLIT, "--out",
+                    str(plain)], cwd=root, check=True, capture_output=True, timeout=300)
+    assert "words" not in np.load(plain).files
