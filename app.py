@@ -9,6 +9,7 @@ import streamlit as st
 
 from model_core import InputError, ModelLoadError
 from model_core.settings import BUNDLED_MODEL_ID, load_settings
+from model_core.words import word_spans
 from ui.context import AppContext, set_context
 from ui.loaders import get_trace
 from ui.state import clamp_head, head_picker, init_state, render_controls, sync_query_params
@@ -84,7 +85,7 @@ def main() -> None:
     nav = _navigation()
     for problem in problems:
         st.toast(problem, icon="⚠️")
-    controls = render_controls(settings)
+    controls, head_slot = render_controls(settings)
     trace, error = None, None
     try:
         with st.spinner("Running the model…"):
@@ -94,22 +95,22 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
         error = _as_text(f"The model failed on this input ({type(exc).__name__}: {exc}). Try another text or model.")
     layer = head = 0
-    head_slot = None
+    words = None
     if trace is not None:
         layer, head = clamp_head(trace.n_layers, trace.n_heads)
-        head_slot = st.sidebar.container()
+        words = word_spans(trace.tokens) if st.session_state.get("ctl_words") else None
         if _page_path(nav) not in PAGES_WITH_HEAD_FRAGMENT:
             with head_slot:
                 head_picker(trace.n_layers, trace.n_heads)
         st.sidebar.caption(f"{trace.description} · {trace.n_tokens} tokens")
     else:
-        st.sidebar.error(error)
+        head_slot.error(error)  # right under the text, where the pickers would be
         uses_other_bert = controls.model_id != BUNDLED_MODEL_ID and (
             controls.model == "bert" or controls.weights == "pretrained")
         if isinstance(error, str) and uses_other_bert:
-            st.sidebar.button("Use the bundled model", on_click=_use_bundled, type="primary")
+            head_slot.button("Use the bundled model", on_click=_use_bundled, type="primary")
     set_context(AppContext(controls=controls, settings=settings, trace=trace, error=error, layer=layer, head=head,
-                           head_slot=head_slot))
+                           head_slot=head_slot if trace is not None else None, words=words))
     sync_query_params(settings)
     nav.run()
 

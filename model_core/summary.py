@@ -93,3 +93,42 @@ def pool_matrix(matrix: np.ndarray, size: int, *, sum_keys: bool = False) -> np.
     if sum_keys:
         return np.add.reduceat(rows, edges, axis=-1)
     return np.add.reduceat(rows, edges, axis=-1) / counts[None, :]
+
+
+AGGREGATES = ("head", "layer_mean", "layer_max", "all_mean")
+
+
+def aggregate_heads(attentions: np.ndarray, how: str, layer: int = 0, head: int = 0) -> np.ndarray:
+    """One head's matrix, or an aggregate of many: the mean or the maximum over a layer's heads, or the
+    mean over every layer and head. A mean's rows still sum to 1; a maximum's need not.
+
+    Shape: attentions (layer, head, q_pos, k_pos) -> (q_pos, k_pos).
+    """
+    if how == "head":
+        return attentions[layer, head]
+    if how == "layer_mean":
+        return attentions[layer].mean(axis=0, dtype=np.float64).astype(np.float32)
+    if how == "layer_max":
+        return attentions[layer].max(axis=0)
+    if how == "all_mean":
+        return attentions.mean(axis=(0, 1), dtype=np.float64).astype(np.float32)
+    raise ValueError(f"how must be one of {', '.join(AGGREGATES)}, not {how!r}.")
+
+
+def selection_attention(attentions: np.ndarray, selected: list[int], direction: str = "sent") -> np.ndarray:
+    """For every layer and head, the attention of a set of tokens.
+
+    ``"sent"``: how much the selection sends to each token, the mean of the selected rows (sums to 1).
+    ``"received"``: how much each token sends to the selection, the sum of the selected columns.
+
+    Shape: attentions (layer, head, q_pos, k_pos) -> (layer, head, pos).
+    """
+    selected = sorted({int(i) for i in selected})
+    n = attentions.shape[-1]
+    if not selected or not all(0 <= i < n for i in selected):
+        raise ValueError(f"Select at least one token, at positions 0-{n - 1}.")
+    if direction == "sent":
+        return attentions[:, :, selected, :].mean(axis=2, dtype=np.float64).astype(np.float32)
+    if direction == "received":
+        return attentions[:, :, :, selected].sum(axis=3, dtype=np.float64).astype(np.float32)
+    raise ValueError(f"direction must be 'sent' or 'received', not {direction!r}.")

@@ -4,9 +4,10 @@ import numpy as np
 import streamlit as st
 
 from model_core.export import matrix_to_csv, trace_to_npz_bytes
-from model_core.summary import head_summary, special_token_positions
+from model_core.summary import aggregate_heads, head_summary, selection_attention, special_token_positions
+from model_core.words import RULE
 from ui.context import require_trace
-from ui.figures import PLOTLY_CONFIG, attention_heatmap, overview_mosaic, summary_grid
+from ui.figures import PLOTLY_CONFIG, attention_heatmap, overview_mosaic, selection_grid, summary_grid
 from ui.guard import view_guard
 from ui.state import head_fragment, select_head
 
@@ -15,13 +16,17 @@ t = ctx.trace
 FOCUS = "focused_head"  # the fragment that draws the picker and the focused head
 st.title("Attention heatmaps")
 st.caption(f"{t.description} · {t.n_tokens} tokens")
+shown_tokens = ctx.words.words if ctx.words else t.tokens  # the labels of every matrix on this page
+if ctx.words:
+    st.info(f"**Words, not WordPieces**: {ctx.words.n_words} words from {t.n_tokens} WordPieces. {RULE}",
+            icon=":material/join:")
 
 st.subheader("Overview: every layer × head")
-pooled = t.n_tokens > 32
+pooled = len(shown_tokens) > 32
 # No outline on the focused head: an unchanged figure is not sent or redrawn again when the head changes.
 st.caption("Each small square is one head's attention matrix (queries down, keys across). Click one to focus it "
            "below."
-           + (f" At {t.n_tokens} tokens each head is pooled to 32 × 32 blocks here: a cell is the share of "
+           + (f" At {len(shown_tokens)} tokens each head is pooled to 32 × 32 blocks here: a cell is the share of "
               "attention a block of queries gives to a block of keys, so each row still sums to 1. The focused "
               "heatmap below is exact." if pooled else ""))
 
@@ -40,35 +45,74 @@ def _focus_clicked_head() -> None:
 
 
 with view_guard("overview"):
-    st.plotly_chart(overview_mosaic(t.attentions), config=PLOTLY_CONFIG,
+    st.plotly_chart(overview_mosaic(ctx.attentions()), config=PLOTLY_CONFIG,
                     key="overview", on_select=_focus_clicked_head, selection_mode="points")
 
 
+SHOW = {"head": "One head", "layer_mean": "Mean of the layer's heads", "layer_max": "Maximum over the layer's heads",
+        "all_mean": "Mean of all layers and heads"}
+
+
 def _focused_head(layer: int, head: int) -> None:
-    """The focused head's heatmap and downloads; reruns alone when the layer or head changes."""
-    st.subheader(f"Layer {layer}, head {head}")
+    """The focused head (or an aggregate) with its downloads; reruns alone when the layer or head changes."""
+    show = st.segmented_control("Show", list(SHOW), format_func=SHOW.get, default="head", key="heat_show",
+                                help="Beside single heads: the mean or the maximum over the heads of the sidebar's "
+                                     "layer, or the mean over every layer and head.") or "head"
+    title = {"head": f"Layer {layer}, head {head}", "layer_mean": f"Layer {layer}: mean of its {t.n_heads} heads",
+             "layer_max": f"Layer {layer}: maximum over its {t.n_heads} heads",
+             "all_mean": f"Mean of all {t.n_layers * t.n_heads} heads"}[show]
+    st.subheader(title)
     hide_special = st.toggle("Hide [CLS] and [SEP]", key="hide_special",
                              help="Drops their rows and columns without renormalising, so the other weights "
                                   "stay exact.")
-    hidden = special_token_positions(t.tokens) if hide_special else []
-    matrix = t.attentions[layer, head]
+    matrix, labels, b = ctx.shown(aggregate_heads(t.attentions, show, layer, head))
+    hidden = special_token_positions(labels) if hide_special else []
     with view_guard("focused heatmap"):
-        st.plotly_chart(attention_heatmap(matrix, t.tokens, sentence_b_start=t.sentence_b_start, hide=hidden),
+        st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b, hide=hidden),
                         config=PLOTLY_CONFIG, key="focus")
-    st.caption("Row = query token, column = key token; hover for the exact weight. Rows sum to 1. "
+    st.caption("Row = query token, column = key token; hover for the exact weight. Rows sum to 1"
+               + (" (not for a maximum over heads)" if show == "layer_max" else "") + ". "
                "The dotted red line marks where sentence B starts.")
-    keep = sorted(set(range(t.n_tokens)) - set(hidden))
+    keep = sorted(set(range(len(labels))) - set(hidden))
+    stem = {"head": f"L{layer}_H{head}", "layer_mean": f"L{layer}_mean", "layer_max": f"L{layer}_max",
+            "all_mean": "all_mean"}[show] + ("_words" if ctx.words else "")
     c1, c2 = st.columns(2)
     c1.download_button("Download this matrix (CSV)",
-                       data=lambda: matrix_to_csv(matrix[np.ix_(keep, keep)], [t.tokens[i] for i in keep],
-                                                  [t.tokens[i] for i in keep]),
-                       file_name=f"attention_L{layer}_H{head}.csv", mime="text/csv", on_click="ignore")
-    c2.download_button("Download the whole trace (NPZ)", data=lambda: trace_to_npz_bytes(t),
+                       data=lambda: matrix_to_csv(matrix[np.ix_(keep, keep)], [labels[i] for i in keep],
+                                                  [labels[i] for i in keep], row_positions=keep, col_positions=keep),
+                       file_name=f"attention_{stem}.csv", mime="text/csv", on_click="ignore")
+    c2.download_button("Download the whole trace (NPZ)", data=lambda: trace_to_npz_bytes(t, words=ctx.words is not None),
                        file_name="attention_trace.npz", mime="application/octet-stream", on_click="ignore")
 
 
 head_fragment(FOCUS, _focused_head, slot=ctx.head_slot, n_layers=t.n_layers, n_heads=t.n_heads,
               settings=ctx.settings)
+
+st.subheader("Several tokens at once")
+n_shown = len(shown_tokens)
+picked = [i for i in st.session_state.get("sel_tokens", []) if isinstance(i, int) and 0 <= i < n_shown]
+if picked != st.session_state.get("sel_tokens", []):
+    st.session_state["sel_tokens"] = picked  # positions that this input (or the word toggle) no longer has
+s1, s2 = st.columns([3, 2])
+selected = s1.multiselect("Tokens", range(n_shown), format_func=lambda i: f"{i}: {shown_tokens[i]}", key="sel_tokens",
+                          placeholder="Pick any tokens", help="The link keeps the selection.")
+direction = s2.radio("Show", ["sent", "received"], horizontal=True, key="sel_direction",
+                     format_func={"sent": "what the selection attends to", "received": "what attends to it"}.get)
+if selected:
+    values = selection_attention(ctx.attentions(), selected, direction)  # (layer, head, pos)
+    what = ("the mean of the selected rows: how much the selection sends to each token" if direction == "sent" else
+            "the sum of the selected columns: how much each token sends to the selection")
+    with view_guard("selection grid"):
+        st.plotly_chart(selection_grid(values, shown_tokens, title=f"Every layer × head: {what}",
+                                       value_name="weight" if direction == "sent" else "share"),
+                        config=PLOTLY_CONFIG, key="selection_grid")
+    rows = [f"L{layer} H{head}" for layer in range(t.n_layers) for head in range(t.n_heads)]
+    st.download_button("Download this grid (CSV)",
+                       data=lambda: matrix_to_csv(values.reshape(len(rows), -1), rows, list(shown_tokens)),
+                       file_name=f"selection_{direction}.csv", mime="text/csv", on_click="ignore")
+else:
+    st.caption("Pick tokens above to see, for every layer × head, what they attend to together (or what attends "
+               "to them).")
 
 st.subheader("Per-head summary")
 st.caption("Entropy in bits (low = focused, high = spread out; a uniform row has log₂ n bits), the largest "

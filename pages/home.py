@@ -39,8 +39,8 @@ else:
         st.subheader(f"Layer {layer}, head {head}")
         st.caption(t.description)
         with view_guard("heatmap"):
-            st.plotly_chart(attention_heatmap(t.attentions[layer, head], t.tokens,
-                                              sentence_b_start=t.sentence_b_start), config=PLOTLY_CONFIG,
+            matrix, labels, b = ctx.shown(t.attentions[layer, head])  # words, when the sidebar asks for them
+            st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b), config=PLOTLY_CONFIG,
                             key="home_heatmap")
         st.caption("Darker = more attention. The dotted line marks where sentence B starts. Pick another layer "
                    "or head in the sidebar, or open **Attention heatmaps** for all of them.")

@@ -74,7 +74,7 @@ def _check_page(at: AppTest, page: str, model: str) -> None:
     assert len(charts) >= min_charts, f"{page} drew {len(charts)} charts, expected at least {min_charts}"
     assert at.session_state["_app_context"].trace.model_kind == model
     if page == "pages/inside.py":
-        assert len(at.expander) == INSIDE_STEPS, [e.label for e in at.expander]
+        assert len(at.main.expander) == INSIDE_STEPS, [e.label for e in at.main.expander]
         text = " ".join(m.value for m in at.markdown)
         assert "LayerNorm" not in text  # step 6 is closed: nothing of it was built
         if model == "bert":
@@ -168,7 +168,7 @@ def test_link_opens_a_page_with_its_state():
     _run(at)
     _open(at, "pages/inside.py")
     _clean(at)
-    assert at.expander[2].label.startswith("3 · Layer 3, head 0")
+    assert at.main.expander[2].label.startswith("3 · Layer 3, head 0")
 
 
 def test_out_of_range_layer_in_a_link_warns_and_uses_the_default():

@@ -81,3 +81,31 @@ def test_export_words_adds_the_word_keys_to_npz_and_json(tmp_path):
     subprocess.run([sys.executable, "-m", "model_core", "export", "--model", "bert", "--text", SPLIT, "--out",
                     str(plain)], cwd=root, check=True, capture_output=True, timeout=300)
     assert "words" not in np.load(plain).files
+
+
+def test_aggregates_equal_numpys_mean_and_max(split_trace):
+    from model_core.summary import aggregate_heads
+
+    a = split_trace.attentions
+    np.testing.assert_allclose(aggregate_heads(a, "layer_mean", 3), a[3].mean(0), atol=1e-6)
+    np.testing.assert_array_equal(aggregate_heads(a, "layer_max", 3), a[3].max(0))
+    np.testing.assert_allclose(aggregate_heads(a, "all_mean"), a.mean((0, 1)), atol=1e-6)
+    np.testing.assert_array_equal(aggregate_heads(a, "head", 2, 7), a[2, 7])
+    np.testing.assert_allclose(aggregate_heads(a, "layer_mean", 1).sum(-1), 1.0, atol=1e-5)
+    with pytest.raises(ValueError, match="how must be"):
+        aggregate_heads(a, "median")
+
+
+def test_the_selections_rows_are_the_mean_of_the_selected_rows(split_trace):
+    from model_core.summary import selection_attention
+
+    a = split_trace.attentions
+    sent = selection_attention(a, [4, 1, 4, 2], "sent")
+    np.testing.assert_allclose(sent, a[:, :, [1, 2, 4], :].mean(2), atol=1e-6)
+    np.testing.assert_allclose(sent.sum(-1), 1.0, atol=1e-5)
+    received = selection_attention(a, [1, 2], "received")
+    np.testing.assert_allclose(received, a[:, :, :, 1] + a[:, :, :, 2], atol=1e-6)
+    with pytest.raises(ValueError, match="Select at least one"):
+        selection_attention(a, [], "sent")
+    with pytest.raises(ValueError, match="positions 0-"):
+        selection_attention(a, [999], "sent")

@@ -6,8 +6,12 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+import numpy as np
+
 from model_core import AttentionTrace
 from model_core.settings import Settings
+from model_core.words import WordSpans
+from ui.state import Controls
 
 _KEY = "_app_context"
 
@@ -16,7 +20,7 @@ _KEY = "_app_context"
 class AppContext:
     """What app.py computed this run, before the page runs."""
 
-    controls: "object"
+    controls: Controls
     settings: Settings
     trace: AttentionTrace | None
     error: str | None
@@ -24,6 +28,38 @@ class AppContext:
     head: int = 0
     # The sidebar container of the layer/head picker; pages in app.PAGES_WITH_HEAD_FRAGMENT fill it.
     head_slot: "object | None" = None
+    # The trace's words when the sidebar's "Words, not WordPieces" is on, else None.
+    words: WordSpans | None = None
+
+    def shown(self, matrix: np.ndarray) -> tuple[np.ndarray, tuple[str, ...], int | None]:
+        """A query x key matrix of the trace as the views show it: merged into words when the toggle is on.
+
+        Returns the matrix, its labels and where sentence B starts in it. Shape: (..., pos, pos) -> same or
+        (..., word, word).
+        """
+        trace = self.trace
+        if self.words is None:
+            return matrix, trace.tokens, trace.sentence_b_start
+        return self.words.merge(matrix), self.words.words, self.words.word_start(trace.sentence_b_start)
+
+    def attentions(self) -> np.ndarray:
+        """The trace's whole attention stack as the views show it (merged into words when the toggle is on).
+
+        Shape: (layer, head, pos, pos) or (layer, head, word, word).
+        """
+        if self.words is None:
+            return self.trace.attentions
+        from ui.analysis_widgets import trace_cache_key
+
+        return _merged_stack(trace_cache_key(self.trace), self.trace, self.words)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Merging WordPieces into words…")
+def _merged_stack(key: str, _trace: AttentionTrace, _words: WordSpans) -> np.ndarray:
+    """Every head's attention merged into words, once per trace (``key``); read-only, shared."""
+    merged = _words.merge(_trace.attentions)  # (layer, head, word, word)
+    merged.setflags(write=False)
+    return merged
 
 
 def set_context(ctx: AppContext) -> None:

@@ -34,7 +34,7 @@ def category_ticks(labels: list[str], max_ticks: int = MAX_TICKS) -> dict:
     step = max(1, int(np.ceil(len(labels) / max_ticks)))
     shown = labels[::step]
     return dict(type="category", tickmode="array", tickvals=shown,
-                ticktext=[label.split(": ", 1)[1] for label in shown], tickfont=dict(size=10))
+                ticktext=[label.split(": ", 1)[-1] for label in shown], tickfont=dict(size=10))
 
 
 def attention_heatmap(
@@ -255,4 +255,28 @@ def token_norms_figure(tokens: tuple[str, ...], series: dict[str, np.ndarray], t
     fig.update_layout(title=dict(text=title, font=dict(size=13)), height=320, margin=dict(l=10, r=10, t=36, b=10),
                       yaxis=dict(title="L2 norm", rangemode="tozero"), legend=dict(orientation="h", y=-0.3),
                       xaxis=dict(tickangle=-45 if len(tokens) > 12 else 0, **category_ticks(labels)))
+    return fig
+
+
+def selection_grid(values: np.ndarray, tokens: tuple[str, ...], *, title: str, value_name: str) -> go.Figure:
+    """Every layer x head as one row, every token as a column: what a selection of tokens sends or receives.
+
+    Typed-array z, the token read from the category axis on hover, thinned ticks, at most 1,000 px tall.
+
+    Shape: values (layer, head, pos).
+    """
+    n_layers, n_heads, n = values.shape
+    labels = token_labels(tokens)
+    rows = [f"L{layer} H{head}" for layer in range(n_layers) for head in range(n_heads)]
+    height = int(np.clip(120 + 7 * len(rows), 300, 1000))
+    fig = go.Figure(go.Heatmap(
+        z=np.asarray(values, dtype=np.float32).reshape(-1, n), x=labels, y=rows, colorscale=WEIGHT_SCALE, zmin=0,
+        zmax=float(np.nanmax(values)) if values.size else 1.0,
+        hovertemplate=f"%{{y}}<br>token %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
+        colorbar=dict(title=dict(text=value_name), thickness=12)))
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=height, plot_bgcolor="white",
+                      margin=dict(l=10, r=10, t=40, b=10),
+                      xaxis=dict(side="top", tickangle=-90 if n > 24 else 0, **category_ticks(labels)),
+                      yaxis=dict(autorange="reversed", **category_ticks(rows, int(np.clip((height - 120) // 12, 8,
+                                                                                        MAX_TICKS)))))
     return fig

@@ -9,6 +9,7 @@ import streamlit as st
 
 from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B
 from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
+from model_core.words import RULE as WORD_RULE
 
 MODEL_LABELS = {"bert": "Pretrained BERT", "custom": "Custom encoder"}
 WEIGHT_LABELS = {"random": "Random (seeded)", "pretrained": "Loaded from BERT"}
@@ -70,6 +71,13 @@ def _flag(raw: str) -> bool:
     raise ValueError(f"{raw!r} is not true/false")
 
 
+def _positions(raw: str) -> list[int]:
+    values = [int(v) for v in raw.split(",") if v.strip()]
+    if any(not 0 <= v < 20_000 for v in values) or len(values) > 512:
+        raise ValueError("not a list of token positions")
+    return sorted(set(values))
+
+
 def _text(raw: str) -> str:
     if len(raw) > 20_000:
         raise ValueError("longer than 20,000 characters")
@@ -89,6 +97,8 @@ QUERY_PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "a": ("ctl_text_a", _text),
     "b": ("ctl_text_b", _text),
     "truncate": ("ctl_truncate", _flag),
+    "words": ("ctl_words", _flag),
+    "sel": ("sel_tokens", _positions),
     "layer": ("sel_layer", _int_in(0, 23)),
     "head": ("sel_head", _int_in(0, 15)),
 }
@@ -99,7 +109,8 @@ def _defaults(settings: Settings) -> dict[str, Any]:
     return {"ctl_model": c.model, "ctl_model_id": c.model_id, "ctl_weights": c.weights, "ctl_seed": c.seed,
             "ctl_norm": c.norm_placement, "ctl_causal": c.causal, "ctl_layers": c.num_layers,
             "ctl_heads": c.num_heads, "ctl_hidden": c.hidden_size, "ctl_text_a": c.text_a,
-            "ctl_text_b": c.text_b, "ctl_truncate": c.truncate, "sel_layer": 0, "sel_head": 0}
+            "ctl_text_b": c.text_b, "ctl_truncate": c.truncate, "ctl_words": False, "sel_tokens": [],
+            "sel_layer": 0, "sel_head": 0}
 
 
 def init_state(settings: Settings | None = None) -> list[str]:
@@ -149,43 +160,62 @@ def _restore_focus() -> None:
                 s[key] = value
 
 
-def render_controls(settings: Settings | None = None) -> Controls:
-    """Draw the shared model and text controls in the sidebar and return the choice."""
+def model_summary(s: Any) -> str:
+    """One line naming the chosen model, for the folded model settings' label."""
+    if s["ctl_model"] == "bert":
+        return f"Pretrained BERT · {(s['ctl_model_id'] or '').strip() or 'default'}"
+    if s["ctl_weights"] == "pretrained":
+        return "Custom encoder · BERT weights" + (" · causal" if s["ctl_causal"] else "")
+    return (f"Custom encoder · {s['ctl_layers']}×{s['ctl_heads']}×{s['ctl_hidden']} · seed {s['ctl_seed']}"
+            + (" · causal" if s["ctl_causal"] else ""))
+
+
+def render_controls(settings: Settings | None = None) -> tuple[Controls, Any]:
+    """Draw the shared controls in the sidebar; return the choice and the slot for the layer/head pickers.
+
+    Most used first: the text, then the layer and head (the returned slot, filled by app.py or a page's
+    fragment), then the word toggle; the model settings sit folded below, under a label naming the model.
+    """
     settings = settings or load_settings()
     _restore_focus()
     _persist(*(key for key, _ in QUERY_PARAMS.values()))
     sb = st.sidebar
-    sb.radio("Model", list(MODEL_LABELS), format_func=MODEL_LABELS.get, key="ctl_model", horizontal=True,
-             help="The from-scratch encoder of chapter 3 of NLP with Transformers, or a real pretrained BERT.")
-    model = st.session_state["ctl_model"]
-    if model == "custom":
-        sb.radio("Weights", list(WEIGHT_LABELS), format_func=WEIGHT_LABELS.get, key="ctl_weights",
-                 horizontal=True, help="Random weights as in the book, or a BERT checkpoint's weights loaded "
-                                       "into the custom encoder (post-LayerNorm, like BERT).")
-        pretrained = st.session_state["ctl_weights"] == "pretrained"
-        sb.toggle("Causal mask", key="ctl_causal",
-                  help="torch.tril mask applied with masked_fill(mask == 0, -inf) before the softmax.")
-        if pretrained:
-            sb.text_input("BERT weights from", key="ctl_model_id", help=_model_help(settings))
-        else:
-            sb.number_input("Seed", min_value=0, max_value=MAX_SEED, step=1, key="ctl_seed")
-            sb.radio("LayerNorm", ["pre", "post"], key="ctl_norm", horizontal=True,
-                     format_func={"pre": "Pre-LN (book)", "post": "Post-LN (BERT)"}.get)
-            c1, c2, c3 = sb.columns(3)
-            c1.number_input("Layers", 1, 24, step=1, key="ctl_layers")
-            c2.number_input("Heads", 1, 16, step=1, key="ctl_heads")
-            c3.number_input("Hidden", 16, 1024, step=16, key="ctl_hidden")
-    else:
-        sb.text_input("Model id", key="ctl_model_id", help=_model_help(settings))
     sb.text_area("Sentence A", key="ctl_text_a", height=80, max_chars=20_000)
     sb.text_area("Sentence B (optional)", key="ctl_text_b", height=68, max_chars=20_000)
-    sb.checkbox(f"Truncate past {settings.max_tokens} tokens", key="ctl_truncate")
+    slot = sb.container()
+    sb.toggle("Words, not WordPieces", key="ctl_words",
+              help="Merge the pieces of each word (em ##bed ##ding ##s → embeddings) in every token view. " + WORD_RULE)
+    with sb.expander(f"Model: {model_summary(st.session_state)}"):
+        st.radio("Model", list(MODEL_LABELS), format_func=MODEL_LABELS.get, key="ctl_model", horizontal=True,
+                 help="The from-scratch encoder of chapter 3 of NLP with Transformers, or a real pretrained BERT.")
+        model = st.session_state["ctl_model"]
+        if model == "custom":
+            st.radio("Weights", list(WEIGHT_LABELS), format_func=WEIGHT_LABELS.get, key="ctl_weights",
+                     horizontal=True, help="Random weights as in the book, or a BERT checkpoint's weights loaded "
+                                           "into the custom encoder (post-LayerNorm, like BERT).")
+            pretrained = st.session_state["ctl_weights"] == "pretrained"
+            st.toggle("Causal mask", key="ctl_causal",
+                      help="np.tril mask applied with masked_fill(mask == 0, -inf) before the softmax.")
+            if pretrained:
+                st.text_input("BERT weights from", key="ctl_model_id", help=_model_help(settings))
+            else:
+                st.number_input("Seed", min_value=0, max_value=MAX_SEED, step=1, key="ctl_seed")
+                st.radio("LayerNorm", ["pre", "post"], key="ctl_norm", horizontal=True,
+                         format_func={"pre": "Pre-LN (book)", "post": "Post-LN (BERT)"}.get)
+                c1, c2, c3 = st.columns(3)
+                c1.number_input("Layers", 1, 24, step=1, key="ctl_layers")
+                c2.number_input("Heads", 1, 16, step=1, key="ctl_heads")
+                c3.number_input("Hidden", 16, 1024, step=16, key="ctl_hidden")
+        else:
+            st.text_input("Model id", key="ctl_model_id", help=_model_help(settings))
+        st.checkbox(f"Truncate past {settings.max_tokens} tokens", key="ctl_truncate")
     s = st.session_state
-    return Controls(model=s["ctl_model"], model_id=(s["ctl_model_id"] or "").strip() or settings.default_model,
-                    weights=s["ctl_weights"], seed=int(s["ctl_seed"]), norm_placement=s["ctl_norm"],
-                    causal=bool(s["ctl_causal"]), num_layers=int(s["ctl_layers"]), num_heads=int(s["ctl_heads"]),
-                    hidden_size=int(s["ctl_hidden"]), text_a=s["ctl_text_a"], text_b=s["ctl_text_b"],
-                    truncate=bool(s["ctl_truncate"]))
+    controls = Controls(model=s["ctl_model"], model_id=(s["ctl_model_id"] or "").strip() or settings.default_model,
+                        weights=s["ctl_weights"], seed=int(s["ctl_seed"]), norm_placement=s["ctl_norm"],
+                        causal=bool(s["ctl_causal"]), num_layers=int(s["ctl_layers"]), num_heads=int(s["ctl_heads"]),
+                        hidden_size=int(s["ctl_hidden"]), text_a=s["ctl_text_a"], text_b=s["ctl_text_b"],
+                        truncate=bool(s["ctl_truncate"]))
+    return controls, slot
 
 
 def _model_help(settings: Settings) -> str:
@@ -252,7 +282,12 @@ def sync_query_params(settings: Settings | None = None) -> None:
     for name, (key, _) in QUERY_PARAMS.items():
         value = st.session_state.get(key, defaults[key])
         if value != defaults[key]:
-            wanted[name] = str(value).lower() if isinstance(value, bool) else str(value)
+            if isinstance(value, bool):
+                wanted[name] = str(value).lower()
+            elif isinstance(value, (list, tuple)):
+                wanted[name] = ",".join(str(v) for v in value)
+            else:
+                wanted[name] = str(value)
     current = {k: st.query_params[k] for k in st.query_params}
     if current != wanted:
         st.query_params.from_dict(wanted)
