@@ -53,8 +53,9 @@ def mask_steps(trace: AttentionTrace, layer: int, head: int, *, apply_causal: bo
 
     Args:
         apply_causal: None keeps the model's own mask and weights (the trace's numbers); True
-            applies ``torch.tril``'s mask to the head's real scores as an illustration when the
-            model did not use it; False on a causal trace is refused (its weights were causal).
+            applies the encoder's lower-triangular mask (``np.tril``, as ``torch.tril`` there) to
+            the head's real scores as an illustration when the model did not use it; False on a
+            causal trace is refused (its weights were causal).
 
     Raises:
         ValueError: the layer/head is out of range, or bidirectional steps are asked of a causal trace.

@@ -113,3 +113,37 @@ class WordSpans:
 def word_spans(tokens: tuple[str, ...] | list[str]) -> WordSpans:
     """``WordSpans.from_tokens``: the words of a WordPiece sequence."""
     return WordSpans.from_tokens(tokens)
+
+
+def word_level_trace(trace, words: WordSpans, attentions: np.ndarray | None = None):
+    """A trace whose tokens are ``words`` and whose attentions are merged by the rule above, for views that read
+    only the attentions and the tokens (bertviz's head and model views).
+
+    Its other per-token arrays are the means over each word's pieces (token ids and types: the first piece's),
+    only so that the trace stays well-formed: they are not the model's own numbers, and views that read queries,
+    keys or scores (the neuron view, the causal steps) must use the piece-level trace.
+
+    Args:
+        trace: the piece-level ``AttentionTrace``.
+        words: ``word_spans(trace.tokens)``.
+        attentions: ``words.merge(trace.attentions)`` when it is already at hand (a cache).
+    """
+    from dataclasses import replace
+
+    member = words._membership()
+    mean = member / member.sum(axis=1, keepdims=True)  # (word, pos)
+    firsts = [a for a, _ in words.spans]
+
+    def rows(x: np.ndarray, axis: int) -> np.ndarray:  # mean over pieces along ``axis``
+        return np.moveaxis(np.tensordot(mean, np.moveaxis(np.asarray(x, dtype=np.float64), axis, 0), axes=1),
+                           0, axis).astype(np.float32)
+
+    merged = words.merge(trace.attentions) if attentions is None else attentions
+    mask = (member @ np.asarray(trace.mask, dtype=np.float64) @ member.T) > 0
+    return replace(
+        trace, tokens=words.words, token_ids=np.asarray(trace.token_ids)[firsts],
+        token_type_ids=np.asarray(trace.token_type_ids)[firsts],
+        sentence_b_start=words.word_start(trace.sentence_b_start), attentions=np.array(merged), mask=mask,
+        queries=rows(trace.queries, 2), keys=rows(trace.keys, 2), values=rows(trace.values, 2),
+        value_norms=rows(trace.value_norms, 2), hidden_states=rows(trace.hidden_states, 1),
+        description=trace.description + " · words")

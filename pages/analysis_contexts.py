@@ -54,6 +54,8 @@ how_to_read(
     "Jensen-Shannon divergence: Lin (1991), IEEE Trans. Information Theory.",
 )
 
+if ctx.words is not None:
+    st.caption("Words, not WordPieces: this page already compares whole words (a split word's pieces are pooled).")
 candidates = repeated_words(trace)
 if not candidates:
     st.info("No word occurs twice in this input. Type the same word in both sentences, or try an example.")

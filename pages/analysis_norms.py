@@ -36,21 +36,21 @@ how_to_read(
 )
 
 figure_format()
-labels = [f"{i} {t}" for i, t in enumerate(trace.tokens)]
+labels = [f"{i} {t}" for i, t in enumerate(ctx.words.words if ctx.words else trace.tokens)]
 
 
 def _head(layer: int, head: int) -> None:
     """Raw and norm-weighted attention of the focused head, with their CSVs: a head change reruns only this."""
-    raw = trace.attentions[layer, head]
-    weighted = norm_weighted_attention(trace.attentions[layer : layer + 1, head : head + 1],
-                                       trace.value_norms[layer : layer + 1, head : head + 1])[0, 0]
+    raw, tokens, b = ctx.shown(trace.attentions[layer, head])  # merged into words when the sidebar asks
+    weighted = ctx.shown(norm_weighted_attention(trace.attentions[layer : layer + 1, head : head + 1],
+                                                 trace.value_norms[layer : layer + 1, head : head + 1])[0, 0])[0]
     st.markdown(f"**Layer {layer}, head {head}**")
-    hide = token_window(trace.n_tokens, "norms_window", "two matrices")
+    hide = token_window(len(tokens), "norms_window", "two matrices")
     left, right = st.columns(2)
     for col, matrix, title, stem, key in ((left, raw, "raw α", "raw", "norm_raw"),
                                           (right, weighted, "norm-weighted ‖α f(x)‖", "norm_weighted", "norm_weighted")):
         with col:
-            show_figure(attention_heatmap(matrix, trace.tokens, title=title, sentence_b_start=trace.sentence_b_start,
+            show_figure(attention_heatmap(matrix, tokens, title=title, sentence_b_start=b,
                                           hide=hide, zmax=float(matrix.max()), value_name="α" if key == "norm_raw" else "‖α f(x)‖"),
                         f"{trace.model_kind}_L{layer}H{head}_{stem}")
             csv_button(f"{title}, this head (CSV)", lambda m=matrix: matrix_to_csv(m, labels, labels),

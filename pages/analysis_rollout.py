@@ -40,17 +40,22 @@ how_to_read(
 key = trace_cache_key(trace)
 result = cached_rollout_and_flow(key, trace)
 figure_format()
-labels = [f"{i} {t}" for i, t in enumerate(trace.tokens)]
+shown_tokens = ctx.words.words if ctx.words else trace.tokens  # words when the sidebar asks for them
+labels = [f"{i} {t}" for i, t in enumerate(shown_tokens)]
+if ctx.words:
+    st.caption("Words, not WordPieces: rollout and flow are computed on the pieces, then merged (rows averaged over a "
+               "word's pieces, columns summed).")
 
 
 @st.fragment
 def rollout_view() -> None:
     """The layer slider with the rollout it picks and its CSV: moving it reruns only this part."""
     layer = st.slider("Rollout up to layer", 0, trace.n_layers - 1, trace.n_layers - 1, key="rollout_layer")
-    show_figure(attention_heatmap(result.rollout[layer], trace.tokens, title=f"Attention rollout after layer {layer}",
-                                  sentence_b_start=trace.sentence_b_start, zmax=None, value_name="share"),
+    matrix, tokens, b = ctx.shown(result.rollout[layer])
+    show_figure(attention_heatmap(matrix, tokens, title=f"Attention rollout after layer {layer}",
+                                  sentence_b_start=b, zmax=None, value_name="share"),
                 f"{trace.model_kind}_rollout_L{layer}")
-    csv_button(f"Rollout after layer {layer} (CSV)", lambda: matrix_to_csv(result.rollout[layer], labels, labels),
+    csv_button(f"Rollout after layer {layer} (CSV)", lambda: matrix_to_csv(matrix, labels, labels),
                f"rollout_layer{layer}.csv", "rollout_csv")
 
 
@@ -59,11 +64,12 @@ with left:
     rollout_view()
 with right:
     if result.flow is not None:
-        flow = normalize_rows(result.flow)
-        show_figure(attention_heatmap(flow, trace.tokens, title="Attention flow (rows normalised)",
-                                      sentence_b_start=trace.sentence_b_start, zmax=None, value_name="share"),
+        flow, tokens, b = ctx.shown(normalize_rows(result.flow))
+        show_figure(attention_heatmap(flow, tokens, title="Attention flow (rows normalised)",
+                                      sentence_b_start=b, zmax=None, value_name="share"),
                     f"{trace.model_kind}_flow")
-        csv_button("Flow, raw max-flow values (CSV)", lambda: matrix_to_csv(result.flow, labels, labels), "flow.csv",
+        csv_button("Flow, raw max-flow values (CSV)", lambda: matrix_to_csv(ctx.shown(result.flow)[0], labels, labels),
+                   "flow.csv",
                    "flow_csv")
     else:
         st.info(f"The full flow matrix is limited to {FLOW_MAX_TOKENS} tokens and this input has "
@@ -74,7 +80,9 @@ if result.cls_flow is not None:
     series["flow (normalised)"] = normalize_rows(result.cls_flow[None])[0]
 else:
     st.info(f"Flow into [CLS] is limited to {FLOW_MAX_TOKENS_ONE_ROW} tokens; showing rollout only.")
-show_figure(relevance_figure(trace.tokens, series, "Relevance of each input token to [CLS] (last layer)"),
+if ctx.words:  # to a word: the sum over its pieces
+    series = {name: ctx.words.merge_columns(values) for name, values in series.items()}
+show_figure(relevance_figure(shown_tokens, series, "Relevance of each input token to [CLS] (last layer)"),
             f"{trace.model_kind}_cls_relevance")
 
 st.subheader("Download")

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from model_core.words import RULE, word_level_trace
 from ui import bertviz_views as bv
 from ui.context import require_trace
 from ui.guard import view_guard
@@ -42,6 +43,14 @@ if missing:
 MAX_VIEW_PX = 1000
 kind = st.radio("View", list(VIEW_LABELS), format_func=VIEW_LABELS.get, horizontal=True, key="bv_kind")
 st.caption(VIEW_HELP[kind])
+if ctx.words is not None:
+    if kind == "neuron":
+        st.caption("Words, not WordPieces: the neuron view stays in WordPieces, because queries and keys belong to "
+                   "pieces.")
+    else:
+        # The head and model views read only the weights and the tokens: give them the words.
+        t = word_level_trace(t, ctx.words, ctx.attentions())
+        st.info(f"Words, not WordPieces: {ctx.words.n_words} words. {RULE}", icon=":material/join:")
 
 layers: list[int] | None
 heads: list[int] | None

@@ -4,6 +4,7 @@ import streamlit as st
 
 from model_core.export import matrix_to_csv
 from model_core.mask_steps import MaskSteps, mask_steps
+from model_core.words import RULE
 from ui.analysis_widgets import token_window
 from ui.context import require_trace
 from ui.figures import PLOTLY_CONFIG, SCORE_SCALE, attention_heatmap
@@ -28,7 +29,7 @@ if t.model_kind == "custom":
             "were masked.)")
 else:
     variants = [("Bidirectional (what BERT does)", t, None), ("Causal — an illustration", t, True)]
-    note = ("BERT is bidirectional: it never uses a causal mask. The causal row applies `torch.tril` to this "
+    note = ("BERT is bidirectional: it never uses a causal mask. The causal row applies `np.tril` to this "
             "head's real scores to show what the mask would do; it is an illustration, not BERT's behaviour.")
 
 tokens, b = t.tokens, t.sentence_b_start
@@ -69,8 +70,8 @@ would only make the weight small, never zero. Every row keeps at least one unmas
 diagonal), so no row is all −∞.
 
 **Reading the panels.** Row *i* is query token *i*; column *j* is key token *j*. The causal mask
-(`torch.tril`) keeps the lower triangle: token *i* may attend to tokens 0…*i* only, as in a decoder that must
-not see the future.
+(`np.tril` here, `torch.tril` in the encoder) keeps the lower triangle: token *i* may attend to tokens
+0…*i* only, as in a decoder that must not see the future.
 """
 
 
@@ -84,11 +85,23 @@ def _steps(layer: int, head: int) -> None:
     for col, (title, _) in zip(headers, rows):
         col.markdown(f"#### {title}")
     for step, step_title in enumerate(STEP_TITLES):
-        st.markdown(f"**{step_title}**" + (" — `torch.tril`: 1 on and below the diagonal" if step == 1 else ""))
+        st.markdown(f"**{step_title}**" + (" — `np.tril`: 1 on and below the diagonal" if step == 1 else ""))
         cols = st.columns(2)
         for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
             with col, view_guard(f"{step_title} ({'causal' if steps.causal else 'bidirectional'})"):
                 st.plotly_chart(panel(step, steps, hide), config=PLOTLY_CONFIG, key=f"step{step}_row{i}")
+    if ctx.words is not None:
+        st.markdown("**5 · weights merged into words** — the mask and the scores act on WordPieces, so steps 1–4 "
+                    f"stay in pieces; here each row is a word: {RULE}")
+        cols = st.columns(2)
+        for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
+            merged, words, word_b = ctx.shown(steps.weights)
+            word_hide = token_window(len(words), f"causal_word_window{i}", "merged weights")
+            with col, view_guard(f"weights in words ({'causal' if steps.causal else 'bidirectional'})"):
+                fig = attention_heatmap(merged, words, sentence_b_start=word_b, height=height, hide=word_hide,
+                                        zmin=0, zmax=1, value_name="weight")
+                fig.update_layout(xaxis_title=None, yaxis_title=None, showlegend=False)
+                st.plotly_chart(fig, config=PLOTLY_CONFIG, key=f"words_row{i}")
     cols = st.columns(2)
     for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
         masked_cells = int((~steps.mask).sum())

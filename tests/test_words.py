@@ -109,3 +109,14 @@ def test_the_selections_rows_are_the_mean_of_the_selected_rows(split_trace):
         selection_attention(a, [], "sent")
     with pytest.raises(ValueError, match="positions 0-"):
         selection_attention(a, [999], "sent")
+
+
+def test_the_word_level_trace_carries_the_merged_weights_and_the_words(split_trace):
+    from model_core.words import word_level_trace
+
+    words = word_spans(split_trace.tokens)
+    merged = word_level_trace(split_trace, words)
+    assert merged.tokens == words.words and merged.n_tokens == words.n_words
+    np.testing.assert_allclose(merged.attentions, words.merge(split_trace.attentions), atol=1e-6)
+    assert merged.sentence_b_start == words.word_of(split_trace.sentence_b_start)
+    assert merged.tokens[merged.sentence_b_start] == "they"

@@ -1,0 +1,44 @@
+"""The "Words, not WordPieces" toggle in the real browser: the heatmaps and bertviz's head view show words."""
+
+from __future__ import annotations
+
+import pytest
+
+from browser_support import CHROMIUM, CHROMIUM_MISSING, wait_for_run
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(not CHROMIUM.exists(), reason=CHROMIUM_MISSING)]
+TEXT = "the embeddings of unaffordable tokenizers"
+
+
+def test_the_toggle_merges_pieces_on_the_heatmaps_and_in_bertviz(app_url, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{app_url}/heatmaps?a={TEXT.replace(' ', '+')}&b=", wait_until="domcontentloaded")
+        wait_for_run(page, 180)
+        plots = page.locator('[data-testid="stMain"] .js-plotly-plot')
+        focused = plots.nth(1)  # the overview, then the focused head
+        before = focused.evaluate("gd => Array.from(gd._fullData[0].x)")
+        assert any(label.endswith("##bed") for label in before), before
+        page.locator('section[data-testid="stSidebar"]').get_by_text("Words, not WordPieces").click()
+        page.get_by_text("Words, not WordPieces:").first.wait_for(timeout=60_000)
+        wait_for_run(page, 180)
+        after = page.locator('[data-testid="stMain"] .js-plotly-plot').nth(1).evaluate(
+            "gd => Array.from(gd._fullData[0].x)")
+        assert "2: embeddings" in after and len(after) < len(before), after
+        assert "words=true" in page.url
+        # The same toggle reaches bertviz's head view.
+        page.locator('[data-testid="stSidebarNav"] a').filter(has_text="bertviz views").click()
+        frame_el = page.locator('iframe[title="bertviz head view"]')
+        frame_el.wait_for(timeout=120_000)
+        wait_for_run(page, 180)
+        frame = frame_el.element_handle().content_frame()
+        frame.wait_for_function("document.querySelectorAll('svg text').length > 5", timeout=60_000)
+        texts = frame.evaluate("Array.from(document.querySelectorAll('svg text')).map(t => t.textContent)")
+        assert "embeddings" in texts and not any(t.startswith("##") for t in texts), texts
+        assert page.locator('[data-testid="stException"]').count() == 0
+        assert not errors, errors
+    finally:
+        page.close()
