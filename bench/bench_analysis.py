@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synthetic traces live with the tests
 
 from model_core.analysis import (  # noqa: E402
     FLOW_MAX_TOKENS,
@@ -29,7 +30,7 @@ from model_core.analysis import (  # noqa: E402
     norm_weighted_attention,
     special_token_mass,
 )
-from model_core.analysis.synthetic import synthetic_trace  # noqa: E402
+from synthetic import synthetic_trace  # noqa: E402
 
 SIZES = (13, 128, 512)
 FLOW_SIZES = (13, 32, FLOW_MAX_TOKENS)

@@ -168,7 +168,7 @@ class TransformerEncoderLayer(nn.Module):
         self.layer_norm_1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.layer_norm_2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = MultiHeadAttention(config)
-        self.attention_dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.attention_output_dropout = nn.Dropout(config.hidden_dropout_prob)  # on the sublayer output, as BERT
         self.feed_forward = FeedForward(config)
 
     def forward(
@@ -177,12 +177,12 @@ class TransformerEncoderLayer(nn.Module):
         if self.norm_placement == "pre":
             # Pre-LN (the book): normalise the sublayer's input, keep the residual stream raw.
             attn, heads, concat = self.attention(self.layer_norm_1(x), mask, head_gate)
-            x = x + self.attention_dropout(attn)
+            x = x + self.attention_output_dropout(attn)
             x = x + self.feed_forward(self.layer_norm_2(x))
         else:
             # Post-LN (BERT): add the residual, then normalise the sum.
             attn, heads, concat = self.attention(x, mask, head_gate)
-            x = self.layer_norm_1(x + self.attention_dropout(attn))
+            x = self.layer_norm_1(x + self.attention_output_dropout(attn))
             x = self.layer_norm_2(x + self.feed_forward(x))
         return LayerRecord(heads, concat, attn, x)
 

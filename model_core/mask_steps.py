@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +61,9 @@ def mask_steps(trace: AttentionTrace, layer: int, head: int, *, apply_causal: bo
     """
     scores = trace.head_scores(layer, head)
     scaled_std = float(scores.std())
-    unscaled_std = scaled_std * math.sqrt(trace.d_head)
+    q = trace.queries[layer, head].astype(np.float64)  # (pos, d_head)
+    k = trace.keys[layer, head].astype(np.float64)
+    unscaled_std = float((q @ k.T).std())  # QKᵀ itself, before the 1/√d_head
     if apply_causal is None or apply_causal == trace.causal:
         masked = np.where(trace.mask, scores, np.float32(-np.inf))
         return MaskSteps(scores, trace.mask, masked, trace.attentions[layer, head], trace.causal, False,

@@ -108,13 +108,6 @@ class AttentionTrace:
         k = self.keys[layer, head].astype(np.float32)
         return (q @ k.T) / np.float32(math.sqrt(self.d_head))
 
-    def head_masked_scores(self, layer: int, head: int) -> np.ndarray:
-        """Scores of one head with -inf wherever ``mask`` is False.
-
-        Shape: (q_pos, k_pos).
-        """
-        return np.where(self.mask, self.head_scores(layer, head), np.float32(NEG_INF))
-
     @property
     def scores(self) -> np.ndarray:
         """All scores QKᵀ/√d_head before any mask. Shape: (layer, head, q_pos, k_pos)."""
@@ -124,13 +117,6 @@ class AttentionTrace:
     def masked_scores(self) -> np.ndarray:
         """All scores with -inf where masked. Shape: (layer, head, q_pos, k_pos)."""
         return np.where(self.mask, self.scores, np.float32(NEG_INF))
-
-    @property
-    def sentence_spans(self) -> dict[str, tuple[int, int]]:
-        """Half-open token spans of sentence "a" and, for pairs, "b" ([CLS]/[SEP] included)."""
-        if self.sentence_b_start is None:
-            return {"a": (0, self.n_tokens)}
-        return {"a": (0, self.sentence_b_start), "b": (self.sentence_b_start, self.n_tokens)}
 
     def _check_head(self, layer: int, head: int) -> None:
         if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):

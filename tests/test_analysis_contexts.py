@@ -16,7 +16,7 @@ from model_core.analysis.contexts import (
     support_bins,
     word_spans,
 )
-from model_core.analysis.synthetic import synthetic_trace
+from synthetic import synthetic_trace
 
 BANK = ("[CLS]", "the", "bank", "##er", "'", "s", "bank", "vault", "by", "the", "river", "bank", "##er", "[SEP]")
 

@@ -16,7 +16,7 @@ from model_core.analysis.export import (
 )
 from model_core.analysis.head_stats import STAT_NAMES, head_stats
 from model_core.analysis.rollout import FLOW_MAX_TOKENS
-from model_core.analysis.synthetic import synthetic_trace
+from synthetic import synthetic_trace
 
 
 def test_matrix_csv_round_trips_with_labels_and_blank_nan():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from model_core.analysis import compare_masking, compare_word, special_token_mass
-from model_core.analysis.synthetic import synthetic_trace
+from synthetic import synthetic_trace
 from ui.analysis_figures import (
     context_bins_figure,
     layer_head_figure,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from model_core.analysis.head_stats import STAT_NAMES, head_stats
-from model_core.analysis.synthetic import synthetic_trace
+from synthetic import synthetic_trace
 
 PUNCT_PAIR = ("[CLS]", "time", "flies", ",", "fast", "[SEP]", "fruit", "flies", ".", "[SEP]")
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from model_core.analysis.masking import compare_masking, head_mask_from_off
-from model_core.analysis.synthetic import synthetic_trace
+from synthetic import synthetic_trace
 
 
 def test_identical_traces_show_no_effect():

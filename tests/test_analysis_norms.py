@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from model_core.analysis.norms import norm_weighted_attention, special_token_mass
-from model_core.analysis.synthetic import synthetic_trace
+from synthetic import synthetic_trace
 
 
 def test_norm_weighted_equals_norm_of_weighted_transformed_vectors():

@@ -13,7 +13,7 @@ from model_core.analysis.rollout import (
     normalize_rows,
     rollout_and_flow,
 )
-from model_core.analysis.synthetic import synthetic_trace
+from synthetic import synthetic_trace
 
 
 def _random_attentions(n_layers, n_heads, n, seed):

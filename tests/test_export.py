@@ -68,3 +68,19 @@ def test_cli_bad_input_is_one_line(tmp_path, args, needle):
 
 def test_trace_arrays_masks_are_float(bert_pair_trace):
     assert trace_arrays(bert_pair_trace)["mask"].dtype == np.float32
+
+
+def test_csv_labels_carry_each_tokens_position_when_specials_are_hidden():
+    """The heatmap shows "1: time" with [CLS] hidden; its CSV must say 1:time, not 0:time."""
+    from model_core.export import matrix_to_csv
+
+    tokens = ["[CLS]", "time", "flies", "[SEP]"]
+    keep = [1, 2]
+    matrix = np.arange(16, dtype=np.float32).reshape(4, 4)
+    text = matrix_to_csv(matrix[np.ix_(keep, keep)], [tokens[i] for i in keep], [tokens[i] for i in keep],
+                         row_positions=keep, col_positions=keep)
+    header, first, second = text.strip().splitlines()
+    assert header.split(",")[1:] == ["1:time", "2:flies"]
+    assert first.split(",") == ["1:time", "5", "6"] and second.startswith("2:flies,9,10")
+    with pytest.raises(ValueError, match="one position per label"):
+        matrix_to_csv(matrix, tokens, tokens, row_positions=[0])

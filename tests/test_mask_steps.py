@@ -41,6 +41,19 @@ def test_custom_causal_steps_are_real():
 
 
 def test_scaling_keeps_std_near_one_for_random_heads():
-    t = build_trace("custom", "word " * 60, num_layers=1, num_heads=1, hidden_size=256)
-    s = mask_steps(t, 0, 0)
-    assert np.isclose(s.unscaled_std / s.scaled_std, 16.0)
+    """Queries and keys with unit-variance entries: QKᵀ spreads as √d_head, QKᵀ/√d_head stays near 1."""
+    from dataclasses import replace
+
+    from synthetic import synthetic_trace
+
+    rng = np.random.default_rng(0)
+    unscaled = {}
+    for d_head in (16, 64, 256):
+        t = synthetic_trace(200, 1, 1, d_head=d_head, seed=1)
+        t = replace(t, queries=rng.standard_normal(t.queries.shape).astype(np.float32),
+                    keys=rng.standard_normal(t.keys.shape).astype(np.float32))
+        s = mask_steps(t, 0, 0)
+        assert 0.85 < s.scaled_std < 1.15, (d_head, s.scaled_std)
+        assert 0.85 < s.unscaled_std / np.sqrt(d_head) < 1.15, (d_head, s.unscaled_std)
+        unscaled[d_head] = s.unscaled_std
+    assert 3.4 < unscaled[256] / unscaled[16] < 4.6  # grows as √d_head: √(256/16) = 4

@@ -12,7 +12,7 @@ import numpy as np
 import plotly.io as pio
 import pytest
 
-from model_core.analysis.synthetic import synthetic_trace
+from synthetic import synthetic_trace
 from model_core.summary import head_summary
 from ui.figures import attention_heatmap, overview_mosaic, summary_grid
 
@@ -27,7 +27,7 @@ def _page_specs(trace) -> dict[str, str]:
     """The JSON Streamlit sends for each figure of the heatmaps page (plotly.io.to_json, as st.plotly_chart)."""
     s = head_summary(trace)
     figures = {
-        "overview": overview_mosaic(trace.attentions, selected=(0, 0)),
+        "overview": overview_mosaic(trace.attentions),
         "focus": attention_heatmap(trace.attentions[0, 0], trace.tokens, sentence_b_start=trace.sentence_b_start),
         **{name: summary_grid(getattr(s, name), title=name) for name in ("entropy", "max_weight", "to_cls", "to_sep")},
     }

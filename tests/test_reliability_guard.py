@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -59,28 +58,6 @@ def test_rerun_and_stop_pass_through_the_guard():
     assert not [m.value for m in at.markdown]  # st.stop() was not swallowed
 
 
-def test_guarded_decorator_returns_none_on_failure_and_the_value_otherwise():
-    def script() -> None:
-        import streamlit as st
-
-        from ui.guard import guarded
-
-        @guarded("bad")
-        def bad() -> int:
-            return int("x")
-
-        @guarded("good")
-        def good() -> int:
-            return 7
-
-        st.markdown(f"{bad()} {good()}")
-
-    at = AppTest.from_function(script).run()
-    assert [m.value for m in at.markdown] == ["None 7"]
-    assert "bad view failed" in at.error[0].value
-
-
-@pytest.mark.slow
 def test_heatmaps_page_keeps_its_other_views_when_the_overview_fails(monkeypatch):
     """Fault injection on the real page: the overview builder raises; the focus and summary still draw."""
     import ui.figures

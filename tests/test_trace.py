@@ -37,7 +37,7 @@ def test_custom_causal_trace_masks_the_future():
     assert (t.attentions[..., upper] == 0).all()
     np.testing.assert_allclose(t.attentions.sum(-1), 1.0, atol=1e-5)
     np.testing.assert_allclose(softmax(ms, axis=-1), t.attentions, atol=1e-5)
-    assert t.head_masked_scores(1, 2)[0, 1] == -np.inf
+    assert t.masked_scores[1, 2, 0, 1] == -np.inf
 
 
 def test_custom_trace_is_deterministic_per_seed():

@@ -150,7 +150,7 @@ def _mosaic(attentions: np.ndarray, m: int) -> np.ndarray:
     return mosaic
 
 
-def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tuple[int, int] | None = None) -> go.Figure:
+def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32) -> go.Figure:
     """All layers x heads as small multiples in ONE Plotly heatmap (fast at any length).
 
     Each head is pooled to at most ``max_cells`` squared cells (queries averaged, keys summed: a cell is
@@ -176,11 +176,6 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, selected: tu
     ))
     centers_x = list(range(n_heads))
     centers_y = list(range(n_layers))
-    if selected is not None:
-        layer, head = selected
-        half = m / (2 * step)
-        fig.add_shape(type="rect", x0=head - half, x1=head + half, y0=layer - half, y1=layer + half,
-                      line=dict(color="#e4572e", width=2))
     cell_px = max(2, min(10, 900 // (n_heads * step)))
     # A heatmap alone reports no point selection to Streamlit; an invisible square marker on each
     # head's centre does, so a click on a thumbnail focuses that head.

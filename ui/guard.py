@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Iterator
 
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException
 
 LOG = logging.getLogger("attention_explorer.views")
-F = TypeVar("F", bound=Callable[..., Any])
 
 # Streamlit's st.rerun/st.stop and st.switch_page are control flow, not failures: let them through.
 _CONTROL_FLOW: tuple[type[BaseException], ...] = (ScriptControlException,)
@@ -42,15 +40,3 @@ def view_guard(name: str) -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001 - the point is that one view cannot take the page down
         LOG.exception("view %r failed", name)
         st.error(view_error_message(name, exc), icon=":material/error:")
-
-
-def guarded(name: str) -> Callable[[F], F]:
-    """Decorator form of :func:`view_guard` for a function that draws one view (returns None on failure)."""
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with view_guard(name):
-                return fn(*args, **kwargs)
-            return None
-        return run  # type: ignore[return-value]
-    return wrap
