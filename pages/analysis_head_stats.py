@@ -55,18 +55,27 @@ how_to_read(
 )
 
 stats = head_stats(trace)
-names = [n for n in STAT_NAMES if np.isfinite(getattr(stats, n)).any()]
-stat = st.selectbox("Statistic", names, format_func=STAT_TITLES.get, key="stats_name")
-grid = getattr(stats, stat)
 figure_format()
-zmax = float(np.log2(trace.n_tokens)) if stat == "entropy" else 1.0
-fig = layer_head_figure(grid, STAT_TITLES[stat], zmin=0.0, zmax=zmax, colorbar="bits" if stat == "entropy" else "share",
-                        clickable=True)
-show_figure(fig, f"{trace.model_kind}_head_stats_{stat}", key="stats_grid", on_select=_open_clicked)
 
-order = np.argsort(np.nan_to_num(grid, nan=-np.inf).ravel())[::-1][:3]
-top = ", ".join(f"layer {i // trace.n_heads} head {i % trace.n_heads} ({grid.ravel()[i]:.2f})" for i in order)
-st.caption(f"Highest: {top}.")
+
+@st.fragment
+def stat_grid() -> None:
+    """The statistic picker and its grid: choosing another statistic reruns only this part."""
+    open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)  # a click on a cell (its callback ran before this rerun)
+    names = [n for n in STAT_NAMES if np.isfinite(getattr(stats, n)).any()]
+    stat = st.selectbox("Statistic", names, format_func=STAT_TITLES.get, key="stats_name")
+    grid = getattr(stats, stat)
+    zmax = float(np.log2(trace.n_tokens)) if stat == "entropy" else 1.0
+    fig = layer_head_figure(grid, STAT_TITLES[stat], zmin=0.0, zmax=zmax, colorbar="bits" if stat == "entropy" else "share",
+                            clickable=True)
+    show_figure(fig, f"{trace.model_kind}_head_stats_{stat}", key="stats_grid", on_select=_open_clicked)
+
+    order = np.argsort(np.nan_to_num(grid, nan=-np.inf).ravel())[::-1][:3]
+    top = ", ".join(f"layer {i // trace.n_heads} head {i % trace.n_heads} ({grid.ravel()[i]:.2f})" for i in order)
+    st.caption(f"Highest: {top}.")
+
+
+stat_grid()
 c1, c2, c3 = st.columns([1, 1, 2])
 layer = c1.selectbox("Layer", range(trace.n_layers), index=min(ctx.layer, trace.n_layers - 1), key="stats_layer")
 head = c2.selectbox("Head", range(trace.n_heads), index=min(ctx.head, trace.n_heads - 1), key="stats_head")

@@ -82,8 +82,10 @@ def _steps(layer: int, head: int) -> None:
     rows = [(title, mask_steps(trace, layer, head, apply_causal=apply)) for title, trace, apply in variants]
     hide = token_window(t.n_tokens, "causal_window")  # 8 panels of 512 x 512 took 2 s per head
     headers = st.columns(2)
-    for col, (title, _) in zip(headers, rows):
+    for col, (title, steps) in zip(headers, rows):
         col.markdown(f"#### {title}")
+        if steps.illustrative:
+            col.caption("This model did not use the mask: it is applied here to the head's real scores.")
     for step, step_title in enumerate(STEP_TITLES):
         st.markdown(f"**{step_title}**" + (" — `np.tril`: 1 on and below the diagonal" if step == 1 else ""))
         cols = st.columns(2)
