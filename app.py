@@ -44,7 +44,7 @@ def _navigation() -> st.navigation:
     sections: dict[str, list] = {}
     for path, title, icon, section in PAGES:
         sections.setdefault(section, []).append(st.Page(path, title=title, icon=icon, default=path == "pages/home.py"))
-    return st.navigation(sections)
+    return st.navigation(sections, position="top")
 
 
 # Pages that draw the sidebar's layer/head picker themselves, inside a fragment with the views that

@@ -114,7 +114,7 @@ def projection_figures(run) -> dict:
 
 
 def browser_figures(run_dir: Path) -> dict:
-    from browser_support import AppServer, chromium, wait_for_run
+    from browser_support import AppServer, chromium, nav_to, wait_for_run
 
     folder = Path(tempfile.mkdtemp())
     server = AppServer(folder / "server.log", extra_env={"AE_CORPUS_DIR": str(folder / "runs")})
@@ -131,7 +131,7 @@ def browser_figures(run_dir: Path) -> dict:
             page.get_by_text("Pattern type (heuristic)").wait_for(timeout=300_000)
             wait_for_run(page, 300)
             t = time.perf_counter()
-            page.locator('[data-testid="stSidebarNav"] a').filter(has_text="Query–key space").click()
+            nav_to(page, "Query–key space & nearest contexts")
             page.get_by_text("Layer 0, head 0: ").wait_for(timeout=300_000)
             wait_for_run(page, 300, quiet_s=0.5)
             out["space_page_open_s"] = round(time.perf_counter() - t - 0.5, 2)

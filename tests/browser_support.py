@@ -36,6 +36,16 @@ def app_pages() -> list[tuple[str, str]]:
     raise AssertionError("app.py has no PAGES list")
 
 
+def nav_to(page, title: str, timeout_ms: int = 120_000) -> None:
+    """Open the page ``title`` from the app's navigation in the header (its section's menu, then the link)."""
+    tree = ast.parse((ROOT / "app.py").read_text())
+    pages = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", None) == "PAGES" for t in node.targets))
+    section = next(section for _, name, _, section in pages if name == title)
+    page.locator('[data-testid="stTopNavSection"]').filter(has_text=section).first.click(timeout=timeout_ms)
+    page.locator('[data-testid="stTopNavDropdownLink"]').filter(has_text=title).first.click(timeout=timeout_ms)
+
+
 def streamlit_command(port: int) -> list[str]:
     """`make run`'s command (the venv's streamlit on app.py), on ``port``, headless, without a file watcher.
 

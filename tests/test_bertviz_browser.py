@@ -14,7 +14,7 @@ import pytest
 
 from ui import bertviz_views as bv
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT
+from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, nav_to
 
 SHOTS = Path("/tmp/bertviz_browser")
 SMALL_CUSTOM = {"model": "custom", "layers": "2", "heads": "4", "hidden": "64"}
@@ -56,10 +56,10 @@ class Visit:
             route.abort()
 
     def goto_page(self, params: dict[str, str]) -> None:
-        # Open the app at its root and follow the sidebar link: a first load at /bertviz makes
+        # Open the app at its root and follow the navigation's link: a first load at /bertviz makes
         # Streamlit's frontend probe /bertviz/_stcore/... for a base path, and log two 404s.
         self.page.goto(f"{self.origin}/?{urlencode(params)}", wait_until="domcontentloaded")
-        self.page.get_by_role("link", name="bertviz views").click(timeout=120_000)
+        nav_to(self.page, "bertviz views")
         self.page.get_by_role("heading", name="bertviz views").wait_for(timeout=120_000)
 
     def open_view(self, kind: str, params: dict[str, str]):

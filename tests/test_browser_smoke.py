@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, app_pages, wait_for_run
+from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, app_pages, nav_to, wait_for_run
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PAGE_TIMEOUT_S = 180
@@ -161,11 +161,11 @@ def test_the_focused_head_follows_the_user_across_pages(app_url, browser):
         page.get_by_role("heading", name="Layer 0, head 0").wait_for(timeout=PAGE_TIMEOUT_S * 1000)
         _pick(page, "Head", 4)
         page.get_by_role("heading", name="Layer 0, head 4").wait_for(timeout=60_000)
-        page.locator('[data-testid="stSidebarNav"] a').filter(has_text="Attention heatmaps").click()
+        nav_to(page, "Attention heatmaps")
         page.get_by_role("heading", name="Layer 0, head 4").wait_for(timeout=60_000)
         _pick(page, "Layer", 2)
         page.get_by_role("heading", name="Layer 2, head 4").wait_for(timeout=60_000)
-        page.locator('[data-testid="stSidebarNav"] a').filter(has_text="Causal mask").click()
+        nav_to(page, "Causal mask & masked scores")
         page.get_by_text("layer 2, head 4 ·").wait_for(timeout=60_000)
         page.wait_for_function("() => location.search.includes('layer=2') && location.search.includes('head=4')",
                                timeout=30_000)

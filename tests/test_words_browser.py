@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, wait_for_run
+from browser_support import CHROMIUM, CHROMIUM_MISSING, nav_to, wait_for_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason=CHROMIUM_MISSING)]
@@ -30,7 +30,7 @@ def test_the_toggle_merges_pieces_on_the_heatmaps_and_in_bertviz(app_url, browse
         assert "2: embeddings" in after and len(after) < len(before), after
         assert "words=true" in page.url
         # The same toggle reaches bertviz's head view.
-        page.locator('[data-testid="stSidebarNav"] a').filter(has_text="bertviz views").click()
+        nav_to(page, "bertviz views")
         frame_el = page.locator('iframe[title="bertviz head view"]')
         frame_el.wait_for(timeout=120_000)
         wait_for_run(page, 180)

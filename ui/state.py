@@ -163,7 +163,9 @@ def _restore_focus() -> None:
 def model_summary(s: Any) -> str:
     """One line naming the chosen model, for the folded model settings' label."""
     if s["ctl_model"] == "bert":
-        return f"Pretrained BERT · {(s['ctl_model_id'] or '').strip() or 'default'}"
+        # Not the typed id itself: an expander label renders Markdown, and a link must never come from user text.
+        chosen = (s["ctl_model_id"] or "").strip()
+        return "Pretrained BERT · " + ("bundled MiniLM" if chosen in ("", BUNDLED_MODEL_ID) else "your model id")
     if s["ctl_weights"] == "pretrained":
         return "Custom encoder · BERT weights" + (" · causal" if s["ctl_causal"] else "")
     return (f"Custom encoder · {s['ctl_layers']}×{s['ctl_heads']}×{s['ctl_hidden']} · seed {s['ctl_seed']}"
