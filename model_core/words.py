@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SPECIAL_PIECES = frozenset({"[CLS]", "[SEP]", "[PAD]", "[MASK]"})
+# Markers that are never part of a word (the analyses read this set too, from model_core.analysis._common).
+SPECIAL_TOKENS = frozenset({"[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]", "<s>", "</s>", "<pad>"})
 CONTINUATION = "##"
 RULE = ("Attention to a word is the sum over its pieces; attention from a word is the mean over its pieces, so "
         "each row still sums to 1 (Clark et al., 2019). [CLS] and [SEP] stay as they are.")
@@ -46,7 +47,7 @@ class WordSpans:
         spans: list[list[int]] = []
         for i, token in enumerate(tokens):
             joins = (token.startswith(CONTINUATION) and len(token) > len(CONTINUATION) and spans
-                     and words[-1] not in SPECIAL_PIECES)
+                     and words[-1] not in SPECIAL_TOKENS)
             if joins:
                 words[-1] += token[len(CONTINUATION):]
                 spans[-1][1] = i + 1
@@ -79,7 +80,8 @@ class WordSpans:
         """The word index of a piece position such as ``sentence_b_start`` (None stays None)."""
         return None if position is None else self.word_of(position)
 
-    def _membership(self) -> np.ndarray:
+    def membership(self) -> np.ndarray:
+        """1 where piece j belongs to word i. Shape: (word, pos)."""
         member = np.zeros((self.n_words, self.n_pieces), dtype=np.float64)
         for w, (a, b) in enumerate(self.spans):
             member[w, a:b] = 1.0
@@ -95,19 +97,14 @@ class WordSpans:
         matrix = np.asarray(matrix)
         if matrix.shape[-2:] != (self.n_pieces, self.n_pieces):
             raise ValueError(f"matrix ends in {matrix.shape[-2:]}, expected ({self.n_pieces}, {self.n_pieces}).")
-        member = self._membership()  # (word, pos)
+        member = self.membership()  # (word, pos)
         rows = member / member.sum(axis=1, keepdims=True)
         finite = np.where(np.isfinite(matrix), matrix, 0.0).astype(np.float64)
         return np.einsum("wq,...qk,vk->...wv", rows, finite, member, optimize=True).astype(np.float32)
 
-    def merge_rows(self, values: np.ndarray) -> np.ndarray:
-        """Mean over each word's pieces along the last axis (a value per query). Shape: (..., pos) -> (..., word)."""
-        member = self._membership()
-        return (np.asarray(values, dtype=np.float64) @ (member / member.sum(axis=1, keepdims=True)).T).astype(np.float32)
-
     def merge_columns(self, values: np.ndarray) -> np.ndarray:
         """Sum over each word's pieces along the last axis (a value per key). Shape: (..., pos) -> (..., word)."""
-        return (np.asarray(values, dtype=np.float64) @ self._membership().T).astype(np.float32)
+        return (np.asarray(values, dtype=np.float64) @ self.membership().T).astype(np.float32)
 
 
 def word_spans(tokens: tuple[str, ...] | list[str]) -> WordSpans:
@@ -130,7 +127,7 @@ def word_level_trace(trace, words: WordSpans, attentions: np.ndarray | None = No
     """
     from dataclasses import replace
 
-    member = words._membership()
+    member = words.membership()
     mean = member / member.sum(axis=1, keepdims=True)  # (word, pos)
     firsts = [a for a, _ in words.spans]
 

@@ -6,7 +6,8 @@ import unicodedata
 
 import numpy as np
 
-SPECIAL_TOKENS = frozenset({"[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]", "<s>", "</s>", "<pad>"})
+from model_core.words import SPECIAL_TOKENS  # noqa: F401 - one set of special markers for words and analyses
+
 CLS_TOKENS = frozenset({"[CLS]", "<s>"})
 SEP_TOKENS = frozenset({"[SEP]", "</s>"})
 

@@ -13,8 +13,15 @@ from typing import Literal
 
 import numpy as np
 
-from model_core.analysis._common import CLS_TOKENS, SEP_TOKENS, is_punctuation, is_special, js_divergence
+from model_core.analysis._common import (
+    CLS_TOKENS,
+    SEP_TOKENS,
+    is_punctuation,
+    is_special,
+    js_divergence,
+)
 from model_core.trace import AttentionTrace
+from model_core.words import WordSpans
 
 Support = Literal["categories", "offsets"]
 
@@ -55,31 +62,15 @@ class WordSpan:
 
 
 def word_spans(trace: AttentionTrace) -> tuple[WordSpan, ...]:
-    """Every word of the trace, sub-tokens joined, special tokens left out.
+    """Every word of the trace, sub-tokens joined (``model_core.words``), special tokens left out.
 
     A token that starts with "##" continues the word before it; punctuation tokens are words of
     their own.
     """
-    spans: list[WordSpan] = []
-    start: int | None = None
-    pieces: list[str] = []
-
-    def close(end: int) -> None:
-        if start is not None:
-            sentence = "b" if int(trace.token_type_ids[start]) == 1 else "a"
-            spans.append(WordSpan("".join(pieces).lower(), start, end, sentence))
-
-    for pos, token in enumerate(trace.tokens):
-        if is_special(token):
-            close(pos)
-            start, pieces = None, []
-        elif token.startswith("##") and start is not None:
-            pieces.append(token[2:])
-        else:
-            close(pos)
-            start, pieces = pos, [token[2:] if token.startswith("##") else token]
-    close(trace.n_tokens)
-    return tuple(spans)
+    words = WordSpans.from_tokens(trace.tokens)
+    return tuple(WordSpan(word.removeprefix("##").lower(), start, end,
+                          "b" if int(trace.token_type_ids[start]) == 1 else "a")
+                 for word, (start, end) in zip(words.words, words.spans) if not is_special(word))
 
 
 def find_occurrences(trace: AttentionTrace, word: str) -> tuple[WordSpan, ...]:
