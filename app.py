@@ -12,7 +12,7 @@ from model_core.settings import BUNDLED_MODEL_ID, load_settings
 from model_core.words import word_spans
 from ui.context import AppContext, set_context
 from ui.loaders import get_trace
-from ui.state import clamp_head, head_picker, init_state, render_controls, sync_query_params
+from ui.state import clamp_head, head_picker, init_state, render_controls, request_from_state, sync_query_params
 
 ROOT = Path(__file__).parent
 
@@ -85,11 +85,12 @@ def main() -> None:
     nav = _navigation()
     for problem in problems:
         st.toast(problem, icon="⚠️")
-    controls, head_slot = render_controls(settings)
-    trace, error = None, None
+    head_slot = render_controls(settings)
+    request, trace, error = None, None, None
     try:
+        request = request_from_state(settings)
         with st.spinner("Running the model…"):
-            trace = get_trace(**controls.trace_key())
+            trace = get_trace(request)
     except (InputError, ModelLoadError, ValueError) as exc:
         error = _as_text(str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
@@ -105,11 +106,11 @@ def main() -> None:
         st.sidebar.caption(f"{trace.description} · {trace.n_tokens} tokens")
     else:
         head_slot.error(error)  # right under the text, where the pickers would be
-        uses_other_bert = controls.model_id != BUNDLED_MODEL_ID and (
-            controls.model == "bert" or controls.weights == "pretrained")
+        uses_other_bert = request is not None and request.model_id != BUNDLED_MODEL_ID and (
+            request.model == "bert" or request.weights == "pretrained")
         if isinstance(error, str) and uses_other_bert:
             head_slot.button("Use the bundled model", on_click=_use_bundled, type="primary")
-    set_context(AppContext(controls=controls, settings=settings, trace=trace, error=error, layer=layer, head=head,
+    set_context(AppContext(request=request, settings=settings, trace=trace, error=error, layer=layer, head=head,
                            head_slot=head_slot if trace is not None else None, words=words))
     sync_query_params(settings)
     nav.run()

@@ -358,14 +358,14 @@ def bertviz_bytes(model_label: str, n_tokens: int) -> dict[str, int | None]:
     import torch
     from bertviz import head_view, model_view
 
-    from model_core import build_trace
+    from model_core import TraceRequest, build_trace
 
     params = MODELS[model_label]
     if params["model"] == "bert":
-        trace = build_trace("bert", text_of(n_tokens, 0))
+        trace = build_trace(TraceRequest("bert", text_of(n_tokens, 0)))
     else:
-        trace = build_trace("custom", text_of(n_tokens, 0), num_layers=int(params["layers"]),
-                            num_heads=int(params["heads"]), hidden_size=int(params["hidden"]))
+        trace = build_trace(TraceRequest("custom", text_of(n_tokens, 0), num_layers=int(params["layers"]),
+                                         num_heads=int(params["heads"]), hidden_size=int(params["hidden"])))
     attention = tuple(torch.from_numpy(trace.attentions[i].copy())[None] for i in range(trace.n_layers))
     tokens = list(trace.tokens)
     out: dict[str, int | None] = {
@@ -575,7 +575,7 @@ def forward_seconds(label: str, text: str) -> float:
 
     from model_core import build_custom_model, encode, load_pretrained, trace_bert, trace_custom
     from model_core.loading import load_tokenizer
-    from model_core.tracing import CustomSpec, describe_custom
+    from model_core.custom_spec import CustomSpec, describe_custom
 
     from ui.loaders import cpu_threads  # the server's choice: half the cores
 

@@ -197,7 +197,7 @@ def main() -> None:
         sys.exit(f"needs {CHROMIUM} and static/vendor ({', '.join(missing) or 'present'}): run scripts/install_assets.sh")
     from playwright.sync_api import sync_playwright
 
-    from model_core import build_trace
+    from model_core import TraceRequest, build_trace
 
     args.screenshots.mkdir(parents=True, exist_ok=True)
     model_dir = None if args.no_raw else neuron_model_dir()
@@ -207,7 +207,7 @@ def main() -> None:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         for n in args.sizes:
             text_a, text_b = pair_texts(n)
-            trace = build_trace("bert", text_a, text_b)
+            trace = build_trace(TraceRequest("bert", text_a, text_b))
             assert trace.n_tokens == n, (trace.n_tokens, n)
             for kind in bv.VIEW_KINDS:
                 t0 = time.perf_counter()

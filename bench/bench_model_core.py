@@ -60,7 +60,7 @@ def measure_one(kind: str, sizes: list[int], repeat: int) -> dict:
 
     from model_core import build_custom_model, encode, load_pretrained, trace_bert, trace_custom
     from model_core.loading import load_tokenizer
-    from model_core.tracing import CustomSpec, describe_custom
+    from model_core.custom_spec import CustomSpec, describe_custom
 
     torch.set_grad_enabled(False)
     rss_start = peak_rss_mb()

@@ -17,7 +17,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="custom encoder only: random (seeded) or BERT's weights from --model-id")
     exp.add_argument("--model-id", default=None, help="hub id, folder, or the bundled model (default)")
     exp.add_argument("--causal", action="store_true", help="custom encoder only: apply the causal mask")
-    exp.add_argument("--seed", type=int, default=0)
+    exp.add_argument("--seed", type=int, default=0, help="custom encoder only")
+    exp.add_argument("--layers", type=int, default=12, help="custom encoder with random weights only")
+    exp.add_argument("--heads", type=int, default=12, help="custom encoder with random weights only")
+    exp.add_argument("--hidden", type=int, default=768, help="custom encoder with random weights only")
+    exp.add_argument("--norm", choices=["pre", "post"], default="pre",
+                     help="custom encoder with random weights only: pre-LayerNorm (the book) or post (BERT)")
     exp.add_argument("--text", required=True, help="sentence A")
     exp.add_argument("--text-b", default=None, help="optional sentence B")
     exp.add_argument("--truncate", action="store_true", help="keep the first tokens of a text over the limit")
@@ -176,10 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --causal and --weights apply to --model custom only; BERT is bidirectional", file=sys.stderr)
         return 2
     try:
-        from model_core.tracing import build_trace
+        from model_core.request import TraceRequest, build_trace
 
-        trace = build_trace(args.model, args.text, args.text_b, weights=args.weights, model_id=args.model_id,
-                            causal=args.causal, seed=args.seed, truncate=args.truncate, device=args.device)
+        request = TraceRequest(args.model, args.text, args.text_b, model_id=args.model_id, weights=args.weights,
+                               seed=args.seed, causal=args.causal, norm_placement=args.norm, num_layers=args.layers,
+                               num_heads=args.heads, hidden_size=args.hidden, truncate=args.truncate)
+        trace = build_trace(request, device=args.device)
         path = write_trace(trace, args.out, words=args.words)
     except (ValueError, OSError) as exc:  # InputError and ModelLoadError are ValueErrors
         print(f"error: {exc}", file=sys.stderr)

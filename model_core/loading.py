@@ -185,14 +185,39 @@ def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-@functools.lru_cache(maxsize=4)
-def _load_cached(source: ModelSource, device_name: str) -> LoadedModel:
+def _load(source: ModelSource, device: torch.device) -> LoadedModel:
     model, tokenizer = _from_pretrained(source)
-    device = torch.device(device_name)
     model = model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return LoadedModel(model, tokenizer, source, device)
+
+
+def _resolve(model_id: str | None, device: str | torch.device | None,
+             settings: Settings | None) -> tuple[ModelSource, torch.device]:
+    settings = settings or load_settings()
+    source = resolve_model_source(model_id, settings)
+    return source, device if isinstance(device, torch.device) else select_device(device or settings.device)
+
+
+def read_pretrained(
+    model_id: str | None = None, device: str | torch.device | None = None, settings: Settings | None = None
+) -> LoadedModel:
+    """Load a BERT-family encoder afresh, keeping no copy: for a caller that caches it itself (the app's
+    ``st.cache_resource``, so Streamlit alone decides when a model is freed) or needs it once.
+
+    Loading is eager attention, eval mode, no gradients, ``trust_remote_code=False``.
+
+    Raises:
+        ModelLoadError: with one message that says what to do.
+    """
+    source, dev = _resolve(model_id, device, settings)
+    return _load(source, dev)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_kept(source: ModelSource, device_name: str) -> LoadedModel:
+    return _load(source, torch.device(device_name))
 
 
 def load_pretrained(
@@ -200,16 +225,14 @@ def load_pretrained(
 ) -> LoadedModel:
     """Load a BERT-family encoder: the bundled model by default, or any hub id or folder.
 
-    Loading is eager attention, eval mode, no gradients, ``trust_remote_code=False``. Loaded
-    models are kept (a few at most) so a second call is free.
+    As ``read_pretrained``, but the last few loaded models are kept for the process, so a second call is
+    free: the command line, the corpus runner, tests and benches use this one; the app does not.
 
     Raises:
         ModelLoadError: with one message that says what to do.
     """
-    settings = settings or load_settings()
-    source = resolve_model_source(model_id, settings)
-    dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
-    return _load_cached(source, str(dev))
+    source, dev = _resolve(model_id, device, settings)
+    return _load_kept(source, str(dev))
 
 
 @functools.lru_cache(maxsize=2)

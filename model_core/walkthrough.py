@@ -16,7 +16,7 @@ import torch
 
 from model_core.encoder import TransformerForSequenceClassification
 from model_core.trace import AttentionTrace
-from model_core.tracing import EncodedInput
+from model_core.encoding import EncodedInput
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,7 +172,7 @@ def walk_layer(model: TransformerForSequenceClassification, encoded: EncodedInpu
 
     Args:
         model: the from-scratch encoder (random, or BERT's weights via ``custom_from_bert``), eval mode.
-        encoded: the tokenised input (``model_core.tracing.encode``).
+        encoded: the tokenised input (``model_core.encoding.encode``).
         layer: which encoder layer to walk through.
 
     Raises:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import streamlit as st
 
@@ -50,7 +52,7 @@ if not off_set:
 
 mask = head_mask_from_off(trace.n_layers, trace.n_heads, sorted(off_set))
 with st.spinner("Running the model with the heads switched off…"):
-    masked = get_trace(**ctx.controls.trace_key(), head_mask=tuple(tuple(bool(v) for v in row) for row in mask))
+    masked = get_trace(replace(ctx.request, head_mask=tuple(map(tuple, mask.tolist()))))
 effect = compare_masking(trace, masked)
 
 figure_format()

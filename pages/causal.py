@@ -1,5 +1,7 @@
 """Causal mask and masked scores: scores -> mask -> masked scores -> weights, bidirectional beside causal."""
 
+from dataclasses import replace
+
 import streamlit as st
 
 from model_core.export import matrix_to_csv
@@ -18,9 +20,8 @@ t = ctx.trace
 st.title("Causal mask & masked scores")
 
 if t.model_kind == "custom":
-    other_key = {**ctx.controls.trace_key(), "causal": not t.causal}
     with st.spinner("Running the other variant of the model…"):
-        other = get_trace(**other_key)
+        other = get_trace(replace(ctx.request, causal=not t.causal))
     bidirectional, causal = (other, t) if t.causal else (t, other)
     variants = [("Bidirectional (the model with causal off)", bidirectional, None),
                 ("Causal (the model with causal on)", causal, None)]

@@ -63,7 +63,7 @@ how_to_read(
     "Rumshisky (2019), “Revealing the Dark Secrets of BERT”, EMNLP.",
 )
 
-model = sidebar_model_or_stop(ctx.controls)
+model = sidebar_model_or_stop(ctx.request)
 st.caption(f"Model: the sidebar's, {model.label()}.")
 cap = settings.corpus_max_texts
 

@@ -56,7 +56,7 @@ how_to_read(
     "Hoover, Strobelt & Gehrmann (2020), “exBERT”.",
 )
 
-model = sidebar_model_or_stop(ctx.controls)
+model = sidebar_model_or_stop(ctx.request)
 
 # The run: the one the Corpus page shows, else the demo corpus with the sidebar's model (run here if needed).
 path = st.session_state.get(OPEN_RUN)

@@ -16,7 +16,7 @@ from ui.figures import (
 )
 from ui.guard import view_guard
 from ui.state import head_fragment
-from ui.walkthrough_loader import get_walkthrough
+from ui.loaders import get_walkthrough
 
 MAX_DIMS = 64  # columns shown in the vector heatmaps; hover gives exact values
 
@@ -223,7 +223,7 @@ def _walk(layer: int, head: int) -> None:
                "Open a step to see it; a closed step is not computed or sent.")
     try:
         with st.spinner(f"Walking through layer {layer}…"):
-            wt = get_walkthrough(layer, **ctx.controls.trace_key())
+            wt = get_walkthrough(ctx.request, layer)
     except (InputError, ModelLoadError, ValueError) as exc:
         st.warning(f"The walk cannot run for this model: {exc}")
         return

@@ -19,9 +19,9 @@ def bundled():
 
 @pytest.fixture(scope="session")
 def bert_pair_trace():
-    from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, build_trace
+    from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, TraceRequest, build_trace
 
-    return build_trace("bert", DEFAULT_TEXT_A, DEFAULT_TEXT_B, device="cpu")
+    return build_trace(TraceRequest("bert", DEFAULT_TEXT_A, DEFAULT_TEXT_B), device="cpu")
 
 
 @pytest.fixture(scope="session")

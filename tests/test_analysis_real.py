@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import jensenshannon
 
-from model_core import build_trace, load_pretrained
+from model_core import TraceRequest, build_trace, load_pretrained
 from model_core.analysis import (
     attention_flow,
     attention_rollout,
@@ -94,7 +94,7 @@ def test_bert_has_a_previous_token_head_and_stats_match_a_loop(bert):
 
 
 def test_masking_a_bert_head_changes_only_later_layers(bert):
-    masked = build_trace(model="bert", text=A, text_b=B, head_mask=head_mask_from_off(6, 12, [(2, 4)]))
+    masked = build_trace(TraceRequest(model="bert", text_a=A, text_b=B, head_mask=head_mask_from_off(6, 12, [(2, 4)])))
     effect = compare_masking(bert, masked)
     assert effect.first_masked_layer == 2 and np.isnan(effect.attention_tv[2, 4])
     np.testing.assert_allclose(np.nan_to_num(effect.attention_tv[:3]), 0.0, atol=1e-5)
@@ -104,9 +104,9 @@ def test_masking_a_bert_head_changes_only_later_layers(bert):
 
 
 def test_masking_custom_encoder_heads_moves_its_logits():
-    kwargs = dict(model="custom", text=A, text_b=B, seed=0)
-    base = build_trace(**kwargs)
+    kwargs = dict(model="custom", text_a=A, text_b=B, seed=0)
+    base = build_trace(TraceRequest(**kwargs))
     off = head_mask_from_off(base.n_layers, base.n_heads, [(0, h) for h in range(base.n_heads)])
-    effect = compare_masking(base, build_trace(**kwargs, head_mask=off))
+    effect = compare_masking(base, build_trace(TraceRequest(**kwargs, head_mask=off)))
     assert effect.logits_baseline is not None and np.abs(effect.logits_delta).max() > 1e-4
     assert effect.cls_l2[1] > 1e-3

@@ -264,12 +264,11 @@ def test_package_json_pins_d3_3_for_the_head_view_and_d3_5_for_the_others():
 # -- both real models ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def real_traces():
-    from model_core import build_trace
+    from model_core import TraceRequest, build_trace
 
     return {
-        "bert": build_trace("bert", "time flies like an arrow", "fruit flies like a banana"),
-        "custom": build_trace("custom", "time flies like an arrow", "fruit flies like a banana", weights="random",
-                              num_layers=2, num_heads=4, hidden_size=64, causal=True, seed=0),
+        "bert": build_trace(TraceRequest("bert", "time flies like an arrow", "fruit flies like a banana")),
+        "custom": build_trace(TraceRequest("custom", "time flies like an arrow", "fruit flies like a banana", weights="random", num_layers=2, num_heads=4, hidden_size=64, causal=True, seed=0)),
     }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model_core import build_trace
+from model_core import TraceRequest, build_trace
 from model_core.corpus import Corpus, CorpusModel, CorpusRunError, RunOptions, demo_corpus, run_corpus
 from model_core.corpus.index import brute_force, build_index, normalised
 from model_core.corpus.neighbours import neighbours, sample_tokens
@@ -91,8 +91,7 @@ def test_sampled_vectors_equal_the_one_text_trace(small_run):
     for row in (0, 37, len(table) - 1):
         text_id, pos = int(table["text_id"][row].as_py()), int(table["position"][row].as_py())
         a, b = corpus.texts[text_id]
-        trace = build_trace("custom", a, b, num_layers=2, num_heads=3, hidden_size=48, seed=1, causal=True,
-                            device="cpu")
+        trace = build_trace(TraceRequest("custom", a, b, num_layers=2, num_heads=3, hidden_size=48, seed=1, causal=True), device="cpu")
         assert trace.tokens[pos] == table["token"][row].as_py()
         q = trace.queries[:, :, pos].reshape(2, 48)  # heads side by side
         k = trace.keys[:, :, pos].reshape(2, 48)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model_core import build_trace
+from model_core import TraceRequest, build_trace
 from model_core.analysis.head_stats import STAT_NAMES, head_stats
 from model_core.corpus import Corpus, CorpusModel, PatternRules, RunOptions, StatSums, pattern_types, run_corpus
 
@@ -24,7 +24,7 @@ def _naive(kind: str, **options) -> np.ndarray:
     """(text, stat, layer, head) from one trace per text, as the Head statistics page computes them."""
     rows = []
     for a, b in TEXTS:
-        stats = head_stats(build_trace(kind, a, b, device="cpu", **options)).to_dict()
+        stats = head_stats(build_trace(TraceRequest(kind, a, b, **options), device="cpu")).to_dict()
         rows.append(np.stack([stats[name] for name in STAT_NAMES]))
     return np.array(rows)
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from model_core import InputError, build_trace
+from model_core import InputError, TraceRequest, build_trace
 from model_core.settings import Settings
-from model_core.tracing import MAX_TEXT_CHARS
+from model_core.encoding import MAX_TEXT_CHARS
 
 # Every Unicode category hypothesis draws (control and private-use included), plus hostile snippets;
 # lone surrogates, which hypothesis does not draw, are among the snippets.
@@ -50,23 +50,21 @@ def _check(make) -> None:
 @FUZZ
 @given(a=TEXT, b=st.one_of(st.none(), TEXT))
 def test_custom_encoder_traces_any_text_or_says_why(a, b):
-    _check(lambda: build_trace("custom", a, b, num_layers=1, num_heads=2, hidden_size=16, device="cpu",
-                               settings=SMALL))
+    _check(lambda: build_trace(TraceRequest("custom", a, b, num_layers=1, num_heads=2, hidden_size=16), device="cpu", settings=SMALL))
 
 
 @pytest.mark.slow
 @FUZZ_BERT
 @given(a=TEXT, b=st.one_of(st.none(), TEXT))
 def test_bundled_bert_traces_any_text_or_says_why(a, b):
-    _check(lambda: build_trace("bert", a, b, device="cpu", settings=SMALL))
+    _check(lambda: build_trace(TraceRequest("bert", a, b), device="cpu", settings=SMALL))
 
 
 def test_known_hostile_inputs_give_the_expected_outcome():
     """The fuzz strategies must reach both outcomes; these fixed cases pin the important ones."""
     def outcome(a, b=None):
         try:
-            return build_trace("custom", a, b, num_layers=1, num_heads=2, hidden_size=16, device="cpu",
-                               settings=SMALL).tokens
+            return build_trace(TraceRequest("custom", a, b, num_layers=1, num_heads=2, hidden_size=16), device="cpu", settings=SMALL).tokens
         except InputError as exc:
             return str(exc)
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from model_core import build_trace
+from model_core import TraceRequest, build_trace
 from model_core.mask_steps import causal_mask_np, mask_steps, softmax_rows
 
 
@@ -34,7 +34,7 @@ def test_bert_causal_illustration(bert_pair_trace):
 
 
 def test_custom_causal_steps_are_real():
-    t = build_trace("custom", "time flies like an arrow", causal=True, num_layers=2, num_heads=2, hidden_size=16)
+    t = build_trace(TraceRequest("custom", "time flies like an arrow", causal=True, num_layers=2, num_heads=2, hidden_size=16))
     s = mask_steps(t, 1, 1)
     assert s.causal and not s.illustrative
     np.testing.assert_allclose(softmax_rows(s.masked_scores), s.weights, atol=1e-6)

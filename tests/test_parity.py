@@ -6,7 +6,8 @@ import torch
 
 from model_core.bert_weights import custom_from_bert
 from model_core.loading import load_tokenizer
-from model_core.tracing import encode, trace_bert, trace_custom
+from model_core.encoding import encode
+from model_core.forward import trace_bert, trace_custom
 
 LONG_TEXT = ("Attention lets every token look at every other token. " * 20).strip()
 

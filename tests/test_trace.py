@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, InputError, build_trace
+from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, InputError, TraceRequest, build_trace
 from model_core.loading import load_tokenizer
-from model_core.tracing import encode
+from model_core.encoding import encode
 
 SMALL = dict(num_layers=2, num_heads=4, hidden_size=32)
 
@@ -29,7 +29,7 @@ def test_bert_scores_from_hooks_reproduce_the_weights(bert_pair_trace):
 
 
 def test_custom_causal_trace_masks_the_future():
-    t = build_trace("custom", DEFAULT_TEXT_A, DEFAULT_TEXT_B, causal=True, **SMALL)
+    t = build_trace(TraceRequest("custom", DEFAULT_TEXT_A, DEFAULT_TEXT_B, causal=True, **SMALL))
     upper = np.triu(np.ones((13, 13), dtype=bool), 1)
     assert (t.mask == ~upper).all()
     ms = t.masked_scores
@@ -41,9 +41,9 @@ def test_custom_causal_trace_masks_the_future():
 
 
 def test_custom_trace_is_deterministic_per_seed():
-    a = build_trace("custom", "hello world", seed=3, **SMALL)
-    b = build_trace("custom", "hello world", seed=3, **SMALL)
-    c = build_trace("custom", "hello world", seed=4, **SMALL)
+    a = build_trace(TraceRequest("custom", "hello world", seed=3, **SMALL))
+    b = build_trace(TraceRequest("custom", "hello world", seed=3, **SMALL))
+    c = build_trace(TraceRequest("custom", "hello world", seed=4, **SMALL))
     assert np.array_equal(a.attentions, b.attentions)
     assert not np.array_equal(a.attentions, c.attentions)
     assert a.logits.shape == (2,)
@@ -75,18 +75,18 @@ def test_too_many_tokens_gives_the_count_unless_truncating():
 
 
 def test_512_tokens_trace_on_bert():
-    t = build_trace("bert", "word " * 510)
+    t = build_trace(TraceRequest("bert", "word " * 510))
     assert t.n_tokens == 512
     np.testing.assert_allclose(t.attentions[-1].sum(-1), 1.0, atol=1e-4)
 
 
 def test_odd_unicode_traces():
-    t = build_trace("bert", "😀 東京 مرحبا <script>alert(1)</script>")
+    t = build_trace(TraceRequest("bert", "😀 東京 مرحبا <script>alert(1)</script>"))
     assert t.n_tokens > 5 and "<" in t.tokens
 
 
 def test_empty_sentence_b_means_single_sentence():
-    t = build_trace("custom", "hello there", "   ", **SMALL)
+    t = build_trace(TraceRequest("custom", "hello there", "   ", **SMALL))
     assert t.sentence_b_start is None and set(t.token_type_ids) == {0}
 
 

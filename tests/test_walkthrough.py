@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, CustomSpec, build_custom_model, encode, trace_custom
+from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, CustomSpec, TraceRequest, build_custom_model, encode, trace_custom
 from model_core.bert_weights import custom_from_bert
 from model_core.loading import load_tokenizer
-from model_core.tracing import describe_custom
+from model_core.custom_spec import describe_custom
 from model_core.walkthrough import Walkthrough, encoded_from_trace, walk_layer
 
 SMALL = dict(num_layers=3, num_heads=4, hidden_size=32, seed=7)
@@ -198,27 +198,21 @@ def test_token_norms_rejects_a_non_token_field(custom_case):
 
 # -- the cached loader -----------------------------------------------------------------------
 def test_loader_walks_the_same_inputs_as_get_trace():
-    from ui.loaders import get_trace
-    from ui.state import Controls
-    from ui.walkthrough_loader import get_walkthrough
+    from ui.loaders import get_trace, get_walkthrough
 
-    key = Controls(model="custom", causal=True, num_layers=2, num_heads=2, hidden_size=32).trace_key()
-    trace = get_trace(**key)
-    wt = get_walkthrough(1, **key)
+    request = TraceRequest("custom", DEFAULT_TEXT_A, DEFAULT_TEXT_B, causal=True, num_layers=2, num_heads=2,
+                           hidden_size=32)
+    trace = get_trace(request)
+    wt = get_walkthrough(request, 1)
     assert wt.tokens == trace.tokens
     np.testing.assert_allclose(wt.weights, trace.attentions[1], atol=1e-6)
     np.testing.assert_allclose(wt.logits, trace.logits, atol=1e-6)
-    assert get_walkthrough(1, **key) is wt  # cached
+    assert get_walkthrough(request, 1) is wt  # cached
 
 
 def test_bert_walk_shares_the_loaded_from_bert_model_spec():
-    from ui.state import Controls
-    from ui.walkthrough_loader import walk_spec
-
-    bert_key = Controls(model="bert").trace_key()
-    pretrained_key = Controls(model="custom", weights="pretrained").trace_key()
+    bert = TraceRequest("bert", model_id="bundled:all-MiniLM-L6-v2")
+    pretrained = TraceRequest("custom", model_id="bundled:all-MiniLM-L6-v2", weights="pretrained", seed=0)
     expected = CustomSpec(weights="pretrained", seed=0, causal=False, norm_placement="post",
-                          model_id=pretrained_key["model_id"])
-    assert walk_spec(**{k: v for k, v in bert_key.items() if k not in ("text_a", "text_b", "truncate")}) == expected
-    options = {k: v for k, v in pretrained_key.items() if k not in ("text_a", "text_b", "truncate")}
-    assert walk_spec(**options) == expected
+                          model_id="bundled:all-MiniLM-L6-v2")
+    assert bert.walk_spec() == expected == pretrained.walk_spec() == pretrained.spec()

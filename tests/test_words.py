@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model_core import build_trace
+from model_core import TraceRequest, build_trace
 from model_core.words import WordSpans, word_spans
 
 SPLIT = "the embeddings of unaffordable tokenizers"
@@ -13,7 +13,7 @@ SPLIT = "the embeddings of unaffordable tokenizers"
 
 @pytest.fixture(scope="module")
 def split_trace():
-    trace = build_trace("bert", SPLIT, "they split")
+    trace = build_trace(TraceRequest("bert", SPLIT, "they split"))
     assert any(t.startswith("##") for t in trace.tokens), trace.tokens
     return trace
 
@@ -46,7 +46,7 @@ def test_merged_rows_still_sum_to_one(split_trace):
 
 
 def test_a_text_without_split_words_changes_only_in_its_labels():
-    trace = build_trace("bert", "time flies like an arrow", "fruit flies like a banana")
+    trace = build_trace(TraceRequest("bert", "time flies like an arrow", "fruit flies like a banana"))
     words = word_spans(trace.tokens)
     assert not words.any_split and words.words == trace.tokens
     np.testing.assert_allclose(words.merge(trace.attentions), trace.attentions, atol=1e-6)

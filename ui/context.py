@@ -1,4 +1,4 @@
-"""The per-run context every page reads: the controls, the one trace, and the focused head."""
+"""The per-run context every page reads: the sidebar's request, its one trace, and the focused head."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import streamlit as st
 
 import numpy as np
 
-from model_core import AttentionTrace
+from model_core import AttentionTrace, TraceRequest
 from model_core.settings import Settings
 from model_core.words import WordSpans
-from ui.state import Controls
 
 _KEY = "_app_context"
 
@@ -20,7 +19,8 @@ _KEY = "_app_context"
 class AppContext:
     """What app.py computed this run, before the page runs."""
 
-    controls: Controls
+    # What the sidebar asks for; None when its options do not fit together (``error`` says why).
+    request: TraceRequest | None
     settings: Settings
     trace: AttentionTrace | None
     error: str | None

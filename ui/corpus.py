@@ -11,10 +11,10 @@ from typing import Any
 
 import streamlit as st
 
+from model_core import TraceRequest
 from model_core.corpus import CorpusModel, CorpusRun, CorpusRunError, LoadedCorpusModel, RunOptions, open_run, run_corpus
 from model_core.settings import Settings, corpus_runs_dir
-from ui.loaders import get_bert, get_custom_model
-from ui.state import Controls
+from ui.loaders import MODELS, device
 
 
 RUNNING = "_corpus_running"  # the folder of a run this session started and has not seen finish
@@ -58,15 +58,14 @@ def run_with_progress(corpus, model: CorpusModel, folder: Path, options: RunOpti
     st.rerun()  # draw the finished run from its folder
 
 
-def corpus_model(controls: Controls) -> CorpusModel:
-    """The sidebar's model, as a corpus run records it."""
-    return CorpusModel.from_options(**controls.trace_key())
-
-
-def sidebar_model_or_stop(controls: Controls) -> CorpusModel:
-    """The sidebar's model for a corpus page, or stop the page saying why it cannot be used."""
+def sidebar_model_or_stop(request: TraceRequest | None) -> CorpusModel:
+    """The sidebar's model for a corpus page, as a corpus run records it, or stop the page saying why it
+    cannot be used (``request`` is None when the sidebar's options do not fit together)."""
+    if request is None:
+        st.info("The sidebar's model cannot be used: its settings do not fit together (the sidebar says why).")
+        st.stop()
     try:
-        return corpus_model(controls)
+        return CorpusModel.from_request(request)
     except ValueError as exc:
         st.info(f"The sidebar's model cannot be used: {exc}")
         st.stop()
@@ -88,13 +87,12 @@ def load_text_and_head(model_key: dict[str, Any], text_a: str, text_b: str | Non
 
 def loaded_model(model: CorpusModel) -> LoadedCorpusModel:
     """The app's cached copy of ``model`` (the same one the traces use), ready for batches."""
+    dev = device()
     if model.kind == "bert":
-        return LoadedCorpusModel.from_bert(model, get_bert(model.model_id))
+        return LoadedCorpusModel.from_bert(model, MODELS.bert(model.model_id, dev))
     assert model.custom is not None
-    from model_core.loading import load_tokenizer
-
-    tokenizer = get_bert(model.custom.model_id).tokenizer if model.custom.model_id else load_tokenizer()
-    return LoadedCorpusModel.from_custom(model, get_custom_model(model.custom), tokenizer)
+    return LoadedCorpusModel.from_custom(model, MODELS.custom(model.custom, dev),
+                                         MODELS.tokenizer(model.custom.model_id, dev))
 
 
 def run_folder(settings: Settings, model: CorpusModel, fingerprint: str, options: RunOptions) -> Path:

@@ -1,4 +1,9 @@
-"""Cached loaders: one model copy per process (on the GPU if any), one trace per inputs."""
+"""Cached loaders: one model copy per process (on the GPU if any), one trace and one walk per request.
+
+These only cache: ``model_core.build_trace`` and ``model_core.build_walkthrough`` do the work, with the
+models taken from this module's ``st.cache_resource`` loaders (``MODELS``), so Streamlit's one cache
+decides which models stay in memory.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,12 @@ from typing import Any
 import streamlit as st
 import torch
 
-from model_core import AttentionTrace, CustomSpec, build_custom_model, encode, load_pretrained, trace_bert, trace_custom
-from model_core.loading import LoadedModel, load_tokenizer, select_device
+from model_core import AttentionTrace, CustomSpec, Models, TraceRequest, build_trace, build_walkthrough
+from model_core.custom_spec import build_custom_model
+from model_core.loading import LoadedModel, read_pretrained, select_device
 from model_core.memory import release_freed_memory
 from model_core.settings import load_settings
-from model_core.tracing import describe_custom
+from model_core.walkthrough import Walkthrough
 
 # Traces are immutable (read-only arrays), so all sessions can share one copy: a cache_data
 # copy per session would multiply memory by the number of users (a 512-token bert-base trace
@@ -20,6 +26,9 @@ from model_core.tracing import describe_custom
 # ~2.7 GB in the worst case (twelve 512-token bert-base traces), ~120 MB at 128 tokens on MiniLM.
 TRACE_CACHE_ENTRIES = 12
 TRACE_TTL_S = 3600
+# A walk holds one layer's tensors (a 512-token bert-base layer is ~60 MB), so a few suffice:
+# the user moves between layers of one input, rarely back to an old input.
+WALK_CACHE_ENTRIES = 8
 
 
 def cpu_threads() -> int:
@@ -41,57 +50,45 @@ def cpu_threads() -> int:
 torch.set_num_threads(cpu_threads())
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def get_bert(model_id: str) -> LoadedModel:
-    """The pretrained BERT, loaded once per process on the settings' device."""
-    return load_pretrained(model_id)
+def device() -> torch.device:
+    """The settings' device: cuda, then mps, then cpu."""
+    return select_device(load_settings().device)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def get_custom_model(spec: CustomSpec) -> Any:
-    """The custom encoder for ``spec``, built once per process on the settings' device."""
-    return build_custom_model(spec, select_device(load_settings().device))
+def get_bert(model_id: str, device_name: str) -> LoadedModel:
+    """The pretrained BERT, loaded once per process and device."""
+    return read_pretrained(model_id, device=device_name)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def get_custom_model(spec: CustomSpec, device_name: str) -> Any:
+    """The custom encoder for ``spec``, built once per process and device."""
+    return build_custom_model(spec, device_name)
+
+
+MODELS = Models(bert=lambda model_id, dev: get_bert(model_id, str(dev)),
+                custom=lambda spec, dev: get_custom_model(spec, str(dev)))
+"""The app's models, from the two caches above: ``build_trace`` takes them, and so does the corpus page."""
 
 
 @st.cache_resource(max_entries=TRACE_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)
-def get_trace(
-    model: str,
-    model_id: str | None,
-    text_a: str,
-    text_b: str,
-    truncate: bool = False,
-    weights: str = "random",
-    seed: int = 0,
-    causal: bool = False,
-    norm_placement: str = "pre",
-    num_layers: int = 12,
-    num_heads: int = 12,
-    hidden_size: int = 768,
-    head_mask: tuple[tuple[bool, ...], ...] | None = None,
-) -> AttentionTrace:
-    """Run the model once for these inputs; every page and view reads this same trace.
+def get_trace(request: TraceRequest) -> AttentionTrace:
+    """Run the model once for this request; every page and view reads this same trace.
 
     Raises:
         InputError, ModelLoadError, ValueError: with a message for the user.
     """
-    import numpy as np
-
-    settings = load_settings()
-    hm = None if head_mask is None else np.array(head_mask, dtype=bool)
-    if model == "bert":
-        loaded = get_bert(model_id or settings.default_model)
-        limit = min(settings.max_tokens, loaded.model.config.max_position_embeddings)
-        encoded = encode(loaded.tokenizer, text_a, text_b, max_tokens=limit, truncate=truncate)
-        trace = trace_bert(loaded, encoded, hm)
-        release_freed_memory()  # glibc keeps each session thread's freed buffers in its own arena
-        return trace
-    spec = CustomSpec(weights=weights, seed=seed, causal=causal, norm_placement=norm_placement,
-                      num_layers=num_layers, num_heads=num_heads, hidden_size=hidden_size,
-                      model_id=model_id if weights == "pretrained" else None)
-    custom = get_custom_model(spec)
-    tokenizer = get_bert(spec.model_id).tokenizer if spec.model_id else load_tokenizer()
-    limit = min(settings.max_tokens, custom.config.max_position_embeddings)
-    encoded = encode(tokenizer, text_a, text_b, max_tokens=limit, truncate=truncate)
-    trace = trace_custom(custom, encoded, describe_custom(spec, custom), hm)
-    release_freed_memory()
+    trace = build_trace(request, models=MODELS)
+    release_freed_memory()  # glibc keeps each session thread's freed buffers in its own arena
     return trace
+
+
+@st.cache_resource(max_entries=WALK_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)
+def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
+    """The walk through ``layer`` for the tokens of ``get_trace(request)``, in ``request.walk_spec()``'s encoder.
+
+    Raises:
+        InputError, ModelLoadError, ValueError: as ``get_trace``; ValueError for a bad layer.
+    """
+    return build_walkthrough(request, layer, get_trace(request), models=MODELS)

@@ -2,47 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import streamlit as st
 
-from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B
+from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, TraceRequest
 from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
 from model_core.words import RULE as WORD_RULE
 
 MODEL_LABELS = {"bert": "Pretrained BERT", "custom": "Custom encoder"}
 WEIGHT_LABELS = {"random": "Random (seeded)", "pretrained": "Loaded from BERT"}
 MAX_SEED = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class Controls:
-    """What the user chose in the shared controls (everything that identifies one trace)."""
-
-    model: str = "bert"
-    model_id: str = BUNDLED_MODEL_ID
-    weights: str = "random"
-    seed: int = 0
-    norm_placement: str = "pre"
-    causal: bool = False
-    num_layers: int = 12
-    num_heads: int = 12
-    hidden_size: int = 768
-    text_a: str = DEFAULT_TEXT_A
-    text_b: str = DEFAULT_TEXT_B
-    truncate: bool = False
-
-    def trace_key(self) -> dict[str, Any]:
-        """The keyword arguments of ui.loaders.get_trace; options that do not apply are normalised."""
-        if self.model == "bert":
-            return dict(model="bert", model_id=self.model_id, text_a=self.text_a, text_b=self.text_b,
-                        truncate=self.truncate)
-        pretrained = self.weights == "pretrained"
-        return dict(model="custom", model_id=self.model_id if pretrained else None, text_a=self.text_a,
-                    text_b=self.text_b, truncate=self.truncate, weights=self.weights, seed=self.seed,
-                    causal=self.causal, norm_placement="post" if pretrained else self.norm_placement,
-                    num_layers=self.num_layers, num_heads=self.num_heads, hidden_size=self.hidden_size)
 
 
 # Query-parameter name -> (session key, parser). Parsers raise ValueError on bad values.
@@ -105,11 +75,11 @@ QUERY_PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
 
 
 def _defaults(settings: Settings) -> dict[str, Any]:
-    c = Controls(model_id=settings.default_model)
-    return {"ctl_model": c.model, "ctl_model_id": c.model_id, "ctl_weights": c.weights, "ctl_seed": c.seed,
-            "ctl_norm": c.norm_placement, "ctl_causal": c.causal, "ctl_layers": c.num_layers,
-            "ctl_heads": c.num_heads, "ctl_hidden": c.hidden_size, "ctl_text_a": c.text_a,
-            "ctl_text_b": c.text_b, "ctl_truncate": c.truncate, "ctl_words": False, "sel_tokens": [],
+    r = TraceRequest()
+    return {"ctl_model": r.model, "ctl_model_id": settings.default_model, "ctl_weights": r.weights,
+            "ctl_seed": r.seed, "ctl_norm": r.norm_placement, "ctl_causal": r.causal, "ctl_layers": r.num_layers,
+            "ctl_heads": r.num_heads, "ctl_hidden": r.hidden_size, "ctl_text_a": DEFAULT_TEXT_A,
+            "ctl_text_b": DEFAULT_TEXT_B, "ctl_truncate": r.truncate, "ctl_words": False, "sel_tokens": [],
             "sel_layer": 0, "sel_head": 0}
 
 
@@ -172,8 +142,9 @@ def model_summary(s: Any) -> str:
             + (" · causal" if s["ctl_causal"] else ""))
 
 
-def render_controls(settings: Settings | None = None) -> tuple[Controls, Any]:
-    """Draw the shared controls in the sidebar; return the choice and the slot for the layer/head pickers.
+def render_controls(settings: Settings | None = None) -> Any:
+    """Draw the shared controls in the sidebar; return the slot for the layer/head pickers
+    (``request_from_state`` then reads what they ask for).
 
     Most used first: the text, then the layer and head (the returned slot, filled by app.py or a page's
     fragment), then the word toggle; the model settings sit folded below, under a label naming the model.
@@ -211,13 +182,23 @@ def render_controls(settings: Settings | None = None) -> tuple[Controls, Any]:
         else:
             st.text_input("Model id", key="ctl_model_id", help=_model_help(settings))
         st.checkbox(f"Truncate past {settings.max_tokens} tokens", key="ctl_truncate")
+    return slot
+
+
+def request_from_state(settings: Settings | None = None) -> TraceRequest:
+    """The trace the shared controls ask for.
+
+    Raises:
+        ValueError: the custom encoder's options do not fit together (e.g. a hidden size the heads do not
+            divide); the message says what to change.
+    """
+    settings = settings or load_settings()
     s = st.session_state
-    controls = Controls(model=s["ctl_model"], model_id=(s["ctl_model_id"] or "").strip() or settings.default_model,
-                        weights=s["ctl_weights"], seed=int(s["ctl_seed"]), norm_placement=s["ctl_norm"],
-                        causal=bool(s["ctl_causal"]), num_layers=int(s["ctl_layers"]), num_heads=int(s["ctl_heads"]),
-                        hidden_size=int(s["ctl_hidden"]), text_a=s["ctl_text_a"], text_b=s["ctl_text_b"],
-                        truncate=bool(s["ctl_truncate"]))
-    return controls, slot
+    return TraceRequest(model=s["ctl_model"], text_a=s["ctl_text_a"], text_b=s["ctl_text_b"],
+                        model_id=(s["ctl_model_id"] or "").strip() or settings.default_model,
+                        weights=s["ctl_weights"], seed=s["ctl_seed"], norm_placement=s["ctl_norm"],
+                        causal=s["ctl_causal"], num_layers=s["ctl_layers"], num_heads=s["ctl_heads"],
+                        hidden_size=s["ctl_hidden"], truncate=s["ctl_truncate"])
 
 
 def _model_help(settings: Settings) -> str:

@@ -14,7 +14,7 @@ import torch
 
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.corpus.stats import N_STATS, BatchMasks, batch_head_stats
-from model_core.tracing import _clean
+from model_core.encoding import clean_text
 
 LongPolicy = Literal["truncate", "skip"]
 DEFAULT_CELL_BUDGET = 2**25
@@ -56,13 +56,13 @@ class ChunkResult:
 
 def encode_texts(tokenizer, texts: list[tuple[str, str | None]], first_id: int, max_tokens: int,
                  long: LongPolicy) -> tuple[list[EncodedText], list[tuple[int, int]]]:
-    """Tokenise a shard: [CLS] A [SEP] (B [SEP]), as ``model_core.tracing.encode`` does.
+    """Tokenise a shard: [CLS] A [SEP] (B [SEP]), as ``model_core.encoding.encode`` does.
 
     Returns:
         The texts to run, and (text id, length) of the texts skipped for being longer than
         ``max_tokens`` (with ``long="skip"``; with ``"truncate"`` they are cut and flagged).
     """
-    cleaned = [(_clean(a) or "[UNK]", _clean(b) or None) for a, b in texts]
+    cleaned = [(clean_text(a) or "[UNK]", clean_text(b) or None) for a, b in texts]
     singles = [i for i, (_, b) in enumerate(cleaned) if b is None]
     pairs = [i for i, (_, b) in enumerate(cleaned) if b is not None]
     encoded: dict[int, tuple[list[int], list[int]]] = {}

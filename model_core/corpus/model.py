@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
 from model_core.corpus.stats import TokenClasses
 from model_core.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
 from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
-from model_core.tracing import CustomSpec, build_custom_model, describe_custom
+
+if TYPE_CHECKING:
+    from model_core.request import TraceRequest
+from model_core.custom_spec import CustomSpec, build_custom_model, describe_custom
 
 
 @dataclass(frozen=True)
@@ -34,20 +37,26 @@ class CorpusModel:
             raise ValueError("A custom model needs a CustomSpec, and a BERT must not have one.")
 
     @classmethod
+    def from_request(cls, request: "TraceRequest") -> "CorpusModel":
+        """The model of a trace request (its text and head mask play no part); no id means the bundled model."""
+        if request.model == "bert":
+            return cls("bert", request.model_id or BUNDLED_MODEL_ID)
+        spec = request.spec(BUNDLED_MODEL_ID)
+        return cls("custom", spec.model_id, spec)
+
+    @classmethod
     def from_options(cls, model: str, model_id: str | None = None, *, weights: str = "random", seed: int = 0,
                      causal: bool = False, norm_placement: str = "pre", num_layers: int = 12, num_heads: int = 12,
-                     hidden_size: int = 768, **_ignored: Any) -> "CorpusModel":
-        """From the sidebar's or the CLI's options (those that do not apply are ignored)."""
-        if model == "bert":
-            return cls("bert", (model_id or "").strip() or BUNDLED_MODEL_ID)
-        if model != "custom":
+                     hidden_size: int = 768) -> "CorpusModel":
+        """From the command line's options (those that do not apply are ignored), through a TraceRequest."""
+        from model_core.request import TraceRequest
+
+        if model not in ("bert", "custom"):
             raise ValueError(f"--model must be 'bert' or 'custom', got {model!r}.")
-        pretrained = weights == "pretrained"
-        spec = CustomSpec(weights=weights, seed=seed, causal=causal,  # type: ignore[arg-type]
-                          norm_placement="post" if pretrained else norm_placement,  # type: ignore[arg-type]
-                          num_layers=num_layers, num_heads=num_heads, hidden_size=hidden_size,
-                          model_id=(model_id or BUNDLED_MODEL_ID) if pretrained else None)
-        return cls("custom", spec.model_id, spec)
+        return cls.from_request(TraceRequest(
+            model, "", model_id=model_id, weights=weights, seed=seed, causal=causal,  # type: ignore[arg-type]
+            norm_placement=norm_placement, num_layers=num_layers, num_heads=num_heads,  # type: ignore[arg-type]
+            hidden_size=hidden_size))
 
     def key(self) -> dict[str, Any]:
         """A JSON-able identity: two runs of equal keys ran the same model."""

@@ -13,7 +13,7 @@ from model_core.corpus.index import index_path, search
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.corpus.sample import array_path
 from model_core.corpus.store import CorpusRun, CorpusRunError, open_run
-from model_core.tracing import encode
+from model_core.encoding import encode
 
 
 def _require_index(run: CorpusRun) -> dict[str, Any]:

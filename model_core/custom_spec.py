@@ -1,0 +1,70 @@
+"""What identifies one custom encoder (CustomSpec), and the factory that builds it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from model_core.bert_weights import custom_from_bert
+from model_core.config import EncoderConfig
+from model_core.encoder import TransformerForSequenceClassification, build_random_model
+from model_core.loading import read_pretrained
+
+
+@dataclass(frozen=True)
+class CustomSpec:
+    """What identifies one custom encoder: its shape, options and weights.
+
+    ``weights="pretrained"`` takes the shape of ``model_id``'s BERT and forces post-LayerNorm.
+    """
+
+    weights: Literal["random", "pretrained"] = "random"
+    seed: int = 0
+    causal: bool = False
+    norm_placement: Literal["pre", "post"] = "pre"
+    num_layers: int = 12
+    num_heads: int = 12
+    hidden_size: int = 768
+    model_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.weights not in ("random", "pretrained"):
+            raise ValueError(f"weights must be 'random' or 'pretrained', got {self.weights!r}.")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be between 0 and {2**32 - 1}, got {self.seed}.")
+        if self.weights == "random":
+            self.config()  # validates the shape
+
+    def config(self) -> EncoderConfig:
+        """The encoder's config for random weights (intermediate size 4x hidden, as in BERT)."""
+        return EncoderConfig(
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            intermediate_size=4 * self.hidden_size,
+            norm_placement=self.norm_placement,
+            causal=self.causal,
+        )
+
+
+def build_custom_model(spec: CustomSpec, device: torch.device | str = "cpu") -> TransformerForSequenceClassification:
+    """Build the custom encoder a spec describes, on ``device``, in eval mode."""
+    if spec.weights == "pretrained":
+        loaded = read_pretrained(spec.model_id, device="cpu")  # its weights are copied; no cache keeps it
+        model = custom_from_bert(loaded.model, seed=spec.seed, causal=spec.causal)
+    else:
+        model = build_random_model(spec.config(), spec.seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.to(device).eval()
+
+
+def describe_custom(spec: CustomSpec, model: TransformerForSequenceClassification) -> str:
+    """One line naming the custom encoder's weights and shape."""
+    c = model.config
+    weights = (f"BERT weights from {spec.model_id or 'the bundled model'}" if spec.weights == "pretrained"
+               else f"random weights, seed {spec.seed}")
+    return (f"Custom encoder ({weights}; {c.num_hidden_layers} layers x {c.num_attention_heads} heads, hidden "
+            f"{c.hidden_size}, {c.norm_placement}-LayerNorm, {'causal' if c.causal else 'bidirectional'})")

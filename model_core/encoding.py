@@ -1,0 +1,92 @@
+"""Text to tokens: clean the text, run BERT's WordPiece, and refuse what cannot be traced."""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from model_core.settings import HARD_MAX_TOKENS
+
+DEFAULT_TEXT_A = "time flies like an arrow"
+DEFAULT_TEXT_B = "fruit flies like a banana"
+MAX_TEXT_CHARS = 20_000
+
+
+class InputError(ValueError):
+    """The text cannot be traced; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class EncodedInput:
+    """A tokenised sentence (pair) for a batch of one.
+
+    Shape: input_ids, token_type_ids: (1, pos).
+    """
+
+    tokens: tuple[str, ...]
+    input_ids: torch.Tensor
+    token_type_ids: torch.Tensor
+    sentence_b_start: int | None
+    truncated: bool = False
+
+
+def clean_text(text: str | None) -> str:
+    """Drop control, zero-width and lone surrogate characters; they carry nothing a tokenizer keeps."""
+    text = text or ""
+    # Cs: a lone surrogate (e.g. from a malformed URL) makes the Rust tokenizer raise TypeError.
+    return "".join(c for c in text if not (unicodedata.category(c) in ("Cc", "Cf", "Cs") and c not in "\t\n")).strip()
+
+
+def encode(
+    tokenizer: Any,
+    text: str,
+    text_b: str | None = None,
+    *,
+    max_tokens: int = HARD_MAX_TOKENS,
+    truncate: bool = False,
+) -> EncodedInput:
+    """Tokenise with BERT's WordPiece: [CLS] A [SEP] (B [SEP]), token types 0 then 1.
+
+    Raises:
+        InputError: empty text, text that gives no tokens, or more than ``max_tokens`` tokens
+            without ``truncate``.
+    """
+    if len(text or "") + len(text_b or "") > MAX_TEXT_CHARS:
+        raise InputError(f"The text has {len(text or '') + len(text_b or '')} characters; the limit is "
+                         f"{MAX_TEXT_CHARS}. Paste a shorter passage.")
+    a, b = clean_text(text), clean_text(text_b)
+    if not a:
+        if b:
+            raise InputError("Sentence A is empty; type sentence A (sentence B is optional).")
+        raise InputError("The text is empty; type a sentence.")
+    full = tokenizer(a, b or None, add_special_tokens=True, truncation=False)
+    n = len(full["input_ids"])
+    # Words per sentence, without [CLS]/[SEP]: e.g. only combining accents, which uncased BERT
+    # strips, leave none, and there is nothing to attend to.
+    all_types = full.get("token_type_ids") or [0] * n
+    n_words_b = all_types.count(1) - 1 if b else 0
+    for name, words in (("Sentence A", n - (3 if b else 2) - n_words_b), ("Sentence B", n_words_b if b else 1)):
+        if words <= 0:
+            raise InputError(f"{name} gives no tokens the model knows (only accents, marks or spaces); "
+                             "type some words.")
+    truncated = False
+    if n > max_tokens:
+        if not truncate:
+            raise InputError(f"The input has {n} tokens; the limit is {max_tokens}. Shorten it, "
+                             "or ask for truncation to keep the first tokens.")
+        full = tokenizer(a, b or None, add_special_tokens=True, truncation=True, max_length=max_tokens)
+        truncated = True
+    ids = full["input_ids"]
+    types = full.get("token_type_ids") or [0] * len(ids)
+    tokens = tuple(tokenizer.convert_ids_to_tokens(ids))
+    b_start = types.index(1) if b and 1 in types else None
+    return EncodedInput(
+        tokens=tokens,
+        input_ids=torch.tensor([ids], dtype=torch.long),
+        token_type_ids=torch.tensor([types], dtype=torch.long),
+        sentence_b_start=b_start,
+        truncated=truncated,
+    )

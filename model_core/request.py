@@ -1,0 +1,192 @@
+"""The one route from a choice of model and text to numbers: a TraceRequest, and build_trace that runs it.
+
+The sidebar, the walk-through, the command line, the corpus runner and the tests all describe what they
+want as a ``TraceRequest``; ``build_trace`` turns it into an ``AttentionTrace``. The app only caches these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Literal
+
+import numpy as np
+import torch
+
+from model_core.custom_spec import CustomSpec, build_custom_model, describe_custom
+from model_core.encoding import DEFAULT_TEXT_A, encode
+from model_core.forward import trace_bert, trace_custom
+from model_core.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
+from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
+from model_core.trace import AttentionTrace
+from model_core.walkthrough import Walkthrough, encoded_from_trace, walk_layer
+
+_CUSTOM_ONLY = ("weights", "seed", "causal", "norm_placement", "num_layers", "num_heads", "hidden_size")
+_SHAPE = ("norm_placement", "num_layers", "num_heads", "hidden_size")
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """Everything that identifies one trace: the model, its options, the text, and which heads are on.
+
+    Options that do not apply are set to their defaults on creation, so two requests for the same trace
+    are equal (and hash equal): BERT ignores the custom encoder's options; BERT weights fix the custom
+    encoder's shape and post-LayerNorm; random weights ignore ``model_id``; a head mask with every head on
+    is no mask.
+
+    Attributes:
+        model: "bert" (transformers' BertModel) or "custom" (the chapter-3 encoder).
+        text_a: sentence A.
+        text_b: sentence B, or "" for one sentence.
+        model_id: the BERT to run, or whose weights the custom encoder takes; None means the deployment's
+            default (``Settings.default_model``).
+        weights: custom encoder only: "random" (seeded) or "pretrained" (BERT's weights).
+        seed, causal, norm_placement, num_layers, num_heads, hidden_size: the custom encoder's options.
+        truncate: keep the first tokens of a text over the limit instead of refusing it.
+        head_mask: which heads are on, (layer, head) of bools; None = all.
+    """
+
+    model: Literal["bert", "custom"] = "bert"
+    text_a: str = DEFAULT_TEXT_A
+    text_b: str = ""
+    model_id: str | None = None
+    weights: Literal["random", "pretrained"] = "random"
+    seed: int = 0
+    causal: bool = False
+    norm_placement: Literal["pre", "post"] = "pre"
+    num_layers: int = 12
+    num_heads: int = 12
+    hidden_size: int = 768
+    truncate: bool = False
+    head_mask: tuple[tuple[bool, ...], ...] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.model not in ("bert", "custom"):
+            raise ValueError(f"model must be 'custom' or 'bert', got {self.model!r}.")
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
+        defaults = {f.name: f.default for f in fields(self)}
+        put("text_a", self.text_a or "")
+        put("text_b", self.text_b or "")
+        put("model_id", (self.model_id or "").strip() or None)
+        for name in ("seed", "num_layers", "num_heads", "hidden_size"):
+            put(name, int(getattr(self, name)))
+        put("causal", bool(self.causal))
+        put("truncate", bool(self.truncate))
+        if self.head_mask is not None:
+            mask = np.asarray(self.head_mask, dtype=bool)
+            if mask.ndim != 2:
+                raise ValueError(f"head_mask must be (layer, head) of bools, got shape {mask.shape}.")
+            put("head_mask", None if mask.all() else tuple(tuple(bool(v) for v in row) for row in mask))
+        if self.model == "bert":
+            for name in _CUSTOM_ONLY:
+                put(name, defaults[name])
+            return
+        if self.weights == "pretrained":
+            for name in _SHAPE:  # BERT's weights bring their own shape, and BERT is post-LN
+                put(name, defaults[name])
+            put("norm_placement", "post")
+        else:
+            put("model_id", None)
+        self.spec()  # validates the custom encoder's options
+
+    def spec(self, default_model: str | None = None) -> CustomSpec:
+        """The custom encoder this request runs; ``default_model`` stands in for a ``model_id`` of None.
+
+        Raises:
+            ValueError: the request is for BERT, or an option is out of range.
+        """
+        if self.model != "custom":
+            raise ValueError("A BERT request has no custom encoder spec; use walk_spec() for the walk-through.")
+        return CustomSpec(weights=self.weights, seed=self.seed, causal=self.causal,
+                          norm_placement=self.norm_placement, num_layers=self.num_layers, num_heads=self.num_heads,
+                          hidden_size=self.hidden_size,
+                          model_id=(self.model_id or default_model) if self.weights == "pretrained" else None)
+
+    def walk_spec(self, default_model: str | None = None) -> CustomSpec:
+        """The from-scratch encoder the "Inside the encoder" walk runs in.
+
+        For BERT that is its weights loaded into the custom encoder (post-LN, classifier head random with
+        seed 0): the same spec as the custom encoder "Loaded from BERT" with seed 0 and no causal mask, so
+        the two share one cached model.
+        """
+        if self.model == "bert":
+            return CustomSpec(weights="pretrained", seed=0, causal=False, norm_placement="post",
+                              model_id=self.model_id or default_model)
+        return self.spec(default_model)
+
+    def head_mask_array(self) -> np.ndarray | None:
+        """The head mask as an array, or None when every head is on. Shape: (layer, head) bool."""
+        return None if self.head_mask is None else np.array(self.head_mask, dtype=bool)
+
+
+def _kept_bert(model_id: str, device: torch.device) -> LoadedModel:
+    return load_pretrained(model_id, device=device)
+
+
+@dataclass(frozen=True)
+class Models:
+    """Where ``build_trace`` gets its models.
+
+    The default keeps the last few BERTs for the process (``load_pretrained``) and builds a custom encoder
+    afresh. The app passes its ``st.cache_resource`` loaders instead, so one cache holds its models.
+    """
+
+    bert: Callable[[str, torch.device], LoadedModel] = _kept_bert
+    custom: Callable[[CustomSpec, torch.device], Any] = build_custom_model
+
+    def tokenizer(self, model_id: str | None, device: torch.device) -> Any:
+        """The WordPiece tokenizer of ``model_id``; the bundled vocabulary for None."""
+        if model_id in (None, BUNDLED_MODEL_ID, "bundled"):
+            return load_tokenizer()
+        return self.bert(model_id, device).tokenizer
+
+
+def _resolve(device: str | torch.device | None, settings: Settings | None,
+             models: Models | None) -> tuple[torch.device, Settings, Models]:
+    settings = settings or load_settings()
+    dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
+    return dev, settings, models or Models()
+
+
+def build_trace(request: TraceRequest, *, device: str | torch.device | None = None,
+                settings: Settings | None = None, models: Models | None = None) -> AttentionTrace:
+    """Run the request's model once on its text and collect the trace.
+
+    Args:
+        request: what to run.
+        device: "auto", "cpu", "cuda", "mps" or a torch device; default: the settings' (cuda → mps → cpu).
+        settings: the deployment's settings (default: read from the environment).
+        models: where the models come from (default: ``Models()``).
+
+    Raises:
+        InputError: the text cannot be traced.
+        ModelLoadError: the pretrained model cannot be loaded.
+        ValueError: an option is out of range.
+    """
+    dev, settings, models = _resolve(device, settings, models)
+    head_mask = request.head_mask_array()
+    if request.model == "bert":
+        loaded = models.bert(request.model_id or settings.default_model, dev)
+        limit = min(settings.max_tokens, loaded.model.config.max_position_embeddings)
+        encoded = encode(loaded.tokenizer, request.text_a, request.text_b, max_tokens=limit,
+                         truncate=request.truncate)
+        return trace_bert(loaded, encoded, head_mask)
+    spec = request.spec(settings.default_model)
+    custom = models.custom(spec, dev)
+    tokenizer = models.tokenizer(spec.model_id, dev)
+    limit = min(settings.max_tokens, custom.config.max_position_embeddings)
+    encoded = encode(tokenizer, request.text_a, request.text_b, max_tokens=limit, truncate=request.truncate)
+    return trace_custom(custom, encoded, describe_custom(spec, custom), head_mask)
+
+
+def build_walkthrough(request: TraceRequest, layer: int, trace: AttentionTrace, *,
+                      device: str | torch.device | None = None, settings: Settings | None = None,
+                      models: Models | None = None) -> Walkthrough:
+    """Walk through ``layer`` of the request's encoder (``TraceRequest.walk_spec``) on the tokens of ``trace``,
+    the trace ``build_trace(request)`` gave, so the walk reads exactly what every page reads.
+
+    Raises:
+        ValueError: the layer does not exist, or an option is out of range.
+    """
+    dev, settings, models = _resolve(device, settings, models)
+    custom = models.custom(request.walk_spec(settings.default_model), dev)
+    return walk_layer(custom, encoded_from_trace(trace), layer)
