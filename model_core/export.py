@@ -88,28 +88,3 @@ def write_trace(trace: AttentionTrace, path: str | Path, *, words: bool = False)
     else:
         raise ValueError(f"--out {str(path)!r} must end in .npz or .json.")
     return path
-
-
-def matrix_to_csv(matrix: np.ndarray, row_labels: list[str] | tuple[str, ...],
-                  col_labels: list[str] | tuple[str, ...], *, row_positions: list[int] | None = None,
-                  col_positions: list[int] | None = None) -> str:
-    """A labelled matrix as CSV text (first column: row label; header: column labels).
-
-    Each label is prefixed with its token's position in the input, as the heatmaps show it ("1:time"), so
-    repeated tokens stay distinct: the row/column index, or ``row_positions``/``col_positions`` when the matrix
-    leaves positions out (e.g. [CLS] and [SEP] hidden). -inf is written as -inf.
-
-    Shape: matrix (rows, cols).
-    """
-    import csv
-
-    rows = list(range(len(row_labels))) if row_positions is None else list(row_positions)
-    cols = list(range(len(col_labels))) if col_positions is None else list(col_positions)
-    if len(rows) != len(row_labels) or len(cols) != len(col_labels):
-        raise ValueError("row_positions and col_positions need one position per label.")
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["query \\ key", *[f"{j}:{c}" for j, c in zip(cols, col_labels)]])
-    for i, label, row in zip(rows, row_labels, np.asarray(matrix)):
-        writer.writerow([f"{i}:{label}", *[f"{v:.6g}" for v in row]])
-    return buffer.getvalue()

@@ -13,6 +13,9 @@ import numpy as np
 
 # Markers that are never part of a word (the analyses read this set too, from model_core.analysis._common).
 SPECIAL_TOKENS = frozenset({"[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]", "<s>", "</s>", "<pad>"})
+# The sentence markers among them: what "Hide [CLS] and [SEP]" hides and the [CLS]/[SEP] shares count.
+CLS_TOKENS = frozenset({"[CLS]", "<s>"})
+SEP_TOKENS = frozenset({"[SEP]", "</s>"})
 CONTINUATION = "##"
 RULE = ("Attention to a word is the sum over its pieces; attention from a word is the mean over its pieces, so "
         "each row still sums to 1 (Clark et al., 2019). [CLS] and [SEP] stay as they are.")

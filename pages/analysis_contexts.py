@@ -14,9 +14,10 @@ from model_core.analysis import (
     to_json_str,
     to_npz_bytes,
 )
-from ui.analysis_figures import context_bins_figure, cosine_by_layer_figure, layer_head_figure
+from ui.analysis_figures import context_bins_figure, cosine_by_layer_figure
 from ui.analysis_widgets import bundle_buttons, clicked_cell, csv_button, figure_format, how_to_read, show_figure
 from ui.context import require_trace
+from ui.figures import layer_head_figure
 from ui.state import select_head
 
 BANK_A = "she sat on the river bank and watched the water"

@@ -5,19 +5,18 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from model_core.analysis import STAT_NAMES, STAT_TITLES, head_stats, rows_to_csv
-from ui.analysis_figures import layer_head_figure
+from model_core.analysis import STAT_TITLES, TRACE_STAT_NAMES, rows_to_csv
 from ui.analysis_widgets import (
     bundle_buttons,
-    cached_bundle,
     clicked_cell,
     csv_button,
     figure_format,
     how_to_read,
     show_figure,
-    trace_cache_key,
 )
 from ui.context import require_trace
+from ui.derived import analysis_bundle, head_stats
+from ui.figures import layer_head_figure
 from ui.state import open_page_if_requested, select_head
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
@@ -62,7 +61,7 @@ figure_format()
 def stat_grid() -> None:
     """The statistic picker and its grid: choosing another statistic reruns only this part."""
     open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)  # a click on a cell (its callback ran before this rerun)
-    names = [n for n in STAT_NAMES if np.isfinite(getattr(stats, n)).any()]
+    names = [n for n in TRACE_STAT_NAMES if np.isfinite(getattr(stats, n)).any()]
     stat = st.selectbox("Statistic", names, format_func=STAT_TITLES.get, key="stats_name")
     grid = getattr(stats, stat)
     zmax = float(np.log2(trace.n_tokens)) if stat == "entropy" else 1.0
@@ -83,4 +82,4 @@ c3.button("Open this head in the heatmaps", key="stats_open", on_click=_open_pic
 
 st.subheader("Download")
 csv_button("All statistics, one row per head (CSV)", rows_to_csv(stats.to_rows()), "head_stats.csv", "stats_csv")
-bundle_buttons(lambda: cached_bundle(trace_cache_key(trace), trace), f"{trace.model_kind}_analysis", "stats_bundle")
+bundle_buttons(lambda: analysis_bundle(trace), f"{trace.model_kind}_analysis", "stats_bundle")

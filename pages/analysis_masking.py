@@ -8,9 +8,10 @@ import numpy as np
 import streamlit as st
 
 from model_core.analysis import compare_masking, grid_to_csv, head_mask_from_off, matrix_to_csv, to_json_str, to_npz_bytes
-from ui.analysis_figures import layer_head_figure, logits_figure, masking_hidden_figure
+from ui.analysis_figures import logits_figure, masking_hidden_figure
 from ui.analysis_widgets import bundle_buttons, csv_button, figure_format, how_to_read, show_figure
 from ui.context import require_trace
+from ui.figures import layer_head_figure
 from ui.loaders import get_trace
 
 OFF_KEY = "mask_off_heads"

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import streamlit as st
 
-from model_core.analysis import grid_to_csv, matrix_to_csv, norm_weighted_attention, special_token_mass
-from ui.analysis_figures import layer_head_figure, special_mass_figure
+from model_core.analysis import grid_to_csv, norm_weighted_attention, special_token_mass
+from model_core.tables import token_matrix_to_csv
+from ui.analysis_figures import special_mass_figure
 from ui.analysis_widgets import (
     bundle_buttons,
-    cached_bundle,
     csv_button,
     figure_format,
     how_to_read,
     show_figure,
     token_window,
-    trace_cache_key,
 )
 from ui.context import require_trace
-from ui.figures import attention_heatmap
+from ui.derived import analysis_bundle
+from ui.figures import attention_heatmap, layer_head_figure
 from ui.state import head_fragment
 
 st.header("Norm-weighted attention")
@@ -53,7 +53,7 @@ def _head(layer: int, head: int) -> None:
             show_figure(attention_heatmap(matrix, tokens, title=title, sentence_b_start=b,
                                           hide=hide, zmax=float(matrix.max()), value_name="α" if key == "norm_raw" else "‖α f(x)‖"),
                         f"{trace.model_kind}_L{layer}H{head}_{stem}")
-            csv_button(f"{title}, this head (CSV)", lambda m=matrix: matrix_to_csv(m, labels, labels),
+            csv_button(f"{title}, this head (CSV)", lambda m=matrix: token_matrix_to_csv(m, labels, labels),
                        f"{stem}_L{layer}H{head}.csv", key)
 
 
@@ -68,4 +68,4 @@ show_figure(layer_head_figure(drop, "Share on [CLS]+[SEP]: raw minus norm-weight
 
 st.subheader("Download")
 csv_button("Share drop per head (CSV)", grid_to_csv(drop), "special_share_drop.csv", "norm_drop")
-bundle_buttons(lambda: cached_bundle(trace_cache_key(trace), trace), f"{trace.model_kind}_analysis", "norm_bundle")
+bundle_buttons(lambda: analysis_bundle(trace), f"{trace.model_kind}_analysis", "norm_bundle")

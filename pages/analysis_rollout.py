@@ -5,19 +5,18 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from model_core.analysis import FLOW_MAX_TOKENS, FLOW_MAX_TOKENS_ONE_ROW, matrix_to_csv, normalize_rows
+from model_core.analysis import FLOW_MAX_TOKENS, FLOW_MAX_TOKENS_ONE_ROW, normalize_rows
+from model_core.tables import matrix_to_csv, position_labels, token_matrix_to_csv
 from ui.analysis_figures import relevance_figure
 from ui.analysis_widgets import (
     bundle_buttons,
-    cached_bundle,
-    cached_rollout_and_flow,
     csv_button,
     figure_format,
     how_to_read,
     show_figure,
-    trace_cache_key,
 )
 from ui.context import require_trace
+from ui.derived import analysis_bundle, rollout_and_flow
 from ui.figures import attention_heatmap
 
 st.header("Attention rollout and attention flow")
@@ -37,8 +36,7 @@ how_to_read(
     "Abnar & Zuidema (2020), “Quantifying Attention Flow in Transformers”, ACL.",
 )
 
-key = trace_cache_key(trace)
-result = cached_rollout_and_flow(key, trace)
+result = rollout_and_flow(trace)
 figure_format()
 shown_tokens = ctx.words.words if ctx.words else trace.tokens  # words when the sidebar asks for them
 labels = [f"{i} {t}" for i, t in enumerate(shown_tokens)]
@@ -55,7 +53,7 @@ def rollout_view() -> None:
     show_figure(attention_heatmap(matrix, tokens, title=f"Attention rollout after layer {layer}",
                                   sentence_b_start=b, zmax=None, value_name="share"),
                 f"{trace.model_kind}_rollout_L{layer}")
-    csv_button(f"Rollout after layer {layer} (CSV)", lambda: matrix_to_csv(matrix, labels, labels),
+    csv_button(f"Rollout after layer {layer} (CSV)", lambda: token_matrix_to_csv(matrix, labels, labels),
                f"rollout_layer{layer}.csv", "rollout_csv")
 
 
@@ -68,7 +66,7 @@ with right:
         show_figure(attention_heatmap(flow, tokens, title="Attention flow (rows normalised)",
                                       sentence_b_start=b, zmax=None, value_name="share"),
                     f"{trace.model_kind}_flow")
-        csv_button("Flow, raw max-flow values (CSV)", lambda: matrix_to_csv(ctx.shown(result.flow)[0], labels, labels),
+        csv_button("Flow, raw max-flow values (CSV)", lambda: token_matrix_to_csv(ctx.shown(result.flow)[0], labels, labels),
                    "flow.csv",
                    "flow_csv")
     else:
@@ -86,6 +84,6 @@ show_figure(relevance_figure(shown_tokens, series, "Relevance of each input toke
             f"{trace.model_kind}_cls_relevance")
 
 st.subheader("Download")
-csv_button("Relevance to [CLS] (CSV)", matrix_to_csv(np.stack(list(series.values()), 1), labels, list(series)),
+csv_button("Relevance to [CLS] (CSV)", matrix_to_csv(np.stack(list(series.values()), 1), position_labels(labels), list(series)),
            "cls_relevance.csv", "cls_csv")
-bundle_buttons(lambda: cached_bundle(key, trace), f"{trace.model_kind}_analysis", "rollout_bundle")
+bundle_buttons(lambda: analysis_bundle(trace), f"{trace.model_kind}_analysis", "rollout_bundle")

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import streamlit as st
 
-from model_core.export import matrix_to_csv
+from model_core.tables import token_matrix_to_csv
 from model_core.mask_steps import MaskSteps, mask_steps
 from model_core.words import RULE
 from ui.analysis_widgets import token_window
@@ -113,7 +113,7 @@ def _steps(layer: int, head: int) -> None:
                     "Dark cells (−∞) are masked, not a value of the colour scale.")
         kind = "causal" if steps.causal else "bidirectional"
         col.download_button(f"Masked scores, {kind} (CSV)",
-                            data=lambda s=steps: matrix_to_csv(s.masked_scores, tokens, tokens),
+                            data=lambda s=steps: token_matrix_to_csv(s.masked_scores, tokens, tokens),
                             file_name=f"masked_scores_L{layer}_H{head}_{kind}.csv", mime="text/csv",
                             on_click="ignore", key=f"csv_{i}")
 

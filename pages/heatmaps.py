@@ -3,11 +3,13 @@
 import numpy as np
 import streamlit as st
 
-from model_core.export import matrix_to_csv, trace_to_npz_bytes
-from model_core.summary import aggregate_heads, head_summary, selection_attention, special_token_positions
+from model_core.export import trace_to_npz_bytes
+from model_core.tables import matrix_to_csv, position_labels, token_matrix_to_csv
+from model_core.aggregate import aggregate_heads, selection_attention, special_token_positions
 from model_core.words import RULE
 from ui.context import require_trace
-from ui.figures import PLOTLY_CONFIG, attention_heatmap, overview_mosaic, selection_grid, summary_grid
+from ui.derived import head_stats, overview_mosaic_cells
+from ui.figures import PLOTLY_CONFIG, attention_heatmap, layer_head_figure, overview_mosaic, selection_grid
 from ui.guard import view_guard
 from ui.state import head_fragment, select_head
 
@@ -45,7 +47,8 @@ def _focus_clicked_head() -> None:
 
 
 with view_guard("overview"):
-    st.plotly_chart(overview_mosaic(ctx.attentions()), config=PLOTLY_CONFIG,
+    st.plotly_chart(overview_mosaic(ctx.attentions(), mosaic=overview_mosaic_cells(t, ctx.words is not None, 32)),
+                    config=PLOTLY_CONFIG,
                     key="overview", on_select=_focus_clicked_head, selection_mode="points")
 
 
@@ -78,8 +81,9 @@ def _focused_head(layer: int, head: int) -> None:
             "all_mean": "all_mean"}[show] + ("_words" if ctx.words else "")
     c1, c2 = st.columns(2)
     c1.download_button("Download this matrix (CSV)",
-                       data=lambda: matrix_to_csv(matrix[np.ix_(keep, keep)], [labels[i] for i in keep],
-                                                  [labels[i] for i in keep], row_positions=keep, col_positions=keep),
+                       data=lambda: token_matrix_to_csv(matrix[np.ix_(keep, keep)], [labels[i] for i in keep],
+                                                        [labels[i] for i in keep], row_positions=keep,
+                                                        col_positions=keep),
                        file_name=f"attention_{stem}.csv", mime="text/csv", on_click="ignore")
     c2.download_button("Download the whole trace (NPZ)", data=lambda: trace_to_npz_bytes(t, words=ctx.words is not None),
                        file_name="attention_trace.npz", mime="application/octet-stream", on_click="ignore")
@@ -108,7 +112,7 @@ if selected:
                         config=PLOTLY_CONFIG, key="selection_grid")
     rows = [f"L{layer} H{head}" for layer in range(t.n_layers) for head in range(t.n_heads)]
     st.download_button("Download this grid (CSV)",
-                       data=lambda: matrix_to_csv(values.reshape(len(rows), -1), rows, list(shown_tokens)),
+                       data=lambda: matrix_to_csv(values.reshape(len(rows), -1), rows, position_labels(shown_tokens)),
                        file_name=f"selection_{direction}.csv", mime="text/csv", on_click="ignore")
 else:
     st.caption("Pick tokens above to see, for every layer × head, what they attend to together (or what attends "
@@ -119,13 +123,10 @@ st.caption("Entropy in bits (low = focused, high = spread out; a uniform row has
            "single weight, and the average share of each query's attention that goes to [CLS] and to [SEP]. "
            "Heads that park most of their attention on [SEP] are often 'no-op' heads (Clark et al., 2019).")
 with view_guard("per-head summary"):
-    s = head_summary(t)
-    g1, g2 = st.columns(2)
-    g1.plotly_chart(summary_grid(s.entropy, title="Entropy (bits)"), config=PLOTLY_CONFIG, key="sum_entropy")
-    g2.plotly_chart(summary_grid(s.max_weight, title="Maximum weight", zmin=0, zmax=1), config=PLOTLY_CONFIG,
-                    key="sum_max")
-    g3, g4 = st.columns(2)
-    g3.plotly_chart(summary_grid(s.to_cls, title="Share to [CLS]", zmin=0, zmax=1), config=PLOTLY_CONFIG,
-                    key="sum_cls")
-    g4.plotly_chart(summary_grid(s.to_sep, title="Share to [SEP]", zmin=0, zmax=1), config=PLOTLY_CONFIG,
-                    key="sum_sep")
+    s = head_stats(t)
+    compact = 110 + 28 * t.n_layers  # four grids side by side in pairs
+    for column, (name, title, zmax) in zip(st.columns(2) + st.columns(2), (
+            ("entropy", "Entropy (bits)", None), ("max_weight", "Largest weight", 1.0),
+            ("to_cls", "Share to [CLS]", 1.0), ("to_sep", "Share to [SEP]", 1.0))):
+        column.plotly_chart(layer_head_figure(getattr(s, name), title, zmin=0.0, zmax=zmax, cell_text=True,
+                                              height=compact), config=PLOTLY_CONFIG, key=f"sum_{name}")

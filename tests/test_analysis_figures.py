@@ -7,12 +7,11 @@ from model_core.analysis import compare_masking, compare_word, special_token_mas
 from synthetic import synthetic_trace
 from ui.analysis_figures import (
     context_bins_figure,
-    layer_head_figure,
     logits_figure,
     plotly_config,
     special_mass_figure,
 )
-from ui.figures import attention_heatmap
+from ui.figures import attention_heatmap, layer_head_figure
 
 
 def test_plotly_config_sets_the_download_format_and_name():

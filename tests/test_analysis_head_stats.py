@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from model_core.analysis.head_stats import STAT_NAMES, head_stats
+from model_core.analysis.head_stats import STAT_NAMES, TRACE_STAT_NAMES, head_stats
 from synthetic import synthetic_trace
 
 PUNCT_PAIR = ("[CLS]", "time", "flies", ",", "fast", "[SEP]", "fruit", "flies", ".", "[SEP]")
@@ -63,7 +63,15 @@ def test_to_rows_gives_one_row_per_head_with_every_statistic():
     stats = head_stats(synthetic_trace(13, 3, 4))
     rows = stats.to_rows()
     assert len(rows) == 12
-    assert list(rows[5]) == ["layer", "head", *STAT_NAMES]
+    assert list(rows[5]) == ["layer", "head", *TRACE_STAT_NAMES]
     assert (rows[5]["layer"], rows[5]["head"]) == (1, 1)
     assert rows[5]["to_sep"] == pytest.approx(float(stats.to_sep[1, 1]))
-    assert set(stats.to_dict()) == set(STAT_NAMES)
+    assert set(stats.to_dict()) == set(TRACE_STAT_NAMES)
+
+
+def test_max_weight_is_the_largest_single_weight_of_each_head():
+    trace = synthetic_trace(12, 3, 2, seed=5)
+    stats = head_stats(trace)
+    for layer in range(3):
+        for head in range(2):
+            assert stats.max_weight[layer, head] == max(max(row) for row in trace.attentions[layer, head].tolist())

@@ -72,15 +72,16 @@ def test_trace_arrays_masks_are_float(bert_pair_trace):
 
 def test_csv_labels_carry_each_tokens_position_when_specials_are_hidden():
     """The heatmap shows "1: time" with [CLS] hidden; its CSV must say 1:time, not 0:time."""
-    from model_core.export import matrix_to_csv
+    from model_core.tables import token_matrix_to_csv
 
     tokens = ["[CLS]", "time", "flies", "[SEP]"]
     keep = [1, 2]
     matrix = np.arange(16, dtype=np.float32).reshape(4, 4)
-    text = matrix_to_csv(matrix[np.ix_(keep, keep)], [tokens[i] for i in keep], [tokens[i] for i in keep],
+    text = token_matrix_to_csv(matrix[np.ix_(keep, keep)], [tokens[i] for i in keep], [tokens[i] for i in keep],
                          row_positions=keep, col_positions=keep)
     header, first, second = text.strip().splitlines()
     assert header.split(",")[1:] == ["1:time", "2:flies"]
-    assert first.split(",") == ["1:time", "5", "6"] and second.startswith("2:flies,9,10")
+    assert header.split(",")[0] == "query \\ key"
+    assert first.split(",") == ["1:time", "5.0", "6.0"] and second.startswith("2:flies,9.0,10.0")
     with pytest.raises(ValueError, match="one position per label"):
-        matrix_to_csv(matrix, tokens, tokens, row_positions=[0])
+        token_matrix_to_csv(matrix, tokens, tokens, row_positions=[0])

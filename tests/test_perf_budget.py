@@ -13,8 +13,8 @@ import plotly.io as pio
 import pytest
 
 from synthetic import synthetic_trace
-from model_core.summary import head_summary
-from ui.figures import attention_heatmap, overview_mosaic, summary_grid
+from model_core.analysis import head_stats
+from ui.figures import attention_heatmap, layer_head_figure, overview_mosaic
 
 MB = 1_000_000
 
@@ -25,11 +25,12 @@ def _bert_base(n_tokens: int):
 
 def _page_specs(trace) -> dict[str, str]:
     """The JSON Streamlit sends for each figure of the heatmaps page (plotly.io.to_json, as st.plotly_chart)."""
-    s = head_summary(trace)
+    s = head_stats(trace)
     figures = {
         "overview": overview_mosaic(trace.attentions),
         "focus": attention_heatmap(trace.attentions[0, 0], trace.tokens, sentence_b_start=trace.sentence_b_start),
-        **{name: summary_grid(getattr(s, name), title=name) for name in ("entropy", "max_weight", "to_cls", "to_sep")},
+        **{name: layer_head_figure(getattr(s, name), name, cell_text=True)
+           for name in ("entropy", "max_weight", "to_cls", "to_sep")},
     }
     return {name: pio.to_json(fig, validate=False) for name, fig in figures.items()}
 
@@ -114,7 +115,7 @@ def test_long_focused_head_is_laid_out_once_with_room_for_its_labels():
 
 
 def test_pooling_averages_queries_and_sums_keys_so_rows_still_sum_to_one():
-    from model_core.summary import pool_matrix
+    from model_core.aggregate import pool_matrix
 
     rng = np.random.default_rng(3)
     a = rng.random((2, 3, 70, 70))

@@ -84,7 +84,7 @@ def test_export_words_adds_the_word_keys_to_npz_and_json(tmp_path):
 
 
 def test_aggregates_equal_numpys_mean_and_max(split_trace):
-    from model_core.summary import aggregate_heads
+    from model_core.aggregate import aggregate_heads
 
     a = split_trace.attentions
     np.testing.assert_allclose(aggregate_heads(a, "layer_mean", 3), a[3].mean(0), atol=1e-6)
@@ -97,7 +97,7 @@ def test_aggregates_equal_numpys_mean_and_max(split_trace):
 
 
 def test_the_selections_rows_are_the_mean_of_the_selected_rows(split_trace):
-    from model_core.summary import selection_attention
+    from model_core.aggregate import selection_attention
 
     a = split_trace.attentions
     sent = selection_attention(a, [4, 1, 4, 2], "sent")

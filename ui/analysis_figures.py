@@ -37,59 +37,6 @@ def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     return fig
 
 
-def layer_head_figure(
-    grid: np.ndarray,
-    title: str,
-    *,
-    colorscale: str = "Viridis",
-    zmin: float | None = None,
-    zmax: float | None = None,
-    colorbar: str = "",
-    clickable: bool = False,
-) -> go.Figure:
-    """A (layer, head) grid, layer 0 at the top. NaN cells stay blank.
-
-    With ``clickable`` an invisible square marker sits on every defined cell: Streamlit's point
-    selection then reports the clicked (head, layer), which a plotly heatmap alone cannot.
-
-    Shape: grid (layer, head).
-    """
-    grid = np.asarray(grid, dtype=float)
-    n_layers, n_heads = grid.shape
-    hover = "layer %{y}, head %{x}<br>%{z:.4f}<extra></extra>"
-    fig = go.Figure(
-        go.Heatmap(
-            z=grid,
-            x=list(range(n_heads)),
-            y=list(range(n_layers)),
-            colorscale=colorscale,
-            zmin=zmin,
-            zmax=zmax,
-            colorbar={"title": colorbar},
-            hovertemplate=hover,
-            hoverinfo="skip" if clickable else None,
-        )
-    )
-    if clickable:
-        layers, heads = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
-        finite = np.isfinite(grid.ravel())
-        fig.add_trace(
-            go.Scatter(
-                x=heads.ravel()[finite],
-                y=layers.ravel()[finite],
-                mode="markers",
-                marker={"symbol": "square", "size": 26, "color": "rgba(0,0,0,0)"},
-                customdata=grid.ravel()[finite],
-                hovertemplate="layer %{y}, head %{x}<br>%{customdata:.4f}<extra>click to open</extra>",
-                showlegend=False,
-            )
-        )
-    fig.update_xaxes(title="head", tickmode="linear", dtick=1, range=[-0.5, n_heads - 0.5], showgrid=False)
-    fig.update_yaxes(title="layer", tickmode="linear", dtick=1, range=[n_layers - 0.5, -0.5], showgrid=False)
-    fig.update_layout(clickmode="event+select", dragmode=False)
-    return _layout(fig, title, height=max(300, 34 * n_layers + 130))
-
-
 def context_bins_figure(comparison: ContextComparison, layer: int, head: int) -> go.Figure:
     """The two occurrences' binned attention in one head, as grouped bars over the common support."""
     fig = go.Figure()

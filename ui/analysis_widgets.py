@@ -93,30 +93,3 @@ def how_to_read(text: str, paper: str) -> None:
     with st.expander("How to read it", expanded=True):
         st.markdown(text)
         st.caption(f"Source: {paper}")
-
-
-def trace_cache_key(trace: Any) -> str:
-    """A string that identifies a trace: its model description, tokens and head mask."""
-    mask = "".join("1" if on else "0" for on in trace.head_mask.ravel())
-    return f"{trace.description}|{trace.causal}|{'␟'.join(trace.tokens)}|{trace.sentence_b_start}|{mask}"
-
-
-@st.cache_resource(max_entries=16, show_spinner="Computing attention flow…")
-def cached_rollout_and_flow(key: str, _trace: Any) -> Any:
-    """``rollout_and_flow`` of a trace, computed once per ``trace_cache_key`` (flow takes seconds)."""
-    from model_core.analysis import rollout_and_flow
-
-    return rollout_and_flow(_trace.attentions, _trace.head_mask)
-
-
-@st.cache_resource(max_entries=16, show_spinner="Preparing the export…")
-def cached_bundle(key: str, _trace: Any) -> tuple[bytes, str]:
-    """The whole analysis of a trace as (NPZ bytes, JSON text), computed once per key."""
-    from model_core.analysis import analysis_arrays, to_json_str, to_npz_bytes
-    from model_core.analysis.export import JSON_MAX_TOKENS_PER_HEAD
-
-    arrays = analysis_arrays(_trace)
-    for_json: dict[str, Any] = dict(arrays)
-    if _trace.n_tokens > JSON_MAX_TOKENS_PER_HEAD:
-        for_json["norm_weighted"] = f"left out past {JSON_MAX_TOKENS_PER_HEAD} tokens: use the NPZ"
-    return to_npz_bytes(arrays), to_json_str(for_json)

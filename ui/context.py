@@ -49,17 +49,9 @@ class AppContext:
         """
         if self.words is None:
             return self.trace.attentions
-        from ui.analysis_widgets import trace_cache_key
+        from ui.derived import word_attentions
 
-        return _merged_stack(trace_cache_key(self.trace), self.trace, self.words)
-
-
-@st.cache_resource(max_entries=4, show_spinner="Merging WordPieces into words…")
-def _merged_stack(key: str, _trace: AttentionTrace, _words: WordSpans) -> np.ndarray:
-    """Every head's attention merged into words, once per trace (``key``); read-only, shared."""
-    merged = _words.merge(_trace.attentions)  # (layer, head, word, word)
-    merged.setflags(write=False)
-    return merged
+        return word_attentions(self.trace)
 
 
 def set_context(ctx: AppContext) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from model_core.corpus import PATTERN_TYPES
-from ui.analysis_figures import layer_head_figure
+from ui.figures import layer_head_figure
 
 PATTERN_COLOURS = {"vertical": "#4c78a8", "diagonal": "#f58518", "block": "#54a24b", "heterogeneous": "#d3d3d3"}
 

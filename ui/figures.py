@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import collections
 import html
-import threading
-import weakref
 
 import numpy as np
 import plotly.graph_objects as go
 
-from model_core.summary import pool_matrix
+from model_core.aggregate import pool_matrix
 
 WEIGHT_SCALE = "Blues"
 SCORE_SCALE = "RdBu_r"
@@ -116,53 +113,40 @@ def attention_heatmap(
     return fig
 
 
-# The pooled mosaic of the last few read-only attention arrays (a trace's), so a rerun that only
-# changes the focused head does not pool 144 heads of 512 x 512 again.
-_MOSAICS: "collections.OrderedDict[tuple[int, int], tuple[weakref.ref, np.ndarray]]" = collections.OrderedDict()
-_MOSAICS_LOCK = threading.Lock()
-_MOSAICS_KEPT = 8
+def head_mosaic(attentions: np.ndarray, max_cells: int = 32) -> np.ndarray:
+    """Every head block-pooled to m x m (m = min(pos, max_cells)), laid out with one NaN cell between heads.
 
+    Keys are summed, so each pooled row still sums to 1 and a head that attends within its block shows as
+    dark as it is, not diluted by the block's width. The app caches it per trace (``ui.derived``).
 
-def _mosaic(attentions: np.ndarray, m: int) -> np.ndarray:
-    """Every head block-averaged to m x m, laid out with one NaN cell between heads. Read-only."""
-    key = (id(attentions), m)
-    with _MOSAICS_LOCK:
-        hit = _MOSAICS.get(key)
-        if hit is not None and hit[0]() is attentions:
-            _MOSAICS.move_to_end(key)
-            return hit[1]
-    n_layers, n_heads = attentions.shape[:2]
+    Shape: attentions (layer, head, q_pos, k_pos) -> (layer * (m + 1) - 1, head * (m + 1) - 1).
+    """
+    n_layers, n_heads, n, _ = attentions.shape
+    m = min(n, max_cells)
     step = m + 1
     mosaic = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)
-    # Every head at once: (layer, head, m, m). Keys are summed, so each pooled row still sums to 1 and a
-    # head that attends within its block shows as dark as it is, not diluted by the block's width.
-    pooled = pool_matrix(attentions, m, sum_keys=True)
+    pooled = pool_matrix(attentions, m, sum_keys=True)  # every head at once: (layer, head, m, m)
     for layer in range(n_layers):
         for head in range(n_heads):
             r, c = layer * step, head * step
             mosaic[r:r + m, c:c + m] = pooled[layer, head]
-    mosaic.setflags(write=False)
-    if not attentions.flags.writeable:  # only a read-only array can't change under its cached mosaic
-        with _MOSAICS_LOCK:
-            _MOSAICS[key] = (weakref.ref(attentions), mosaic)
-            while len(_MOSAICS) > _MOSAICS_KEPT:
-                _MOSAICS.popitem(last=False)
     return mosaic
 
 
-def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32) -> go.Figure:
+def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, mosaic: np.ndarray | None = None) -> go.Figure:
     """All layers x heads as small multiples in ONE Plotly heatmap (fast at any length).
 
     Each head is pooled to at most ``max_cells`` squared cells (queries averaged, keys summed: a cell is
     the share of attention a block of queries gives a block of keys); a one-cell gap separates heads.
-    Clicking a head reports (layer, head) through the invisible marker on its centre.
+    Clicking a head reports (layer, head) through the invisible marker on its centre. ``mosaic`` is
+    ``head_mosaic(attentions, max_cells)`` when the caller has it cached.
 
     Shape: attentions (layer, head, q_pos, k_pos).
     """
     n_layers, n_heads, n, _ = attentions.shape
     m = min(n, max_cells)
     step = m + 1
-    mosaic = _mosaic(attentions, m)
+    mosaic = head_mosaic(attentions, max_cells) if mosaic is None else mosaic
     # Cell coordinates in head (x) and layer (y) units: head h's cells lie within h ± 0.47, so the
     # hover reads layer and head as %{y:.0f} and %{x:.0f}, with no per-cell customdata to send.
     offset = (m - 1) / 2
@@ -197,16 +181,63 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32) -> go.Figure
     return fig
 
 
-def summary_grid(values: np.ndarray, *, title: str, colorscale: str = "Viridis", fmt: str = ".2f",
-                 zmin: float | None = None, zmax: float | None = None) -> go.Figure:
-    """A layer x head grid of one number per head. Shape: values (layer, head)."""
-    n_layers, n_heads = values.shape
-    fig = go.Figure(go.Heatmap(
-        z=np.round(values, 4), x=[f"H{h}" for h in range(n_heads)], y=[f"L{i}" for i in range(n_layers)],
-        colorscale=colorscale, zmin=zmin, zmax=zmax, text=np.round(values, 2), texttemplate=f"%{{z:{fmt}}}" if n_heads <= 16 else None,
-        hovertemplate="%{y} %{x}<br>%{z:.4f}<extra></extra>", colorbar=dict(thickness=10)))
-    fig.update_layout(title=dict(text=title, font=dict(size=13)), height=90 + 28 * n_layers,
-                      margin=dict(l=10, r=10, t=36, b=10), yaxis=dict(autorange="reversed"))
+def layer_head_figure(
+    grid: np.ndarray,
+    title: str,
+    *,
+    colorscale: str = "Viridis",
+    zmin: float | None = None,
+    zmax: float | None = None,
+    colorbar: str = "",
+    clickable: bool = False,
+    cell_text: bool = False,
+    height: int | None = None,
+) -> go.Figure:
+    """The app's one layer x head grid: one number per head, layer 0 at the top. NaN cells stay blank.
+
+    ``cell_text`` writes each value in its cell (up to 16 heads); ``height`` overrides the default
+    (34 px a layer, at least 300).
+
+    With ``clickable`` an invisible square marker sits on every defined cell: Streamlit's point
+    selection then reports the clicked (head, layer), which a plotly heatmap alone cannot.
+
+    Shape: grid (layer, head).
+    """
+    grid = np.asarray(grid, dtype=float)
+    n_layers, n_heads = grid.shape
+    hover = "layer %{y}, head %{x}<br>%{z:.4f}<extra></extra>"
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid,
+            x=list(range(n_heads)),
+            y=list(range(n_layers)),
+            colorscale=colorscale,
+            zmin=zmin,
+            zmax=zmax,
+            colorbar={"title": colorbar},
+            hovertemplate=hover,
+            hoverinfo="skip" if clickable else None,
+            texttemplate="%{z:.2f}" if cell_text and n_heads <= 16 else None,
+        )
+    )
+    if clickable:
+        layers, heads = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+        finite = np.isfinite(grid.ravel())
+        fig.add_trace(
+            go.Scatter(
+                x=heads.ravel()[finite],
+                y=layers.ravel()[finite],
+                mode="markers",
+                marker={"symbol": "square", "size": 26, "color": "rgba(0,0,0,0)"},
+                customdata=grid.ravel()[finite],
+                hovertemplate="layer %{y}, head %{x}<br>%{customdata:.4f}<extra>click to open</extra>",
+                showlegend=False,
+            )
+        )
+    fig.update_xaxes(title="head", tickmode="linear", dtick=1, range=[-0.5, n_heads - 0.5], showgrid=False)
+    fig.update_yaxes(title="layer", tickmode="linear", dtick=1, range=[n_layers - 0.5, -0.5], showgrid=False)
+    fig.update_layout(title=title, height=height or max(300, 34 * n_layers + 130), clickmode="event+select",
+                      dragmode=False, margin={"l": 60, "r": 20, "t": 50, "b": 50}, template="plotly_white")
     return fig
 
 

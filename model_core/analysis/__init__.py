@@ -18,7 +18,7 @@ from model_core.analysis.export import (
     to_json_str,
     to_npz_bytes,
 )
-from model_core.analysis.head_stats import STAT_NAMES, STAT_TITLES, HeadStats, head_stats
+from model_core.analysis.head_stats import STAT_NAMES, STAT_TITLES, TRACE_STAT_NAMES, HeadStats, head_stats
 from model_core.analysis.masking import MaskingEffect, compare_masking, head_mask_from_off
 from model_core.analysis.norms import SpecialTokenMass, norm_weighted_attention, special_token_mass
 from model_core.analysis.rollout import (
@@ -37,6 +37,7 @@ __all__ = [
     "FLOW_MAX_TOKENS",
     "FLOW_MAX_TOKENS_ONE_ROW",
     "STAT_NAMES",
+    "TRACE_STAT_NAMES",
     "STAT_TITLES",
     "ContextComparison",
     "HeadStats",

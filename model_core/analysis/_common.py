@@ -6,10 +6,8 @@ import unicodedata
 
 import numpy as np
 
-from model_core.words import SPECIAL_TOKENS  # noqa: F401 - one set of special markers for words and analyses
-
-CLS_TOKENS = frozenset({"[CLS]", "<s>"})
-SEP_TOKENS = frozenset({"[SEP]", "</s>"})
+# One set of special markers for words and analyses.
+from model_core.words import CLS_TOKENS, SEP_TOKENS, SPECIAL_TOKENS  # noqa: F401
 
 _EPS = 1e-12
 

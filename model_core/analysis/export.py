@@ -1,4 +1,4 @@
-"""Export helpers: every matrix as CSV, the whole analysis as NPZ bytes or a JSON string.
+"""Export helpers: the whole analysis as NPZ bytes or a JSON string (CSV is ``model_core.tables``).
 
 The analyses exported here come from Abnar & Zuidema (2020), Kobayashi et al. (2020) and Clark et
 al. (2019); see the modules ``rollout``, ``norms`` and ``head_stats``.
@@ -6,11 +6,10 @@ al. (2019); see the modules ``rollout``, ``norms`` and ``head_stats``.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,54 +17,8 @@ import numpy as np
 from model_core.analysis.head_stats import head_stats
 from model_core.analysis.norms import norm_weighted_attention, special_token_mass
 from model_core.analysis.rollout import FLOW_MAX_TOKENS, attention_flow, attention_rollout
+from model_core.tables import grid_to_csv, matrix_to_csv, rows_to_csv  # noqa: F401 - the analyses' CSV API
 from model_core.trace import AttentionTrace
-
-
-def matrix_to_csv(
-    matrix: np.ndarray, row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None
-) -> str:
-    """A 2-D matrix as CSV text, with a header row and a label column.
-
-    Labels default to 0, 1, 2, …; NaN is written as an empty cell.
-
-    Shape: (rows, cols).
-    """
-    matrix = np.asarray(matrix)
-    if matrix.ndim != 2:
-        raise ValueError(f"matrix_to_csv takes a 2-D array, got shape {matrix.shape}.")
-    rows = list(row_labels) if row_labels is not None else [str(i) for i in range(matrix.shape[0])]
-    cols = list(col_labels) if col_labels is not None else [str(j) for j in range(matrix.shape[1])]
-    if len(rows) != matrix.shape[0] or len(cols) != matrix.shape[1]:
-        raise ValueError(f"{len(rows)} row and {len(cols)} column labels for a matrix of shape {matrix.shape}.")
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["", *cols])
-    for label, values in zip(rows, matrix, strict=True):
-        writer.writerow([label, *(_cell(v) for v in values)])
-    return buffer.getvalue()
-
-
-def grid_to_csv(grid: np.ndarray) -> str:
-    """A (layer, head) grid as CSV, rows "layer 0", …, columns "head 0", ….
-
-    Shape: (layer, head).
-    """
-    grid = np.asarray(grid)
-    return matrix_to_csv(
-        grid, [f"layer {i}" for i in range(grid.shape[0])], [f"head {j}" for j in range(grid.shape[1])]
-    )
-
-
-def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A list of dicts (e.g. ``HeadStats.to_rows()``) as CSV; the first row's keys are the header."""
-    if not rows:
-        return ""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _cell(v) for k, v in row.items()})
-    return buffer.getvalue()
 
 
 def to_npz_bytes(arrays: Mapping[str, Any]) -> bytes:
@@ -104,14 +57,6 @@ def analysis_arrays(trace: AttentionTrace, *, per_head_matrices: bool = True) ->
     for name, grid in head_stats(trace).to_dict().items():
         arrays[f"head_stats/{name}"] = grid
     return arrays
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, (float, np.floating)):
-        return "" if math.isnan(float(value)) else repr(float(value))
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 def _jsonable(value: Any) -> Any:

@@ -1,78 +1,16 @@
-"""Per-head summary numbers for the heatmaps page: entropy, maximum weight, share to [CLS]/[SEP]."""
+"""Views of many attention numbers at once: special-token positions, block pooling, aggregates over heads,
+and the attention of a selection of tokens."""
 
 from __future__ import annotations
 
-import threading
-import weakref
-from dataclasses import dataclass
-
 import numpy as np
 
-from model_core.trace import AttentionTrace
-
-SPECIAL_TOKENS = ("[CLS]", "[SEP]")
-
-
-@dataclass(frozen=True)
-class HeadSummary:
-    """Averages over query positions, one value per head.
-
-    Shape: every field (layer, head).
-    """
-
-    entropy: np.ndarray
-    max_weight: np.ndarray
-    to_cls: np.ndarray
-    to_sep: np.ndarray
-
-
-def entropy_bits(weights: np.ndarray) -> np.ndarray:
-    """Entropy in bits of each attention row (0·log 0 = 0). Shape: (..., k_pos) -> (...).
-
-    float32 weights stay float32 for the logarithm (a float64 copy of a 512-token bert-base
-    trace is 300 MB and 2-4x slower); the row sums are accumulated in float64.
-    """
-    w = np.asarray(weights)
-    if w.dtype != np.float32:
-        w = w.astype(np.float64)
-    logs = np.log2(np.where(w > 0, w, w.dtype.type(1)))
-    return -(w * logs).sum(-1, dtype=np.float64)
-
-
-# One summary per trace: traces are immutable, so a rerun that only changes the focused head
-# reuses it (entropy over 144 heads x 512 x 512 is the slow part). Weak keys: a trace dropped
-# from the app's cache frees its summary too.
-_SUMMARIES: "weakref.WeakKeyDictionary[AttentionTrace, HeadSummary]" = weakref.WeakKeyDictionary()
-_SUMMARIES_LOCK = threading.Lock()
-
-
-def head_summary(trace: AttentionTrace) -> HeadSummary:
-    """Entropy (bits), the largest weight, and the share of attention to [CLS] and [SEP], per head.
-
-    Computed once per trace and remembered while the trace lives.
-    """
-    with _SUMMARIES_LOCK:
-        cached = _SUMMARIES.get(trace)
-    if cached is not None:
-        return cached
-    att = trace.attentions  # (layer, head, q_pos, k_pos)
-    tokens = np.array(trace.tokens)
-    summary = HeadSummary(
-        entropy=np.stack([entropy_bits(layer).mean(-1) for layer in att]),  # a layer at a time: less memory
-        max_weight=att.max(axis=(-1, -2)),
-        to_cls=att[..., tokens == "[CLS]"].sum(-1).mean(-1),
-        to_sep=att[..., tokens == "[SEP]"].sum(-1).mean(-1),
-    )
-    for value in (summary.entropy, summary.max_weight, summary.to_cls, summary.to_sep):
-        value.setflags(write=False)  # shared between reruns and sessions
-    with _SUMMARIES_LOCK:
-        _SUMMARIES[trace] = summary
-    return summary
+from model_core.words import CLS_TOKENS, SEP_TOKENS
 
 
 def special_token_positions(tokens: tuple[str, ...]) -> list[int]:
-    """Positions of [CLS] and [SEP]."""
-    return [i for i, t in enumerate(tokens) if t in SPECIAL_TOKENS]
+    """Positions of the sentence markers [CLS] and [SEP] (not [UNK]: that stands for a word)."""
+    return [i for i, t in enumerate(tokens) if t in CLS_TOKENS or t in SEP_TOKENS]
 
 
 def pool_matrix(matrix: np.ndarray, size: int, *, sum_keys: bool = False) -> np.ndarray:
