@@ -33,10 +33,7 @@ import argparse
 import itertools
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -47,11 +44,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+from browser_support import CHROMIUM, AppServer, open_chromium  # noqa: E402 - the one launcher
 WORDS = ("the quick brown fox jumps over the lazy dog while a small bird sings in the old tree near the river "
          "and children play with a red ball on the green grass under the warm sun of a long summer day").split()
 MODELS = {  # label -> query parameters that pick the model (custom: bert-base shape is the default)
@@ -121,67 +117,6 @@ def text_of(n_tokens: int, variant: int) -> str:
     """
     words = n_tokens - 2
     return " ".join(WORDS[(i + 7 * variant) % len(WORDS)] for i in range(words))
-
-
-# -- the server ----------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``streamlit run app.py`` in a subprocess, with no file watcher (other people edit the tree)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        self.proc = subprocess.Popen(
-            [str(ROOT / ".venv/bin/streamlit"), "run", "app.py", "--server.port", str(self.port),
-             "--server.headless", "true", "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        self.origin = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.origin}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("streamlit did not become healthy in 120 s")
-
-    def rss_mb(self) -> float:
-        """Resident memory of the server process (MB)."""
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def start_profile(self, path: Path) -> None:
-        """Sample the server with py-spy (collapsed stacks) until ``stop_profile``."""
-        self.profile_path = path
-        self.profiler = subprocess.Popen(
-            [str(ROOT / ".venv/bin/py-spy"), "record", "-p", str(self.proc.pid), "-r", "50", "--format", "raw",
-             "-o", str(path), "--nonblocking", "--threads"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def stop_profile(self) -> None:
-        if getattr(self, "profiler", None) is not None:
-            self.profiler.send_signal(signal.SIGINT)
-            self.profiler.wait(60)
-            self.profiler = None
-
-    def stop(self) -> None:
-        self.stop_profile()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 # -- one browser session -------------------------------------------------------------------------
@@ -490,7 +425,7 @@ def _repeat(repeat: int, what: str, measure) -> tuple[list[float], list[int]]:
     return times, sizes
 
 
-def bench_pages(browser, server: Server, sizes: list[int], repeat: int, models: list[str],
+def bench_pages(browser, server: AppServer, sizes: list[int], repeat: int, models: list[str],
                 bertviz_page: bool = True, raw_bertviz: bool = True,
                 browser_profile: Path | None = None) -> list[dict]:
     rows = []
@@ -657,7 +592,7 @@ def use_picker(page, meter: Meter, picker: tuple[str, str], min_figures: int) ->
     return (t1 - t0) / 1000, meter.total
 
 
-def bench_every_page(browser, server: Server, sizes: list[int], models: list[str]) -> list[dict]:
+def bench_every_page(browser, server: AppServer, sizes: list[int], models: list[str]) -> list[dict]:
     """Each page opened from a link (a new text each time, so each open runs the forward pass), then its picker."""
     rows = []
     variants = itertools.count(301)
@@ -702,7 +637,7 @@ def every_page_table(rows: list[dict]) -> str:
 
 def bench_sessions(browser, n_sessions: int, n_tokens: int) -> dict:
     """A fresh server; RSS after one session, then after ``n_sessions`` (each its own text)."""
-    server = Server()
+    server = AppServer()
     try:
         params = MODELS["custom 12x12x768"]
         rss_idle = server.rss_mb()
@@ -743,13 +678,10 @@ def main() -> None:
         args.repeat = 1
     if not os.path.exists(CHROMIUM):
         sys.exit(f"needs {CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-
     print(f"machine: {os.cpu_count()} CPUs, no GPU, shared with other jobs (load average "
           f"{os.getloadavg()[0]:.1f}); medians of {args.repeat} runs", flush=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        server = Server()
+    with open_chromium() as browser:
+        server = AppServer()
         try:
             if args.profile:
                 server.start_profile(args.profile)

@@ -29,12 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
+from browser_support import CHROMIUM, open_chromium  # noqa: E402 - the one launcher
 from ui import bertviz_views as bv  # noqa: E402
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 WORDS = ("the quick brown fox jumps over the lazy dog while a small bird sings in the old tree near the river "
          "and children play with a red ball on the green grass under the warm sun of a long summer day").split()
 CDN = re.compile(r"https://cdnjs\.cloudflare\.com/ajax/libs/(require\.js|d3|jquery)/[^'\"]+?\.min(\.js)?(?=['\"])")
@@ -195,16 +193,13 @@ def main() -> None:
     missing = bv.vendor_missing(str(ROOT / "static"))
     if missing or not os.path.exists(CHROMIUM):
         sys.exit(f"needs {CHROMIUM} and static/vendor ({', '.join(missing) or 'present'}): run scripts/install_assets.sh")
-    from playwright.sync_api import sync_playwright
-
     from model_core import TraceRequest, build_trace
 
     args.screenshots.mkdir(parents=True, exist_ok=True)
     model_dir = None if args.no_raw else neuron_model_dir()
     pages = Pages()
     rows = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with open_chromium() as browser:
         for n in args.sizes:
             text_a, text_b = pair_texts(n)
             trace = build_trace(TraceRequest("bert", text_a, text_b))
@@ -236,7 +231,6 @@ def main() -> None:
                     row["raw"] = r
                     print(f"  {row['kind']} n={n}: raw {fmt_bytes(row['raw_bytes'])}, {fmt_ms(r, args.timeout)}, "
                           f"{r['elements']} elements, outside {len(r['outside'])}, errors {r['errors'][:2]}", flush=True)
-        browser.close()
 
     print()
     print("| view | tokens | ours: HTML | ours: draw | raw bertviz: HTML | raw bertviz: draw | bytes ratio | build (Python) |")

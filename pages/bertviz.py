@@ -6,6 +6,7 @@ import streamlit as st
 
 from model_core.words import RULE, word_level_trace
 from ui import bertviz_views as bv
+from ui.bertviz_size import check_size
 from ui.context import require_trace
 from ui.guard import view_guard
 
@@ -69,7 +70,7 @@ else:
     layers, heads = [layer], [head]
     st.caption(f"Layer {layer}; the view's head menu starts at head {head}. Change the layer in the sidebar.")
 
-size = bv.check_size(kind, t, layers, heads)
+size = check_size(kind, t, layers, heads)
 window = None
 if not size.ok:
     st.warning(size.message, icon=":material/speed:")

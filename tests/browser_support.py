@@ -1,10 +1,13 @@
-"""Shared plumbing of the browser tests: the app started as `make run` starts it, and Chromium."""
+"""The one launcher of the app server and Chromium, for the browser tests, the benches and the image test:
+the app started as `make run` starts it, and Debian's Chromium under Playwright."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -60,17 +63,26 @@ def streamlit_command(port: int) -> list[str]:
 
 
 class AppServer:
-    """One streamlit process of the real app, offline, on a free port; ``rss_mb`` reads its memory."""
+    """One streamlit process of the real app, offline, on a free port; ``rss_mb`` reads its memory.
 
-    def __init__(self, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+    ``log_path`` keeps its output (None discards it); ``start_profile`` samples it with py-spy.
+    """
+
+    def __init__(self, log_path: Path | None = None, extra_env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.profiler: subprocess.Popen | None = None
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
-        with open(log_path, "w") as log:
+        with open(log_path or os.devnull, "w") as log:
+            # Its own process group, so that stop() also ends anything the server started.
             self.proc = subprocess.Popen(streamlit_command(self.port), cwd=ROOT, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_healthy()
+
+    @property
+    def origin(self) -> str:
+        return self.url
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -89,30 +101,54 @@ class AppServer:
             time.sleep(0.5)
 
     def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path else "(no log kept)"
 
     def rss_mb(self) -> float:
         with open(f"/proc/{self.proc.pid}/status") as f:
             kb = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
         return kb / 1024
 
+    def start_profile(self, path: Path) -> None:
+        """Sample the server with py-spy (raw collapsed stacks) into ``path`` until ``stop_profile``."""
+        self.profiler = subprocess.Popen(
+            [str(ROOT / ".venv/bin/py-spy"), "record", "-p", str(self.proc.pid), "-r", "50", "--format", "raw",
+             "-o", str(path), "--nonblocking", "--threads"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop_profile(self) -> None:
+        if self.profiler is not None:
+            self.profiler.send_signal(signal.SIGINT)
+            self.profiler.wait(60)
+            self.profiler = None
+
     def stop(self) -> None:
-        self.proc.terminate()
+        self.stop_profile()
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
 
-def chromium():
-    """A generator fixture body: Playwright's Chromium (Debian's build), closed afterwards."""
+@contextlib.contextmanager
+def open_chromium():
+    """Playwright's Chromium (Debian's build), closed on exit: ``with open_chromium() as browser``."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def chromium():
+    """A generator fixture body: ``open_chromium()``'s browser, closed afterwards."""
+    with open_chromium() as browser:
         yield browser
-        browser.close()
 
 
 def wait_for_run(page, timeout_s: float, quiet_s: float = 1.5) -> None:

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from model_core.trace import AttentionTrace
+from ui import bertviz_size as size
+from bertviz_decode import decode_params
 from ui import bertviz_views as bv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +58,7 @@ def test_quantize_keeps_every_value_within_half_a_thousandth():
 
 def test_head_view_weights_decode_within_5e_4_of_the_trace():
     trace = synthetic_trace(7, 5, seed=2)
-    params = bv.decode_params(bv.head_view_html(trace))
+    params = decode_params(bv.head_view_html(trace))
     sent = np.asarray(params["attention"][0]["attn"])
     assert sent.shape == trace.attentions.shape
     assert np.abs(sent - trace.attentions).max() <= 5e-4 + 1e-7
@@ -64,7 +66,7 @@ def test_head_view_weights_decode_within_5e_4_of_the_trace():
 
 def test_neuron_view_queries_and_keys_decode_within_5e_4_of_the_trace():
     trace = synthetic_trace(6, 4, seed=3)
-    params = bv.decode_params(bv.neuron_view_html(trace, layer=2, head=1))
+    params = decode_params(bv.neuron_view_html(trace, layer=2, head=1))
     full = params["attention"]["all"]
     assert np.abs(np.asarray(full["queries"][0]) - trace.queries[2]).max() <= 5e-4 + 1e-7
     assert np.abs(np.asarray(full["keys"][0]) - trace.keys[2]).max() <= 5e-4 + 1e-7
@@ -74,7 +76,7 @@ def test_neuron_view_queries_and_keys_decode_within_5e_4_of_the_trace():
 def test_neuron_view_dot_products_from_sent_vectors_match_the_trace_scores():
     # neuron_view.js computes q.k / sqrt(d_head) from the vectors it is sent.
     trace = synthetic_trace(5, 0, d_head=16, seed=4)
-    full = bv.decode_params(bv.neuron_view_html(trace, layer=1))["attention"]["all"]
+    full = decode_params(bv.neuron_view_html(trace, layer=1))["attention"]["all"]
     q, k = np.asarray(full["queries"][0][3]), np.asarray(full["keys"][0][3])
     scores = q @ k.T / np.sqrt(trace.d_head)
     np.testing.assert_allclose(scores, trace.head_scores(1, 3), atol=0.01)
@@ -108,7 +110,7 @@ def test_bertviz_accepts_the_inputs_and_names_the_four_pair_filters():
 
 def test_pair_blocks_are_the_slices_of_the_full_matrix():
     trace = synthetic_trace(6, 4, seed=5)
-    params = bv.decode_params(bv.head_view_html(trace, layers=[1]))
+    params = decode_params(bv.head_view_html(trace, layers=[1]))
     full = trace.attentions[[1]]
     a, b = slice(0, 6), slice(6, 10)
     for name, rows, cols in (("Sentence A -> Sentence A", a, a), ("Sentence A -> Sentence B", a, b),
@@ -133,27 +135,27 @@ def test_pair_data_is_sent_once():
 
 def test_only_the_shown_layers_and_heads_are_sent():
     trace = synthetic_trace(5, 0, n_layers=4, n_heads=4)
-    head = bv.decode_params(bv.head_view_html(trace, layers=[2]))
+    head = decode_params(bv.head_view_html(trace, layers=[2]))
     assert np.asarray(head["attention"][0]["attn"]).shape == (1, 4, 5, 5) and head["include_layers"] == [2]
-    two_heads = bv.decode_params(bv.head_view_html(trace, layers=[1], heads=[3, 1]))
+    two_heads = decode_params(bv.head_view_html(trace, layers=[1], heads=[3, 1]))
     np.testing.assert_allclose(two_heads["attention"][0]["attn"][0], trace.attentions[1, [3, 1]], atol=5e-4 + 1e-7)
-    model = bv.decode_params(bv.model_view_html(trace, layers=[1, 3], heads=[0, 2]))
+    model = decode_params(bv.model_view_html(trace, layers=[1, 3], heads=[0, 2]))
     assert np.asarray(model["attention"][0]["attn"]).shape == (2, 2, 5, 5)
     np.testing.assert_allclose(model["attention"][0]["attn"][1][1], trace.attentions[3, 2], atol=5e-4 + 1e-7)
     assert model["include_layers"] == [1, 3] and model["include_heads"] == [0, 2]
-    neuron = bv.decode_params(bv.neuron_view_html(trace, layer=3))
+    neuron = decode_params(bv.neuron_view_html(trace, layer=3))
     assert np.asarray(neuron["attention"]["all"]["attn"]).shape == (1, 4, 5, 5)
 
 
 def test_neuron_view_is_bidirectional_unless_the_trace_is_causal():
-    causal = bv.decode_params(bv.neuron_view_html(synthetic_trace(causal=True)))
-    plain = bv.decode_params(bv.neuron_view_html(synthetic_trace()))
+    causal = decode_params(bv.neuron_view_html(synthetic_trace(causal=True)))
+    plain = decode_params(bv.neuron_view_html(synthetic_trace()))
     assert causal["bidirectional"] is False and plain["bidirectional"] is True
 
 
 def test_neuron_view_pair_has_bertviz_filter_keys_and_shows_the_real_layer_number():
     view = bv.neuron_view_html(synthetic_trace(6, 4, n_layers=3), layer=2, head=3)
-    params = bv.decode_params(view)
+    params = decode_params(view)
     assert list(params["attention"]) == ["all", "aa", "bb", "ab", "ba"]
     assert params["head"] == 3 and params["default_filter"] == "all"
     assert np.asarray(params["attention"]["ab"]["queries"]).shape == (1, 4, 6, 8)
@@ -175,7 +177,7 @@ def test_a_script_closing_token_cannot_end_the_script():
     tokens = ["[CLS]", "</script><script>alert(1)</script>", "x", "[SEP]"]
     view = bv.head_view_html(synthetic_trace(4, 0, tokens=tokens))
     assert view.html.count("</script>") == view.html.count("<script")
-    assert bv.decode_params(view)["attention"][0]["left_text"][1] == tokens[1]
+    assert decode_params(view)["attention"][0]["left_text"][1] == tokens[1]
 
 
 @pytest.mark.parametrize("kind", bv.VIEW_KINDS)
@@ -218,9 +220,9 @@ def test_out_of_range_layers_and_heads_are_refused_with_the_range():
 
 
 def test_size_check_passes_a_short_input_and_refuses_a_long_model_view():
-    short = bv.check_size("model", synthetic_trace(6, 7, n_layers=6, n_heads=12))
+    short = size.check_size("model", synthetic_trace(6, 7, n_layers=6, n_heads=12))
     assert short.ok and short.message == ""
-    long = bv.check_size("model", synthetic_trace(64, 64, n_layers=6, n_heads=12, d_head=4))
+    long = size.check_size("model", synthetic_trace(64, 64, n_layers=6, n_heads=12, d_head=4))
     assert not long.ok
     assert "token window" in long.message and str(long.max_tokens) in long.message
 
@@ -228,16 +230,16 @@ def test_size_check_passes_a_short_input_and_refuses_a_long_model_view():
 def test_size_check_max_tokens_is_the_longest_input_within_the_limit():
     trace = synthetic_trace(100, 100, n_layers=2, n_heads=12, d_head=4)
     for kind in bv.VIEW_KINDS:
-        check = bv.check_size(kind, trace, limit=50_000)
-        count = lambda n: bv.count_elements(kind, n, 2, 12, 4)  # noqa: E731
+        check = size.check_size(kind, trace, limit=50_000)
+        count = lambda n: size.count_elements(kind, n, 2, 12, 4)  # noqa: E731
         assert count(check.max_tokens) <= 50_000 < count(check.max_tokens + 1)
-        assert bv.check_size(kind, trace, token_window=(0, check.max_tokens), limit=50_000).ok
-        assert not bv.check_size(kind, trace, token_window=(0, check.max_tokens + 1), limit=50_000).ok
+        assert size.check_size(kind, trace, token_window=(0, check.max_tokens), limit=50_000).ok
+        assert not size.check_size(kind, trace, token_window=(0, check.max_tokens + 1), limit=50_000).ok
 
 
 def test_element_count_matches_what_the_browser_drew_for_the_head_view():
     # bench/bench_bertviz.py counted 2630 SVG elements for the 13-token head view of 12 heads.
-    assert abs(bv.count_elements("head", 13, 1, 12, 32) - 2630) / 2630 < 0.15
+    assert abs(size.count_elements("head", 13, 1, 12, 32) - 2630) / 2630 < 0.15
 
 
 # -- layering and assets -------------------------------------------------------------------------
@@ -278,7 +280,7 @@ def real_traces():
 def test_every_view_of_both_models_carries_the_trace(real_traces, model, kind):
     trace = real_traces[model]
     view = bv.view_html(kind, trace, layers=[1], heads=[0])
-    params = bv.decode_params(view)
+    params = decode_params(view)
     full = params["attention"]["all"] if kind == "neuron" else params["attention"][0]
     assert full["left_text"] == list(trace.tokens)
     sent = np.asarray(full["attn"])

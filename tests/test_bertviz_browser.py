@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from ui import bertviz_size as size
 from ui import bertviz_views as bv
 
 from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, nav_to
@@ -145,7 +146,7 @@ def test_long_input_offers_a_token_window_instead_of_freezing(app_url, browser):
         content = _frame_of(iframe)
         content.wait_for_selector("svg line", state="attached", timeout=60_000)
         n_lines = content.evaluate("document.querySelectorAll('svg line').length")
-        assert 0 < n_lines <= bv.MAX_ELEMENTS
+        assert 0 < n_lines <= size.MAX_ELEMENTS
         SHOTS.mkdir(exist_ok=True)
         page.screenshot(path=str(SHOTS / "long-model-window.png"), full_page=True)
         # The head view of all 123 tokens is ~2,000 px of bertviz's layout: the frame stops at 1,000 px and

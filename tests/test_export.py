@@ -51,6 +51,17 @@ def test_cli_writes_npz(tmp_path):
     assert np.isneginf(data["masked_scores"][0, 0, 0, 1])
 
 
+def test_cli_builds_the_custom_encoder_shape_it_is_given(tmp_path):
+    out = tmp_path / "x.npz"
+    r = _cli("--model", "custom", "--layers", "2", "--heads", "2", "--hidden", "32", "--norm", "post", "--seed", "3",
+             "--text", "time flies", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    data = np.load(out)
+    assert data["attentions"].shape == (2, 2, 4, 4) and data["queries"].shape[-1] == 16
+    bad = _cli("--model", "custom", "--heads", "5", "--hidden", "32", "--text", "hi", "--out", str(out))
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and bad.stderr.startswith("error:")
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--model", "bert", "--text", "   ", "--out", "x.npz"], "empty"),
     (["--model", "bert", "--model-id", "../x", "--text", "hi", "--out", "x.npz"], ".."),

@@ -24,14 +24,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from model_core.trace import AttentionTrace
-
-VIEW_KINDS = ("head", "model", "neuron")
+from ui.bertviz_size import VIEW_KINDS, check_indices, check_window, count_elements
 
 SCALE = 1000
 """Weights, queries and keys travel as integers in 1/SCALE: rounding error at most 5e-4."""
@@ -46,12 +46,6 @@ VENDOR_FILES = ("require.js", "d3v3.min.js", "d3v5.min.js", "jquery.min.js")
 # d3 per view: the head view draws with d3 3.x (bertviz's head_view.js falls back to
 # d3.scale.category10), the model and neuron views need d3 >= 4 (d3.schemeCategory10, d3.line).
 _D3_FOR_VIEW = {"head": "d3v3.min", "model": "d3v5.min", "neuron": "d3v5.min"}
-
-# SVG elements the browser draws within about 3 s on a busy 2-core machine (bench/bench_bertviz.py:
-# drawing time grows linearly with the number of elements, about 25-50k elements a second, all of
-# it in one JavaScript task that freezes the tab). Past this, the page offers a token window,
-# fewer heads, or the heatmaps instead.
-MAX_ELEMENTS = 100_000
 
 _CDN = re.compile(r"https://cdnjs\.cloudflare\.com/ajax/libs/(require\.js|d3|jquery)/[^'\"]+?\.min(\.js)?(?=['\"])")
 
@@ -89,25 +83,6 @@ class BertvizView:
             raise ValueError(f"height must be positive, got {self.height}.")
 
 
-@dataclass(frozen=True)
-class SizeCheck:
-    """Whether a view stays responsive in the browser.
-
-    Attributes:
-        ok: True when ``n_elements`` is within ``limit``.
-        n_elements: SVG elements the view would draw.
-        limit: the most elements a view may draw (``MAX_ELEMENTS``).
-        max_tokens: the longest input (or token window) that fits within ``limit``.
-        message: what to tell the user when not ok; empty when ok.
-    """
-
-    ok: bool
-    n_elements: int
-    limit: int
-    max_tokens: int
-    message: str = field(default="")
-
-
 # -- selecting what is shown ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Shown:
@@ -119,23 +94,6 @@ class _Shown:
     keys: np.ndarray  # (layer, head, pos, d_head)
     sentence_b_start: int | None
     causal: bool
-
-
-def check_window(trace: AttentionTrace, token_window: tuple[int, int] | None) -> tuple[int, int]:
-    """The half-open span of positions to show; the whole input when ``token_window`` is None.
-
-    Raises:
-        ValueError: the window is empty or outside the input; the message gives the valid range.
-    """
-    if token_window is None:
-        return 0, trace.n_tokens
-    start, stop = (int(x) for x in token_window)
-    if not 0 <= start < stop <= trace.n_tokens:
-        raise ValueError(
-            f"token window {token_window} must satisfy 0 <= start < stop <= {trace.n_tokens} "
-            f"(this input has {trace.n_tokens} tokens)."
-        )
-    return start, stop
 
 
 def _shown(trace: AttentionTrace, token_window: tuple[int, int] | None) -> _Shown:
@@ -153,20 +111,6 @@ def _shown(trace: AttentionTrace, token_window: tuple[int, int] | None) -> _Show
     )
 
 
-def _check_indices(name: str, values: list[int] | None, size: int) -> list[int]:
-    if values is None:
-        return list(range(size))
-    values = [int(v) for v in values]
-    if not values:
-        raise ValueError(f"choose at least one {name}; this model has {name}s 0-{size - 1}.")
-    bad = [v for v in values if not 0 <= v < size]
-    if bad:
-        raise ValueError(f"{name} {bad} out of range: this model has {name}s 0-{size - 1}.")
-    if len(set(values)) != len(values):
-        raise ValueError(f"{name}s {values} repeat an index; list each {name} once.")
-    return values
-
-
 def quantize(x: np.ndarray) -> np.ndarray:
     """Round to the nearest 1/SCALE and return the integers (error at most 0.5/SCALE).
 
@@ -175,82 +119,9 @@ def quantize(x: np.ndarray) -> np.ndarray:
     return np.rint(np.asarray(x, dtype=np.float64) * SCALE).astype(np.int32)
 
 
-# -- element counts: the measure of drawing time ---------------------------------------------------
-def count_elements(kind: str, n_tokens: int, n_layers: int, n_heads: int, d_head: int) -> int:
-    """SVG elements bertviz draws for a view of ``n_tokens`` tokens (the dominant terms).
-
-    head: one line per (head, q_pos, k_pos) of the selected layer plus two highlight boxes per
-    (head, token); model: one line per (layer, head, q_pos, k_pos); neuron: for one head, seven
-    n x n families (lines, connectors, highlights) plus three n x d_head vector grids.
-    """
-    n = n_tokens
-    if kind == "head":
-        return n_heads * n * n + 2 * n_heads * n + 4 * n
-    if kind == "model":
-        return n_layers * n_heads * (n * n + 2) + 2 * n
-    if kind == "neuron":
-        return 7 * n * n + 3 * n * (d_head + 1) + 8 * n
-    raise ValueError(f"kind {kind!r} is not one of {', '.join(VIEW_KINDS)}.")
-
-
-def check_size(
-    kind: str,
-    trace: AttentionTrace,
-    layers: list[int] | None = None,
-    heads: list[int] | None = None,
-    token_window: tuple[int, int] | None = None,
-    limit: int = MAX_ELEMENTS,
-) -> SizeCheck:
-    """Whether bertviz's ``kind`` view of this selection stays responsive.
-
-    Raises:
-        ValueError: an unknown kind, or layers, heads or window out of range.
-    """
-    start, stop = check_window(trace, token_window)
-    n_layers = len(_check_indices("layer", layers, trace.n_layers))
-    # The head view draws every head sent (ticked or not), the neuron view one head.
-    n_heads = len(_check_indices("head", heads, trace.n_heads))
-    n_elements = count_elements(kind, stop - start, n_layers, n_heads, trace.d_head)
-    max_tokens = 1
-    while max_tokens < trace.n_tokens and count_elements(kind, max_tokens + 1, n_layers, n_heads, trace.d_head) <= limit:
-        max_tokens += 1
-    if n_elements <= limit:
-        return SizeCheck(True, n_elements, limit, max_tokens)
-    message = (
-        f"bertviz's {kind} view of {stop - start} tokens would draw about {n_elements:,} SVG elements; "
-        f"past {limit:,} the browser stops responding. Show a token window of at most {max_tokens} tokens"
-        + {"model": ", fewer layers or heads,", "head": ", fewer heads,"}.get(kind, "")
-        + " or use the heatmaps, which have no such limit."
-    )
-    return SizeCheck(False, n_elements, limit, max_tokens, message)
-
-
 # -- adapting bertviz's output -------------------------------------------------------------------
-_EXPAND_JS = """<script>
-// Attention Explorer: bertviz's parameters arrive compact. Numbers are integers in 1/scale, and
-// the sentence-pair blocks are {"ae_block": [row0, row1, col0, col1]} ranges into the full matrix
-// instead of second copies. Rebuild what bertviz's script expects before it reads them.
-window.aeExpand = function (p, scale) {
-  function unscale(x) { return Array.isArray(x) ? x.map(unscale) : x / scale; }
-  function block(m, r0, r1, c0, c1) {
-    return m.map(function (layer) { return layer.map(function (head) {
-      return head.slice(r0, r1).map(function (row) { return row.slice(c0, c1); }); }); });
-  }
-  function rows(m, r0, r1) {
-    return m.map(function (layer) { return layer.map(function (head) { return head.slice(r0, r1); }); });
-  }
-  var entries = Array.isArray(p.attention) ? p.attention : Object.values(p.attention);
-  var full = entries[0];
-  ["attn", "queries", "keys"].forEach(function (k) { if (full[k]) { full[k] = unscale(full[k]); } });
-  entries.slice(1).forEach(function (e) {
-    var b = e.attn.ae_block;
-    e.attn = block(full.attn, b[0], b[1], b[2], b[3]);
-    if (full.queries) { e.queries = rows(full.queries, b[0], b[1]); e.keys = rows(full.keys, b[2], b[3]); }
-  });
-  return p;
-};
-</script>
-"""
+# Inlined into each view's srcdoc page (a srcdoc iframe loads nothing it is not given).
+_EXPAND_JS = f"<script>\n{(Path(__file__).parent / 'js' / 'bertviz_expand.js').read_text()}</script>\n"
 
 _PAGE_STYLE = "<style>html, body { margin: 0; padding: 0; background: white; }</style>\n"
 
@@ -330,8 +201,8 @@ def bertviz_inputs(
     import torch
 
     shown = _shown(trace, token_window)
-    layers = _check_indices("layer", layers, trace.n_layers)
-    heads = _check_indices("head", heads, trace.n_heads)
+    layers = check_indices("layer", layers, trace.n_layers)
+    heads = check_indices("head", heads, trace.n_heads)
     n = len(shown.tokens)
     unsent = torch.zeros((1, 1, 1, 1), dtype=torch.int32).expand(1, trace.n_heads, n, n)
     attention: list[Any] = [unsent] * trace.n_layers
@@ -481,7 +352,7 @@ def neuron_params(
     Shape: all.attn is (1, head, q_pos, k_pos); all.queries and all.keys are (1, head, pos, d_head).
     """
     shown = _shown(trace, token_window)
-    layer = _check_indices("layer", [layer], trace.n_layers)[0]
+    layer = check_indices("layer", [layer], trace.n_layers)[0]
     from bertviz.neuron_view import format_special_chars  # bertviz's own token clean-up
 
     tokens = format_special_chars(shown.tokens)
@@ -533,7 +404,7 @@ def neuron_view_html(
     """
     from bertviz.neuron_view import show
 
-    _check_indices("head", [head], trace.n_heads)
+    check_indices("head", [head], trace.n_heads)
     params_attention = neuron_params(trace, layer, token_window)
     pair = "aa" in params_attention
     html = show(
@@ -583,28 +454,6 @@ def view_html(
     if kind == "neuron":
         return neuron_view_html(trace, (layers or [0])[0], (heads or [0])[0], token_window, asset_base)
     raise ValueError(f"kind {kind!r} is not one of {', '.join(VIEW_KINDS)}.")
-
-
-def decode_params(view: BertvizView) -> dict[str, Any]:
-    """The parameters bertviz's script will read, decoded in Python as ``aeExpand`` does in JS.
-
-    For tests and debugging: the weights as floats, the pair blocks as full copies.
-    """
-    marker = "window.bertviz_params = " if view.kind == "neuron" else "const params = "
-    at = view.html.index(marker) + len(marker) + len("aeExpand(")
-    params, _ = json.JSONDecoder().raw_decode(view.html, at)
-    entries = params["attention"] if isinstance(params["attention"], list) else list(params["attention"].values())
-    full = entries[0]
-    for key in ("attn", "queries", "keys"):
-        if key in full:
-            full[key] = (np.asarray(full[key], dtype=np.float64) / SCALE).tolist()
-    for entry in entries[1:]:
-        r0, r1, c0, c1 = entry["attn"]["ae_block"]
-        entry["attn"] = np.asarray(full["attn"])[:, :, r0:r1, c0:c1].tolist()
-        if "queries" in full:
-            entry["queries"] = np.asarray(full["queries"])[:, :, r0:r1].tolist()
-            entry["keys"] = np.asarray(full["keys"])[:, :, c0:c1].tolist()
-    return params
 
 
 def vendor_missing(static_dir: str) -> list[str]:

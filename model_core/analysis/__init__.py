@@ -10,17 +10,11 @@ from model_core.analysis.contexts import (
     repeated_words,
     word_spans,
 )
-from model_core.analysis.export import (
-    analysis_arrays,
-    grid_to_csv,
-    matrix_to_csv,
-    rows_to_csv,
-    to_json_str,
-    to_npz_bytes,
-)
+from model_core.analysis.export import analysis_arrays, to_json_str, to_npz_bytes
 from model_core.analysis.head_stats import STAT_NAMES, STAT_TITLES, TRACE_STAT_NAMES, HeadStats, head_stats
 from model_core.analysis.masking import MaskingEffect, compare_masking, head_mask_from_off
 from model_core.analysis.norms import SpecialTokenMass, norm_weighted_attention, special_token_mass
+from model_core.tables import grid_to_csv, matrix_to_csv, rows_to_csv  # the one CSV writer
 from model_core.analysis.rollout import (
     FLOW_MAX_TOKENS,
     FLOW_MAX_TOKENS_ONE_ROW,

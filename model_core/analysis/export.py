@@ -17,7 +17,6 @@ import numpy as np
 from model_core.analysis.head_stats import head_stats
 from model_core.analysis.norms import norm_weighted_attention, special_token_mass
 from model_core.analysis.rollout import FLOW_MAX_TOKENS, attention_flow, attention_rollout
-from model_core.tables import grid_to_csv, matrix_to_csv, rows_to_csv  # noqa: F401 - the analyses' CSV API
 from model_core.trace import AttentionTrace
 
 
