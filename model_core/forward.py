@@ -16,6 +16,13 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).numpy()
 
 
+def _input_fields(encoded: EncodedInput) -> dict:
+    """The trace's fields that describe its input."""
+    return dict(tokens=encoded.tokens, token_ids=encoded.input_ids[0].numpy().astype(np.int64),
+                token_type_ids=encoded.token_type_ids[0].numpy().astype(np.int64),
+                sentence_b_start=encoded.sentence_b_start)
+
+
 def _head_mask_tensor(head_mask: np.ndarray | None, n_layers: int, n_heads: int, device: torch.device):
     if head_mask is None:
         return None
@@ -53,10 +60,7 @@ def trace_custom(
     mask = np.ones((n, n), dtype=bool) if enc.mask is None else _np(enc.mask[0]) > 0.5
     norms = value_norms(values, [layer.attention.output_linear.weight for layer in model.encoder.layers])
     return AttentionTrace(
-        tokens=encoded.tokens,
-        token_ids=encoded.input_ids[0].numpy().astype(np.int64),
-        token_type_ids=encoded.token_type_ids[0].numpy().astype(np.int64),
-        sentence_b_start=encoded.sentence_b_start,
+        **_input_fields(encoded),
         attentions=_np(weights),
         mask=mask,
         queries=_np(queries),
@@ -126,10 +130,7 @@ def trace_bert(loaded: LoadedModel, encoded: EncodedInput, head_mask: np.ndarray
     norms = value_norms(values, [layer.attention.output.dense.weight for layer in model.encoder.layer])
     n = encoded.input_ids.shape[1]
     return AttentionTrace(
-        tokens=encoded.tokens,
-        token_ids=encoded.input_ids[0].numpy().astype(np.int64),
-        token_type_ids=encoded.token_type_ids[0].numpy().astype(np.int64),
-        sentence_b_start=encoded.sentence_b_start,
+        **_input_fields(encoded),
         attentions=_np(attentions),
         mask=np.ones((n, n), dtype=bool),
         queries=_np(pick("query")),

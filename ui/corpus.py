@@ -163,7 +163,8 @@ def sample_contexts(path: str, stamp: float, model_key_json: str) -> dict[str, A
     where = {int(t): i for i, t in enumerate(texts["text_id"].to_numpy())}
     wanted = sorted(set(int(t) for t in text_ids))
     pairs = [(texts["text_a"][where[t]].as_py(), texts["text_b"][where[t]].as_py()) for t in wanted]
-    tokenizer = CorpusModel.from_key(json.loads(model_key_json)).tokenizer()
+    # From the app's model cache (no model copy outside it): the run's model id, None for the bundled vocabulary.
+    tokenizer = MODELS.tokenizer(CorpusModel.from_key(json.loads(model_key_json)).model_id, device())
     options = run.manifest["options"]
     encoded = {}
     for start in range(0, len(pairs), 512):
