@@ -506,36 +506,28 @@ IFRAME_STAMP_JS = """() => Array.from(document.querySelectorAll('iframe')).map(f
 def forward_seconds(label: str, text: str) -> float:
     """The trace (tokenise + forward pass + the AttentionTrace) of ``text`` in this process, the model loaded
     beforehand, as the app's cached model is, with the server's number of torch threads (median of 3)."""
+    import functools
+    from dataclasses import replace
+
     import torch
 
-    from model_core import build_custom_model, encode, load_pretrained, trace_bert, trace_custom
-    from model_core.loading import load_tokenizer
-    from model_core.custom_spec import CustomSpec, describe_custom
+    from model_core import Models, TraceRequest, build_custom_model, build_trace
 
     from ui.loaders import cpu_threads  # the server's choice: half the cores
 
     torch.set_num_threads(cpu_threads())
     params = MODELS[label]
     if params["model"] == "bert":
-        loaded = load_pretrained(None)
-        tokenizer = loaded.tokenizer
-
-        def run(encoded):
-            return trace_bert(loaded, encoded)
+        request = TraceRequest("bert", text)
     else:
-        spec = CustomSpec(num_layers=int(params["layers"]), num_heads=int(params["heads"]),
-                          hidden_size=int(params["hidden"]))
-        model = build_custom_model(spec)
-        tokenizer = load_tokenizer()
-        description = describe_custom(spec, model)
-
-        def run(encoded):
-            return trace_custom(model, encoded, description)
-    run(encode(tokenizer, "warm up", None))
+        request = TraceRequest("custom", text, num_layers=int(params["layers"]), num_heads=int(params["heads"]),
+                               hidden_size=int(params["hidden"]))
+    models = Models(custom=functools.lru_cache(maxsize=1)(build_custom_model))  # built once, as the app caches it
+    build_trace(replace(request, text_a="warm up"), models=models)  # loads the model
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        run(encode(tokenizer, text, None))
+        build_trace(request, models=models)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

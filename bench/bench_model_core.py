@@ -56,29 +56,29 @@ def peak_rss_mb() -> float:
 
 def measure_one(kind: str, sizes: list[int], repeat: int) -> dict:
     """Load one model, trace each size ``repeat`` times; runs inside its own process."""
+    import functools
+    from dataclasses import replace
+
     import torch
 
-    from model_core import build_custom_model, encode, load_pretrained, trace_bert, trace_custom
-    from model_core.loading import load_tokenizer
-    from model_core.custom_spec import CustomSpec, describe_custom
+    from model_core import Models, TraceRequest, build_custom_model, build_trace, select_device
+    from model_core.settings import load_settings
 
     torch.set_grad_enabled(False)
     rss_start = peak_rss_mb()
-    t0 = time.perf_counter()
+    models = Models(custom=functools.lru_cache(maxsize=1)(build_custom_model))  # built once, then reused
     if kind == "bert":
-        loaded = load_pretrained(None)
-        tokenizer = loaded.tokenizer
-
-        def run(enc):
-            return trace_bert(loaded, enc)
+        request = TraceRequest("bert")
     else:
-        spec = CustomSpec(weights="pretrained" if kind == "custom+bert" else "random")
-        model = build_custom_model(spec)
-        tokenizer = load_tokenizer()
-        description = describe_custom(spec, model)
-
-        def run(enc):
-            return trace_custom(model, enc, description)
+        request = TraceRequest("custom", weights="pretrained" if kind == "custom+bert" else "random")
+    t0 = time.perf_counter()
+    device = select_device()
+    if kind == "bert":
+        models.bert(request.model_id or load_settings().default_model, device)
+    else:
+        spec = request.spec(load_settings().default_model)
+        models.custom(spec, device)
+        models.tokenizer(spec.model_id, device)
     load_s = time.perf_counter() - t0
     rows = []
     for n in sizes:
@@ -88,7 +88,7 @@ def measure_one(kind: str, sizes: list[int], repeat: int) -> dict:
             del trace  # keep at most one trace alive, so peak RSS is one trace's worth
             trace = None
             start = time.perf_counter()
-            trace = run(encode(tokenizer, a, b))
+            trace = build_trace(replace(request, text_a=a, text_b=b or ""), models=models)
             times.append(time.perf_counter() - start)
         assert trace.n_tokens == n, (trace.n_tokens, n)
         rows.append({"n": n, "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
