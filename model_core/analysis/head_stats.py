@@ -93,36 +93,43 @@ class HeadStats:
 def head_stats(trace: AttentionTrace) -> HeadStats:
     """Compute Clark et al.'s statistics, and the largest weight, for every head of ``trace``.
 
-    The weights stay float32 (a float64 copy of a 512-token bert-base trace is 300 MB); the entropy takes
-    one layer at a time in float64, and means and sums accumulate in float64.
+    One layer at a time in float64 (a float64 copy of a whole 512-token bert-base trace is 300 MB): its
+    entropy, and every share at once as one product with the token classes' indicator columns.
     """
     att = np.asarray(trace.attentions)  # (layer, head, q_pos, k_pos)
-    n = trace.n_tokens
+    n_layers, n_heads, n, _ = att.shape
     flags = token_flags(trace.tokens)
-    mean = lambda x: x.mean(axis=-1, dtype=np.float64)  # noqa: E731 - over the query positions
-
-    def share(keys: np.ndarray, queries: np.ndarray | None = None) -> np.ndarray:
-        rows = att if queries is None else att[:, :, queries]
-        return mean(rows[..., keys].sum(-1, dtype=np.float64))
-
-    nan = np.full(att.shape[:2], np.nan)
-    prev = mean(np.diagonal(att, offset=-1, axis1=2, axis2=3)) if n > 1 else nan
-    nxt = mean(np.diagonal(att, offset=1, axis1=2, axis2=3)) if n > 1 else nan
-    a_to_b, b_to_a = nan, nan
+    columns = [flags["cls"], flags["sep"], flags["punct"]]
+    pair = None
     if trace.sentence_b_start is not None:
         types = np.asarray(trace.token_type_ids)
         words_a = (types == 0) & ~flags["special"]
         words_b = (types == 1) & ~flags["special"]
         if words_a.any() and words_b.any():
-            a_to_b, b_to_a = share(words_b, words_a), share(words_a, words_b)
+            pair = words_a, words_b
+            columns += [words_b, words_a]
+    indicators = np.stack(columns, axis=1).astype(np.float64)  # (k_pos, class)
+    shape = (n_layers, n_heads)
+    entropy, to_cls, to_sep, to_punct = (np.empty(shape) for _ in range(4))
+    a_to_b, b_to_a = np.full(shape, np.nan), np.full(shape, np.nan)
+    for layer in range(n_layers):
+        weights = att[layer].astype(np.float64)  # (head, q_pos, k_pos)
+        entropy[layer] = entropy_bits(weights).mean(axis=-1)
+        shares = weights @ indicators  # (head, q_pos, class): each query's weight on each class of keys
+        to_cls[layer], to_sep[layer], to_punct[layer] = (shares[..., c].mean(axis=-1) for c in range(3))
+        if pair is not None:
+            a_to_b[layer] = shares[:, pair[0], 3].mean(axis=-1)
+            b_to_a[layer] = shares[:, pair[1], 4].mean(axis=-1)
+    mean = lambda x: x.mean(axis=-1, dtype=np.float64)  # noqa: E731 - over the query positions
+    nan = np.full(shape, np.nan)
     return HeadStats(
-        entropy=np.stack([entropy_bits(layer).mean(axis=-1) for layer in att]),  # float64 a layer at a time
-        to_cls=share(flags["cls"]),
-        to_sep=share(flags["sep"]),
-        to_punct=share(flags["punct"]),
+        entropy=entropy,
+        to_cls=to_cls,
+        to_sep=to_sep,
+        to_punct=to_punct,
         to_self=mean(np.diagonal(att, axis1=2, axis2=3)),
-        to_prev=prev,
-        to_next=nxt,
+        to_prev=mean(np.diagonal(att, offset=-1, axis1=2, axis2=3)) if n > 1 else nan,
+        to_next=mean(np.diagonal(att, offset=1, axis1=2, axis2=3)) if n > 1 else nan,
         a_to_b=a_to_b,
         b_to_a=b_to_a,
         max_weight=att.max(axis=(-1, -2)).astype(np.float64),
