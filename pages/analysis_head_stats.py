@@ -48,6 +48,7 @@ how_to_read(
     "punctuation / self**: the mean weight on those tokens. **Previous / next token**: the mean weight on "
     "the token just before / after — positional heads score near 1. **A→B / B→A** (sentence pairs only): "
     "the mean weight a word of one sentence puts on the words of the other, [CLS] and [SEP] excluded. "
+    "**Largest weight**: the largest single weight anywhere in the head (not an average). "
     "**Click a cell** to open that head in the focused heatmap.",
     "Clark, Khandelwal, Levy & Manning (2019), “What Does BERT Look At? An Analysis of BERT's Attention”, "
     "BlackboxNLP.",

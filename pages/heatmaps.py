@@ -125,8 +125,8 @@ st.caption("Entropy in bits (low = focused, high = spread out; a uniform row has
 with view_guard("per-head summary"):
     s = head_stats(t)
     compact = 110 + 28 * t.n_layers  # four grids side by side in pairs
-    for column, (name, title, zmax) in zip(st.columns(2) + st.columns(2), (
-            ("entropy", "Entropy (bits)", None), ("max_weight", "Largest weight", 1.0),
-            ("to_cls", "Share to [CLS]", 1.0), ("to_sep", "Share to [SEP]", 1.0))):
-        column.plotly_chart(layer_head_figure(getattr(s, name), title, zmin=0.0, zmax=zmax, cell_text=True,
+    for column, (name, title, scale) in zip(st.columns(2) + st.columns(2), (
+            ("entropy", "Entropy (bits)", (None, None)), ("max_weight", "Largest weight", (0.0, 1.0)),
+            ("to_cls", "Share to [CLS]", (0.0, 1.0)), ("to_sep", "Share to [SEP]", (0.0, 1.0)))):
+        column.plotly_chart(layer_head_figure(getattr(s, name), title, zmin=scale[0], zmax=scale[1], cell_text=True,
                                               height=compact), config=PLOTLY_CONFIG, key=f"sum_{name}")
