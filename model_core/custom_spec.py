@@ -13,11 +13,17 @@ from model_core.encoder import TransformerForSequenceClassification, build_rando
 from model_core.loading import read_pretrained
 
 
-@dataclass(frozen=True)
-class CustomSpec:
-    """What identifies one custom encoder: its shape, options and weights.
+@dataclass(frozen=True, kw_only=True)
+class CustomOptions:
+    """The custom encoder's options: the fields ``CustomSpec`` (one encoder) and ``TraceRequest`` (one trace)
+    share, so that both name them once.
 
-    ``weights="pretrained"`` takes the shape of ``model_id``'s BERT and forces post-LayerNorm.
+    Attributes:
+        weights: "random" (seeded) or "pretrained" (a BERT checkpoint's weights).
+        seed: seeds the random weights (and the classifier head of pretrained ones).
+        causal: apply the causal mask.
+        norm_placement: "pre" (the book) or "post" (BERT) LayerNorm.
+        num_layers, num_heads, hidden_size: the shape, for random weights.
     """
 
     weights: Literal["random", "pretrained"] = "random"
@@ -27,6 +33,15 @@ class CustomSpec:
     num_layers: int = 12
     num_heads: int = 12
     hidden_size: int = 768
+
+
+@dataclass(frozen=True, kw_only=True)
+class CustomSpec(CustomOptions):
+    """What identifies one custom encoder: its options, and the BERT whose weights it takes.
+
+    ``weights="pretrained"`` takes the shape of ``model_id``'s BERT and forces post-LayerNorm.
+    """
+
     model_id: str | None = None
 
     def __post_init__(self) -> None:

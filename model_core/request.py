@@ -12,7 +12,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 
-from model_core.custom_spec import CustomSpec, build_custom_model, describe_custom
+from model_core.custom_spec import CustomOptions, CustomSpec, build_custom_model, describe_custom
 from model_core.encoding import DEFAULT_TEXT_A, encode
 from model_core.forward import trace_bert, trace_custom
 from model_core.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
@@ -20,12 +20,12 @@ from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
 from model_core.trace import AttentionTrace
 from model_core.walkthrough import Walkthrough, encoded_from_trace, walk_layer
 
-_CUSTOM_ONLY = ("weights", "seed", "causal", "norm_placement", "num_layers", "num_heads", "hidden_size")
+_CUSTOM_ONLY = tuple(f.name for f in fields(CustomOptions))
 _SHAPE = ("norm_placement", "num_layers", "num_heads", "hidden_size")
 
 
 @dataclass(frozen=True)
-class TraceRequest:
+class TraceRequest(CustomOptions):
     """Everything that identifies one trace: the model, its options, the text, and which heads are on.
 
     Options that do not apply are set to their defaults on creation, so two requests for the same trace
@@ -39,8 +39,8 @@ class TraceRequest:
         text_b: sentence B, or "" for one sentence.
         model_id: the BERT to run, or whose weights the custom encoder takes; None means the deployment's
             default (``Settings.default_model``).
-        weights: custom encoder only: "random" (seeded) or "pretrained" (BERT's weights).
-        seed, causal, norm_placement, num_layers, num_heads, hidden_size: the custom encoder's options.
+        weights, seed, causal, norm_placement, num_layers, num_heads, hidden_size: the custom encoder's
+            options (``CustomOptions``), keyword-only.
         truncate: keep the first tokens of a text over the limit instead of refusing it.
         head_mask: which heads are on, (layer, head) of bools; None = all.
     """
@@ -49,13 +49,6 @@ class TraceRequest:
     text_a: str = DEFAULT_TEXT_A
     text_b: str = ""
     model_id: str | None = None
-    weights: Literal["random", "pretrained"] = "random"
-    seed: int = 0
-    causal: bool = False
-    norm_placement: Literal["pre", "post"] = "pre"
-    num_layers: int = 12
-    num_heads: int = 12
-    hidden_size: int = 768
     truncate: bool = False
     head_mask: tuple[tuple[bool, ...], ...] | None = field(default=None)
 
@@ -96,9 +89,7 @@ class TraceRequest:
         """
         if self.model != "custom":
             raise ValueError("A BERT request has no custom encoder spec; use walk_spec() for the walk-through.")
-        return CustomSpec(weights=self.weights, seed=self.seed, causal=self.causal,
-                          norm_placement=self.norm_placement, num_layers=self.num_layers, num_heads=self.num_heads,
-                          hidden_size=self.hidden_size,
+        return CustomSpec(**{name: getattr(self, name) for name in _CUSTOM_ONLY},
                           model_id=(self.model_id or default_model) if self.weights == "pretrained" else None)
 
     def walk_spec(self, default_model: str | None = None) -> CustomSpec:
