@@ -131,6 +131,21 @@ def test_empty_sentence_a_stops_the_page_with_the_reason(page):
     assert not at.get("plotly_chart")
 
 
+def test_a_custom_shape_the_heads_do_not_divide_says_so_and_the_corpus_page_keeps_working():
+    """The sidebar's request itself is refused (hidden 30 over 4 heads): the message reaches the sidebar
+    and the page, and the corpus page, which needs no trace, says its model cannot be used."""
+    at = _app(ctl_model="custom", ctl_layers=2, ctl_heads=4, ctl_hidden=30)
+    _run(at)
+    assert not at.exception, [e.value for e in at.exception]
+    context = at.session_state["_app_context"]
+    assert context.trace is None and context.request is None
+    assert any("divisible" in e.value for e in at.sidebar.error), [e.value for e in at.sidebar.error]
+    at.switch_page("pages/corpus.py")
+    _run(at)
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("cannot be used" in i.value for i in at.info), [i.value for i in at.info]
+
+
 def test_typing_a_sentence_again_brings_the_trace_back():
     at = _app(ctl_text_a="", ctl_model="custom", **SMALL)
     _run(at)
