@@ -49,6 +49,21 @@ def dims_title(what: str, dims: int) -> str:
     return f"{what} (first {min(dims, MAX_DIMS)} of {dims} dims)"
 
 
+def vectors(wt, name: str, title: str, key: str, *, head: int | None = None, max_dims: int = MAX_DIMS,
+            shapes: tuple[str, ...] | None = None, mark: tuple[int, int] | None = None) -> None:
+    """One walk tensor (one head's slice with ``head``) as tokens x dimensions, then its shape line.
+
+    ``shapes`` names the tensors the shape line lists (default: this one; () for none); ``mark`` outlines
+    the columns [start, stop)."""
+    matrix = getattr(wt, name) if head is None else getattr(wt, name)[head]
+    fig = vector_heatmap(matrix, wt.tokens, title=title, max_dims=max_dims)
+    if mark is not None:
+        fig.add_vrect(x0=mark[0] - 0.5, x1=mark[1] - 0.5, line=dict(color="#e4572e", width=2))
+    st.plotly_chart(fig, config=PLOTLY_CONFIG, key=key)
+    if shapes != ():
+        shape_line(wt, *(shapes or (name,)))
+
+
 def _tokens(wt, layer: int, head: int) -> None:
     n = wt.n_tokens
     st.markdown("The tokenizer splits the text into WordPiece units (`##` marks a piece that continues a word), "
@@ -75,9 +90,7 @@ def _embeddings(wt, layer: int, head: int) -> None:
                                              ("sum of the three", "embedding_sum"),
                                              ("after LayerNorm = input of layer 0", "embeddings")]):
             with tab:
-                st.plotly_chart(vector_heatmap(getattr(wt, name), wt.tokens, title=dims_title(label, hidden),
-                                               max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key=f"emb_{name}")
-                shape_line(wt, name)
+                vectors(wt, name, dims_title(label, hidden), f"emb_{name}")
         st.plotly_chart(norm_lines(wt, {"token": "token_embeddings", "position": "position_embeddings",
                                     "token type": "token_type_embeddings", "sum": "embedding_sum",
                                     "after LayerNorm": "embeddings"}, "Norm of each token's embedding"),
@@ -95,8 +108,7 @@ def _one_head(wt, layer: int, head: int) -> None:
         cols = st.columns(3)
         for col, (label, name) in zip(cols, [("Q (queries)", "queries"), ("K (keys)", "keys"), ("V (values)", "values")]):
             with col:
-                st.plotly_chart(vector_heatmap(getattr(wt, name)[head], wt.tokens, title=label, max_dims=d_head),
-                                config=PLOTLY_CONFIG, key=f"qkv_{name}")
+                vectors(wt, name, label, f"qkv_{name}", head=head, max_dims=d_head, shapes=())
         st.caption(f"Each is (pos, d_head) = ({n}, {d_head}) for this head; `queries` for all heads of the layer "
                    f"has shape {wt.shapes()['queries']}.")
     with view_guard("scores and weights"):
@@ -115,9 +127,7 @@ def _one_head(wt, layer: int, head: int) -> None:
                             config=PLOTLY_CONFIG, key="weights")
             shape_line(wt, "weights")
     with view_guard("head output"):
-        st.plotly_chart(vector_heatmap(wt.head_outputs[head], wt.tokens, title="Head output = weights @ V",
-                                       max_dims=d_head), config=PLOTLY_CONFIG, key="head_out")
-        shape_line(wt, "head_outputs")
+        vectors(wt, "head_outputs", "Head output = weights @ V", "head_out", head=head, max_dims=d_head)
 
 
 def _concat(wt, layer: int, head: int) -> None:
@@ -129,14 +139,10 @@ def _concat(wt, layer: int, head: int) -> None:
     with view_guard("concatenation"):
         c1, c2 = st.columns(2)
         with c1:
-            fig = vector_heatmap(wt.concat, wt.tokens, title=f"Concatenated heads (all {hidden} dims)", max_dims=hidden)
-            fig.add_vrect(x0=head * d_head - 0.5, x1=(head + 1) * d_head - 0.5, line=dict(color="#e4572e", width=2))
-            st.plotly_chart(fig, config=PLOTLY_CONFIG, key="concat")
-            shape_line(wt, "concat")
+            vectors(wt, "concat", f"Concatenated heads (all {hidden} dims)", "concat", max_dims=hidden,
+                    mark=(head * d_head, (head + 1) * d_head))
         with c2:
-            st.plotly_chart(vector_heatmap(wt.attention_output, wt.tokens, title=dims_title("After W_O", hidden),
-                                           max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="attn_out")
-            shape_line(wt, "attention_output")
+            vectors(wt, "attention_output", dims_title("After W_O", hidden), "attn_out")
 
 
 def _ffn(wt, layer: int, head: int) -> None:
@@ -148,18 +154,10 @@ def _ffn(wt, layer: int, head: int) -> None:
     with view_guard("feed-forward"):
         c1, c2 = st.columns(2)
         with c1:
-            st.plotly_chart(vector_heatmap(wt.ffn_hidden, wt.tokens, title=dims_title("W₁x + b₁ (before GELU)",
-                                                                                      wt.intermediate_size),
-                                           max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="ffn_hidden")
-            shape_line(wt, "ffn_hidden")
+            vectors(wt, "ffn_hidden", dims_title("W₁x + b₁ (before GELU)", wt.intermediate_size), "ffn_hidden")
         with c2:
-            st.plotly_chart(vector_heatmap(wt.ffn_activation, wt.tokens, title=dims_title("GELU activation",
-                                                                                          wt.intermediate_size),
-                                           max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="ffn_act")
-            shape_line(wt, "ffn_activation")
-        st.plotly_chart(vector_heatmap(wt.ffn_output, wt.tokens, title=dims_title("FFN output", hidden),
-                                       max_dims=MAX_DIMS), config=PLOTLY_CONFIG, key="ffn_out")
-        shape_line(wt, "ffn_input", "ffn_output")
+            vectors(wt, "ffn_activation", dims_title("GELU activation", wt.intermediate_size), "ffn_act")
+        vectors(wt, "ffn_output", dims_title("FFN output", hidden), "ffn_out", shapes=("ffn_input", "ffn_output"))
 
 
 def _residual(wt, layer: int, head: int) -> None:
