@@ -5,7 +5,7 @@ import streamlit as st
 
 from model_core.export import trace_to_npz_bytes
 from model_core.tables import matrix_to_csv, position_labels, token_matrix_to_csv
-from model_core.aggregate import aggregate_heads, selection_attention, special_token_positions
+from model_core.aggregate import selection_attention, special_token_positions
 from model_core.words import RULE
 from ui.context import require_trace
 from ui.derived import head_stats, overview_mosaic_cells
@@ -18,7 +18,7 @@ t = ctx.trace
 FOCUS = "focused_head"  # the fragment that draws the picker and the focused head
 st.title("Attention heatmaps")
 st.caption(f"{t.description} · {t.n_tokens} tokens")
-shown_tokens = ctx.words.words if ctx.words else t.tokens  # the labels of every matrix on this page
+shown_tokens = ctx.labels()[0]  # the labels of every matrix on this page
 if ctx.words:
     st.info(f"**Words, not WordPieces**: {ctx.words.n_words} words from {t.n_tokens} WordPieces. {RULE}",
             icon=":material/join:")
@@ -68,7 +68,7 @@ def _focused_head(layer: int, head: int) -> None:
     hide_special = st.toggle("Hide [CLS] and [SEP]", key="hide_special",
                              help="Drops their rows and columns without renormalising, so the other weights "
                                   "stay exact.")
-    matrix, labels, b = ctx.shown(aggregate_heads(t.attentions, show, layer, head))
+    matrix, (labels, b) = ctx.aggregate(show, layer, head), ctx.labels()
     hidden = special_token_positions(labels) if hide_special else []
     with view_guard("focused heatmap"):
         st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b, hide=hidden),

@@ -31,16 +31,21 @@ class AppContext:
     # The trace's words when the sidebar's "Words, not WordPieces" is on, else None.
     words: WordSpans | None = None
 
+    def labels(self) -> tuple[tuple[str, ...], int | None]:
+        """The labels of the views' rows and columns (tokens, or words when the toggle is on) and where
+        sentence B starts among them."""
+        trace = self.trace
+        if self.words is None:
+            return trace.tokens, trace.sentence_b_start
+        return self.words.words, self.words.word_start(trace.sentence_b_start)
+
     def shown(self, matrix: np.ndarray) -> tuple[np.ndarray, tuple[str, ...], int | None]:
         """A query x key matrix of the trace as the views show it: merged into words when the toggle is on.
 
         Returns the matrix, its labels and where sentence B starts in it. Shape: (..., pos, pos) -> same or
         (..., word, word).
         """
-        trace = self.trace
-        if self.words is None:
-            return matrix, trace.tokens, trace.sentence_b_start
-        return self.words.merge(matrix), self.words.words, self.words.word_start(trace.sentence_b_start)
+        return (matrix if self.words is None else self.words.merge(matrix)), *self.labels()
 
     def attentions(self) -> np.ndarray:
         """The trace's whole attention stack as the views show it (merged into words when the toggle is on).
@@ -52,6 +57,14 @@ class AppContext:
         from ui.derived import word_attentions
 
         return word_attentions(self.trace)
+
+    def aggregate(self, how: str, layer: int = 0, head: int = 0) -> np.ndarray:
+        """``model_core.aggregate.aggregate_heads`` of the stack as the views show it: with words on, a maximum
+        over heads is the maximum of the heads' word matrices (merging after the maximum would sum the pieces'
+        maxima). Shape: (pos, pos) or (word, word)."""
+        from model_core.aggregate import aggregate_heads
+
+        return aggregate_heads(self.attentions(), how, layer, head)
 
 
 def set_context(ctx: AppContext) -> None:
