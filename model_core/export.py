@@ -31,10 +31,10 @@ def trace_arrays(trace: AttentionTrace, *, words: bool = False) -> dict[str, np.
 
     With ``words``, also the word-level keys of ``word_arrays``.
     """
-    return {**trace_fields(trace), **(word_arrays(trace) if words else {})}
+    return {**_piece_arrays(trace), **(word_arrays(trace) if words else {})}
 
 
-def trace_fields(trace: AttentionTrace) -> dict[str, np.ndarray]:
+def _piece_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
     """The piece-level export keys (``EXPORT_KEYS``)."""
     return {
         "tokens": np.array(trace.tokens, dtype=str),
