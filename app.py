@@ -9,10 +9,12 @@ import streamlit as st
 
 from model_core import InputError, ModelLoadError
 from model_core.settings import BUNDLED_MODEL_ID, load_settings
-from model_core.words import word_spans
 from ui.context import AppContext, set_context
-from ui.loaders import get_trace
-from ui.state import clamp_head, head_picker, init_state, render_controls, request_from_state, sync_query_params
+from ui.downloads import format_picker
+from ui.compact import trace_compact
+from ui.loaders import get_trace, get_trace_form, prepare_bundled_decoder
+from ui.state import (choose_model, clamp_head, head_picker, init_state, render_controls, request_from_state,
+                      sync_query_params)
 
 ROOT = Path(__file__).parent
 
@@ -24,6 +26,7 @@ st.set_page_config(page_title="Attention Explorer", page_icon="👁️", layout=
 PAGES = [
     ("pages/home.py", "Home", ":material/home:", "Attention"),
     ("pages/heatmaps.py", "Attention heatmaps", ":material/grid_view:", "Attention"),
+    ("pages/predictions.py", "What the model predicts", ":material/lightbulb:", "Attention"),
     ("pages/causal.py", "Causal mask & masked scores", ":material/change_history:", "Attention"),
     ("pages/inside.py", "Inside the encoder", ":material/account_tree:", "Attention"),
     ("pages/bertviz.py", "bertviz views", ":material/hub:", "Attention"),
@@ -32,6 +35,7 @@ PAGES = [
     ("pages/analysis_norms.py", "Norm-weighted attention", ":material/straighten:", "Analyses"),
     ("pages/analysis_head_stats.py", "Head statistics", ":material/bar_chart:", "Analyses"),
     ("pages/analysis_masking.py", "Head masking", ":material/content_cut:", "Analyses"),
+    ("pages/head_roles.py", "Head roles", ":material/psychology:", "Analyses"),
     ("pages/corpus.py", "Corpus statistics", ":material/library_books:", "Corpus"),
     ("pages/corpus_space.py", "Query–key space & nearest contexts", ":material/scatter_plot:", "Corpus"),
 ]
@@ -72,7 +76,7 @@ def _as_text(message: str) -> str:
 
 
 def _use_bundled() -> None:
-    st.session_state["ctl_model_id"] = BUNDLED_MODEL_ID
+    choose_model(BUNDLED_MODEL_ID)
 
 
 def main() -> None:
@@ -86,11 +90,19 @@ def main() -> None:
     for problem in problems:
         st.toast(problem, icon="⚠️")
     head_slot = render_controls(settings)
-    request, trace, error = None, None, None
+    request, trace, compact, error = None, None, None, None
     try:
         request = request_from_state(settings)
-        with st.spinner("Running the model…"):
-            trace = get_trace(request)
+        if request.model == "pretrained":
+            prepare_bundled_decoder(request.model_id or settings.default_model)  # converted once, with its status
+        form = get_trace_form(request) if request.model == "pretrained" else None
+        if form is not None and form.compact:
+            compact = trace_compact(request, form)
+            if compact is None:
+                error = "Cancelled."
+        else:
+            with st.spinner("Running the model…"):
+                trace = get_trace(request)
     except (InputError, ModelLoadError, ValueError) as exc:
         error = _as_text(str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
@@ -99,19 +111,29 @@ def main() -> None:
     words = None
     if trace is not None:
         layer, head = clamp_head(trace.n_layers, trace.n_heads)
-        words = word_spans(trace.tokens) if st.session_state.get("ctl_words") else None
+        words = trace.words() if st.session_state.get("ctl_words") else None
         if _page_path(nav) not in PAGES_WITH_HEAD_FRAGMENT:
             with head_slot:
                 head_picker(trace.n_layers, trace.n_heads)
         st.sidebar.caption(f"{trace.description} · {trace.n_tokens} tokens")
+        if trace.is_decoder:  # a decoder has no [SEP]: say how it read sentence B
+            st.sidebar.caption(f"A {trace.family.label} reads a pair as {trace.family.pair_rule}.")
+    elif compact is not None:
+        layer, head = clamp_head(compact.n_layers, compact.n_heads)
+        if _page_path(nav) not in PAGES_WITH_HEAD_FRAGMENT:
+            with head_slot:
+                head_picker(compact.n_layers, compact.n_heads)
+        st.sidebar.caption(f"{compact.description} · {compact.n_tokens:,} tokens · compact form")
     else:
         head_slot.error(error)  # right under the text, where the pickers would be
-        uses_other_bert = request is not None and request.model_id != BUNDLED_MODEL_ID and (
-            request.model == "bert" or request.weights == "pretrained")
-        if isinstance(error, str) and uses_other_bert:
+        uses_other_model = request is not None and request.model_id != BUNDLED_MODEL_ID and (
+            request.model == "pretrained" or request.weights == "pretrained")
+        if isinstance(error, str) and uses_other_model:
             head_slot.button("Use the bundled model", on_click=_use_bundled, type="primary")
+    format_picker()  # the camera button of every chart on every page: PNG or SVG
     set_context(AppContext(request=request, settings=settings, trace=trace, error=error, layer=layer, head=head,
-                           head_slot=head_slot if trace is not None else None, words=words))
+                           head_slot=head_slot if trace is not None or compact is not None else None, words=words,
+                           compact=compact))
     sync_query_params(settings)
     nav.run()
 

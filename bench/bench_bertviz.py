@@ -4,7 +4,7 @@ For the bundled BERT (6 layers x 12 heads) on sentence pairs of 13, 64 and 128 t
 the HTML bytes of each view and the time headless Chromium takes to draw it (navigation start to
 the first painted frame with the SVG in place), for
 
-* ours: ``ui.bertviz_views`` (head view: one layer; model view: all layers and heads; neuron
+* ours: ``attention_explorer.views`` (head view: one layer; model view: all layers and heads; neuron
   view: one layer), and
 * raw: bertviz 1.4.1 called as its README shows (all layers; the neuron view through bertviz's
   forked BERT, fed the same weights saved as pytorch_model.bin), its CDN addresses rewritten to
@@ -29,10 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from browser_support import CHROMIUM, open_chromium  # noqa: E402 - the one launcher
-from ui import bertviz_views as bv  # noqa: E402
+from harness.browser import CHROMIUM, open_chromium  # noqa: E402 - the one launcher
+from attention_explorer import views as bv  # noqa: E402
 WORDS = ("the quick brown fox jumps over the lazy dog while a small bird sings in the old tree near the river "
          "and children play with a red ball on the green grass under the warm sun of a long summer day").split()
 CDN = re.compile(r"https://cdnjs\.cloudflare\.com/ajax/libs/(require\.js|d3|jquery)/[^'\"]+?\.min(\.js)?(?=['\"])")

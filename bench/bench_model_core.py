@@ -74,7 +74,7 @@ def measure_one(kind: str, sizes: list[int], repeat: int) -> dict:
     t0 = time.perf_counter()
     device = select_device()
     if kind == "bert":
-        models.bert(request.model_id or load_settings().default_model, device)
+        models.pretrained(request.model_id or load_settings().default_model, device)
     else:
         spec = request.spec(load_settings().default_model)
         models.custom(spec, device)

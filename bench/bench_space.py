@@ -26,7 +26,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -114,7 +113,7 @@ def projection_figures(run) -> dict:
 
 
 def browser_figures(run_dir: Path) -> dict:
-    from browser_support import AppServer, chromium, nav_to, wait_for_run
+    from harness.browser import AppServer, chromium, nav_to, wait_for_run
 
     folder = Path(tempfile.mkdtemp())
     server = AppServer(folder / "server.log", extra_env={"AE_CORPUS_DIR": str(folder / "runs")})

@@ -5,12 +5,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from model_core.words import CLS_TOKENS, SEP_TOKENS
+from model_core.words import CLS_TOKENS, SEP_TOKENS, WordSpans
 
 
 def special_token_positions(tokens: tuple[str, ...]) -> list[int]:
     """Positions of the sentence markers [CLS] and [SEP] (not [UNK]: that stands for a word)."""
     return [i for i, t in enumerate(tokens) if t in CLS_TOKENS or t in SEP_TOKENS]
+
+
+def marker_positions(trace, words: WordSpans | None = None) -> list[int]:
+    """Positions of the family's markers, what "Hide [CLS] and [SEP]" hides: an encoder's [CLS] and [SEP]; a
+    decoder's first token and its other special tokens (``model_core.analysis.trace_flags``).
+
+    Args:
+        trace: the ``AttentionTrace``.
+        words: the trace's words when the views show words: the words holding those pieces are returned.
+    """
+    from model_core.analysis._common import trace_flags
+
+    flags = trace_flags(trace)
+    pieces = np.flatnonzero(flags["cls"] | flags["sep"]).tolist()
+    if words is None:
+        return pieces
+    return sorted({words.word_of(p) for p in pieces})
 
 
 def pool_matrix(matrix: np.ndarray, size: int, *, sum_keys: bool = False) -> np.ndarray:

@@ -10,7 +10,7 @@ import torch
 from model_core.bert_weights import custom_from_bert
 from model_core.config import EncoderConfig
 from model_core.encoder import TransformerForSequenceClassification, build_random_model
-from model_core.loading import read_pretrained
+from model_core.loading import ModelLoadError, load_pretrained_uncached
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,15 +23,15 @@ class CustomOptions:
         seed: seeds the random weights (and the classifier head of pretrained ones).
         causal: apply the causal mask.
         norm_placement: "pre" (the book) or "post" (BERT) LayerNorm.
-        num_layers, num_heads, hidden_size: the shape, for random weights.
+        num_hidden_layers, num_attention_heads, hidden_size: the shape, for random weights.
     """
 
     weights: Literal["random", "pretrained"] = "random"
     seed: int = 0
     causal: bool = False
     norm_placement: Literal["pre", "post"] = "pre"
-    num_layers: int = 12
-    num_heads: int = 12
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
     hidden_size: int = 768
 
 
@@ -56,8 +56,8 @@ class CustomSpec(CustomOptions):
         """The encoder's config for random weights (intermediate size 4x hidden, as in BERT)."""
         return EncoderConfig(
             hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
             intermediate_size=4 * self.hidden_size,
             norm_placement=self.norm_placement,
             causal=self.causal,
@@ -67,7 +67,12 @@ class CustomSpec(CustomOptions):
 def build_custom_model(spec: CustomSpec, device: torch.device | str = "cpu") -> TransformerForSequenceClassification:
     """Build the custom encoder a spec describes, on ``device``, in eval mode."""
     if spec.weights == "pretrained":
-        loaded = read_pretrained(spec.model_id, device="cpu")  # its weights are copied; no cache keeps it
+        loaded = load_pretrained_uncached(spec.model_id, device="cpu")  # its weights are copied; no cache keeps it
+        if loaded.family.name != "bert":
+            raise ModelLoadError(
+                f"{spec.model_id!r} is a {loaded.model.config.model_type!r} model ({loaded.family.label}); the custom "
+                "encoder takes the weights of an encoder of the BERT family. Pick a BERT checkpoint, or choose "
+                "Pretrained model to look at this model itself.")
         model = custom_from_bert(loaded.model, seed=spec.seed, causal=spec.causal)
     else:
         model = build_random_model(spec.config(), spec.seed)

@@ -1,4 +1,5 @@
-"""Text to tokens: clean the text, run BERT's WordPiece, and refuse what cannot be traced."""
+"""Text to tokens: clean the text, run the model's tokenizer (an encoder's WordPiece with [CLS]/[SEP], or a
+decoder's BPE), and refuse what cannot be traced."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def encode(
     *,
     max_tokens: int = HARD_MAX_TOKENS,
     truncate: bool = False,
+    limit_hint: str = "",
 ) -> EncodedInput:
     """Tokenise with BERT's WordPiece: [CLS] A [SEP] (B [SEP]), token types 0 then 1.
 
@@ -54,14 +56,7 @@ def encode(
         InputError: empty text, text that gives no tokens, or more than ``max_tokens`` tokens
             without ``truncate``.
     """
-    if len(text or "") + len(text_b or "") > MAX_TEXT_CHARS:
-        raise InputError(f"The text has {len(text or '') + len(text_b or '')} characters; the limit is "
-                         f"{MAX_TEXT_CHARS}. Paste a shorter passage.")
-    a, b = clean_text(text), clean_text(text_b)
-    if not a:
-        if b:
-            raise InputError("Sentence A is empty; type sentence A (sentence B is optional).")
-        raise InputError("The text is empty; type a sentence.")
+    a, b = _check_length(text, text_b)
     full = tokenizer(a, b or None, add_special_tokens=True, truncation=False)
     n = len(full["input_ids"])
     # Words per sentence, without [CLS]/[SEP]: e.g. only combining accents, which uncased BERT
@@ -75,7 +70,7 @@ def encode(
     truncated = False
     if n > max_tokens:
         if not truncate:
-            raise InputError(f"The input has {n} tokens; the limit is {max_tokens}. Shorten it, "
+            raise InputError(f"The input has {n} tokens; the limit is {max_tokens}{limit_hint}. Shorten it, "
                              "or ask for truncation to keep the first tokens.")
         full = tokenizer(a, b or None, add_special_tokens=True, truncation=True, max_length=max_tokens)
         truncated = True
@@ -89,4 +84,62 @@ def encode(
         token_type_ids=torch.tensor([types], dtype=torch.long),
         sentence_b_start=b_start,
         truncated=truncated,
+    )
+
+
+def _check_length(text: str | None, text_b: str | None) -> tuple[str, str]:
+    if len(text or "") + len(text_b or "") > MAX_TEXT_CHARS:
+        raise InputError(f"The text has {len(text or '') + len(text_b or '')} characters; the limit is "
+                         f"{MAX_TEXT_CHARS}. Paste a shorter passage.")
+    a, b = clean_text(text), clean_text(text_b)
+    if not a:
+        if b:
+            raise InputError("Sentence A is empty; type sentence A (sentence B is optional).")
+        raise InputError("The text is empty; type a sentence.")
+    return a, b
+
+
+PAIR_JOIN = "\n"
+"""A decoder reads a pair as one text: A, a line break, then B."""
+
+
+def encode_decoder(
+    tokenizer: Any,
+    text: str,
+    text_b: str | None = None,
+    *,
+    max_tokens: int = HARD_MAX_TOKENS,
+    truncate: bool = False,
+    limit_hint: str = "",
+) -> EncodedInput:
+    """Tokenise for a decoder language model: the tokenizer's own special tokens (a BOS where it adds one), no
+    [CLS]/[SEP]. A pair is one text, A + a line break + B, tokenised together as the model would read it;
+    ``sentence_b_start`` is B's first token and the token types are 0 before it and 1 from it.
+
+    Raises:
+        InputError: empty text, or more than ``max_tokens`` tokens without ``truncate``.
+    """
+    a, b = _check_length(text, text_b)
+    joined = a + PAIR_JOIN + b if b else a
+    full = tokenizer(joined, add_special_tokens=True, truncation=False, return_offsets_mapping=bool(b))
+    ids = list(full["input_ids"])
+    n = len(ids)
+    if n > max_tokens:
+        if not truncate:
+            raise InputError(f"The input has {n} tokens; the limit is {max_tokens}{limit_hint}. Shorten it, or ask "
+                             "for truncation to keep the first tokens.")
+        ids = ids[:max_tokens]
+    b_start = None
+    if b:
+        start_of_b = len(a) + len(PAIR_JOIN)
+        b_start = next((i for i, (s, e) in enumerate(full["offset_mapping"]) if e > s and s >= start_of_b), None)
+        if b_start is not None and b_start >= len(ids):
+            b_start = None  # truncation cut B off
+    types = [0] * len(ids) if b_start is None else [0] * b_start + [1] * (len(ids) - b_start)
+    return EncodedInput(
+        tokens=tuple(tokenizer.convert_ids_to_tokens(ids)),
+        input_ids=torch.tensor([ids], dtype=torch.long),
+        token_type_ids=torch.tensor([types], dtype=torch.long),
+        sentence_b_start=b_start,
+        truncated=len(ids) < n,
     )

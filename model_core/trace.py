@@ -1,4 +1,4 @@
-"""AttentionTrace: every number one forward pass produces, the same type for both models."""
+"""AttentionTrace: every number one forward pass produces, the same type for every model family."""
 
 from __future__ import annotations
 
@@ -12,30 +12,38 @@ NEG_INF = float("-inf")
 
 @dataclass(frozen=True, eq=False)
 class AttentionTrace:
-    """Everything one forward pass shows, for the custom encoder and for BERT alike.
+    """Everything one forward pass shows, for every family alike (the chapter-3 encoder, BERT, the decoders).
 
     The arrays are read-only numpy arrays (float32 unless said), batch dimension dropped.
     Scores are not stored: they are derived exactly from ``queries`` and ``keys``
     (QKᵀ/√d_head), which keeps a 512-token trace a third of the size.
 
     Attributes:
-        tokens: WordPiece tokens, [CLS] and [SEP] included.
+        tokens: the tokenizer's tokens (WordPiece with [CLS] and [SEP], or a decoder's BPE pieces).
         token_ids: vocabulary ids. Shape: (pos,) int64.
         token_type_ids: 0 for sentence A, 1 for sentence B. Shape: (pos,) int64.
         sentence_b_start: index of the first token of sentence B, or None for one sentence.
         attentions: softmax weights. Shape: (layer, head, q_pos, k_pos).
         mask: True where a query may attend to a key (causal and/or padding). Shape: (q_pos, k_pos) bool.
-        queries: Shape: (layer, head, pos, d_head).
-        keys: Shape: (layer, head, pos, d_head).
-        values: Shape: (layer, head, pos, d_head).
+        queries: after the rotary embedding where the model has one. Shape: (layer, head, pos, d_head).
+        keys: each query head's key (its key/value head's, ``kv_heads``). Shape: (layer, head, pos, d_head).
+        values: each query head's value, as keys. Shape: (layer, head, pos, d_head).
         value_norms: ‖v_j W_Oʰ‖, the norm of each value after the head's slice of the output
             projection (Kobayashi et al. 2020). Shape: (layer, head, pos).
-        hidden_states: embeddings, then the output of every layer. Shape: (layer + 1, pos, hidden).
-        model_kind: "custom" or "bert".
+        hidden_states: embeddings, then the output of every layer (the residual stream, before a decoder's
+            final norm). Shape: (layer + 1, pos, hidden).
+        model_kind: the family (``model_core.families``): "custom", "bert", "gpt2" or "llama".
         causal: whether the model applied a causal mask.
         description: one line saying which model and weights produced this.
         logits: classifier logits of the custom encoder's head, or None. Shape: (num_labels,).
         head_mask: which heads were switched on. Shape: (layer, head) bool.
+        kv_heads: the key/value head each query head reads (grouped-query attention). Shape: (head,) int64.
+        score_scale: scores are q·k times this (1/√d_head; Gemma: query_pre_attn_scalar^-1/2).
+        score_softcap: Gemma 2's cap on its scores (scores = cap·tanh(q·k·scale / cap)), or None.
+        special_tokens: the tokenizer's special tokens.
+        next_token_ids: a decoder's top next-token predictions at every position, best first. Shape: (pos, k) int64.
+        next_token_probs: their probabilities. Shape: (pos, k).
+        next_token_strings: their text. Shape: (pos, k) as nested tuples.
     """
 
     tokens: tuple[str, ...]
@@ -54,6 +62,13 @@ class AttentionTrace:
     description: str
     logits: np.ndarray | None = None
     head_mask: np.ndarray | None = field(default=None)
+    kv_heads: np.ndarray | None = None
+    score_scale: float | None = None
+    score_softcap: float | None = None
+    special_tokens: frozenset[str] = frozenset()
+    next_token_ids: np.ndarray | None = None
+    next_token_probs: np.ndarray | None = None
+    next_token_strings: tuple[tuple[str, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         n_layers, n_heads, n_q, n_k = self.attentions.shape
@@ -64,9 +79,17 @@ class AttentionTrace:
         assert self.value_norms.shape == (n_layers, n_heads, n)
         assert self.hidden_states.shape[:2] == (n_layers + 1, n)
         assert self.token_type_ids.shape == (n,) and self.token_ids.shape == (n,)
-        assert self.model_kind in ("custom", "bert")
+        from model_core.families import FAMILIES
+
+        assert self.model_kind in FAMILIES, self.model_kind
         if self.head_mask is None:
             object.__setattr__(self, "head_mask", np.ones((n_layers, n_heads), dtype=bool))
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", np.arange(n_heads, dtype=np.int64))
+        if self.score_scale is None:
+            object.__setattr__(self, "score_scale", 1.0 / math.sqrt(self.queries.shape[-1]))
+        assert self.kv_heads.shape == (n_heads,)
+        assert self.next_token_ids is None or self.next_token_ids.shape[0] == n
         for value in self.__dict__.values():
             if isinstance(value, np.ndarray):
                 value.setflags(write=False)
@@ -79,6 +102,28 @@ class AttentionTrace:
     @property
     def n_heads(self) -> int:
         return int(self.attentions.shape[1])
+
+    @property
+    def family(self):
+        """This trace's family adapter (``model_core.families``)."""
+        from model_core.families import family_named
+
+        return family_named(self.model_kind)
+
+    @property
+    def is_decoder(self) -> bool:
+        """Whether a causal language model produced this trace."""
+        return self.family.is_decoder
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(self.kv_heads.max()) + 1
+
+    def words(self):
+        """The words of the tokens, joined by this family's rule (``model_core.words.WordSpans``)."""
+        from model_core.words import WordSpans
+
+        return WordSpans.from_tokens(self.tokens, rule=self.family.word_rule, specials=self.special_tokens)
 
     @property
     def n_tokens(self) -> int:
@@ -99,19 +144,25 @@ class AttentionTrace:
 
     # -- scores, derived -----------------------------------------------------------------
     def head_scores(self, layer: int, head: int) -> np.ndarray:
-        """Scores QKᵀ/√d_head of one head, before any mask.
+        """Scores QKᵀ·scale (scale 1/√d_head for most models) of one head, before any mask.
 
         Shape: (q_pos, k_pos).
         """
         self._check_head(layer, head)
         q = self.queries[layer, head].astype(np.float32)
         k = self.keys[layer, head].astype(np.float32)
-        return (q @ k.T) / np.float32(math.sqrt(self.d_head))
+        return self._cap((q @ k.T) * np.float32(self.score_scale))
 
     @property
     def scores(self) -> np.ndarray:
-        """All scores QKᵀ/√d_head before any mask. Shape: (layer, head, q_pos, k_pos)."""
-        return np.matmul(self.queries, np.swapaxes(self.keys, -1, -2)) / np.float32(math.sqrt(self.d_head))
+        """All scores QKᵀ·scale before any mask. Shape: (layer, head, q_pos, k_pos)."""
+        return self._cap(np.matmul(self.queries, np.swapaxes(self.keys, -1, -2)) * np.float32(self.score_scale))
+
+    def _cap(self, scores: np.ndarray) -> np.ndarray:
+        if self.score_softcap is None:
+            return scores
+        cap = np.float32(self.score_softcap)
+        return (np.tanh(scores / cap) * cap).astype(np.float32)
 
     @property
     def masked_scores(self) -> np.ndarray:

@@ -1,4 +1,7 @@
-"""Words, not WordPieces: which pieces make a word, and attention between words (Clark et al., 2019).
+"""Words, not pieces: which pieces make a word, and attention between words (Clark et al., 2019).
+
+Two rules, one per kind of tokenizer: WordPiece (BERT) marks a piece that *continues* a word with ``##``; byte-level
+and SentencePiece BPE (GPT-2, Llama) mark a piece that *starts* a word with ``Ġ`` or ``▁``.
 
 Attention *to* a word is the sum of the attention to its pieces; attention *from* a word is the mean of
 its pieces' rows. A row of a merged matrix therefore still sums to what a row of the pieces summed to
@@ -17,6 +20,7 @@ SPECIAL_TOKENS = frozenset({"[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]", "<s>",
 CLS_TOKENS = frozenset({"[CLS]", "<s>"})
 SEP_TOKENS = frozenset({"[SEP]", "</s>"})
 CONTINUATION = "##"
+WORD_STARTS = ("Ġ", "▁", "Ċ", "ĉ")  # byte-level BPE's space / newline / tab, SentencePiece's space
 RULE = ("Attention to a word is the sum over its pieces; attention from a word is the mean over its pieces, so "
         "each row still sums to 1 (Clark et al., 2019). [CLS] and [SEP] stay as they are.")
 
@@ -44,18 +48,36 @@ class WordSpans:
             raise ValueError(f"spans {self.spans} must tile 0..{self.n_pieces} in order.")
 
     @classmethod
-    def from_tokens(cls, tokens: tuple[str, ...] | list[str]) -> WordSpans:
-        """Group WordPiece tokens: a ``##`` piece continues the word before it (unless that is special)."""
+    def from_tokens(cls, tokens: tuple[str, ...] | list[str], rule: str = "wordpiece",
+                    specials: frozenset[str] | set[str] = frozenset()) -> WordSpans:
+        """Group pieces into words.
+
+        Args:
+            tokens: the pieces.
+            rule: "wordpiece": a ``##`` piece continues the word before it; "bpe": a piece continues the word
+                before it unless it starts with a word-start mark (``Ġ``, ``▁``, a newline), is punctuation only, or
+                follows punctuation.
+            specials: the tokenizer's special tokens, words of their own under either rule (besides
+                ``SPECIAL_TOKENS``).
+        """
+        if rule not in ("wordpiece", "bpe"):
+            raise ValueError(f"rule must be 'wordpiece' or 'bpe', got {rule!r}.")
+        special = SPECIAL_TOKENS | frozenset(specials)
         words: list[str] = []
         spans: list[list[int]] = []
         for i, token in enumerate(tokens):
-            joins = (token.startswith(CONTINUATION) and len(token) > len(CONTINUATION) and spans
-                     and words[-1] not in SPECIAL_TOKENS)
+            if not spans or token in special or words[-1] in special:
+                joins = False
+            elif rule == "wordpiece":
+                joins = token.startswith(CONTINUATION) and len(token) > len(CONTINUATION)
+            else:
+                joins = not (token.startswith(WORD_STARTS) or _punctuation(token) or _punctuation(tokens[i - 1])
+                             or not tokens[i - 1].strip("".join(WORD_STARTS)))  # after a bare space or line break
             if joins:
-                words[-1] += token[len(CONTINUATION):]
+                words[-1] += token[len(CONTINUATION):] if rule == "wordpiece" else token
                 spans[-1][1] = i + 1
             else:
-                words.append(token)
+                words.append(token if rule == "wordpiece" else (token.lstrip("".join(WORD_STARTS)) or token))
                 spans.append([i, i + 1])
         return cls(tuple(words), tuple((a, b) for a, b in spans), len(tokens))
 
@@ -110,8 +132,15 @@ class WordSpans:
         return (np.asarray(values, dtype=np.float64) @ self.membership().T).astype(np.float32)
 
 
+def _punctuation(token: str) -> bool:
+    import unicodedata
+
+    text = token.lstrip("".join(WORD_STARTS))
+    return bool(text) and all(unicodedata.category(c)[0] in "PS" for c in text)
+
+
 def word_spans(tokens: tuple[str, ...] | list[str]) -> WordSpans:
-    """``WordSpans.from_tokens``: the words of a WordPiece sequence."""
+    """``WordSpans.from_tokens``: the words of a WordPiece sequence (a trace's own rule: ``AttentionTrace.words``)."""
     return WordSpans.from_tokens(tokens)
 
 

@@ -14,10 +14,10 @@ from model_core.analysis import (
     to_json_str,
     to_npz_bytes,
 )
-from ui.analysis_figures import context_bins_figure, cosine_by_layer_figure
-from ui.analysis_widgets import bundle_buttons, clicked_cell, csv_button, figure_format, how_to_read, show_figure
+from attention_explorer.analysis_figures import context_bins_figure, cosine_by_layer_figure
+from ui.analysis_widgets import bundle_buttons, clicked_cell, csv_button, how_to_read, show_figure
 from ui.context import require_trace
-from ui.figures import layer_head_figure
+from attention_explorer.figures import layer_head_figure
 from ui.state import select_head
 
 BANK_A = "she sat on the river bank and watched the water"
@@ -40,15 +40,20 @@ def _focus_clicked() -> None:
 st.header("One word, two contexts")
 ctx = require_trace()
 trace = ctx.trace
+names = ctx.markers  # [CLS]/[SEP], or a decoder's first token and other special tokens
 how_to_read(
     "Pick a word that occurs twice (e.g. *flies* in “time flies like an arrow” / “fruit flies like a "
     "banana”). **Left grid**: for every layer and head, the Jensen-Shannon divergence (bits, 0 = the "
     "word attends the same way in both places, 1 = completely differently) between the word's two "
     "attention distributions. The two occurrences attend over different positions, so each distribution "
-    "is first summed into a **common support**: *categories* — [CLS], [SEP], the word itself, the token "
-    "just before, the token just after, the rest of its own sentence, the other sentence — or *offsets* "
-    "relative to the word (−3…+3, farther left/right, [CLS], [SEP]). A word split into WordPiece "
-    "sub-tokens is pooled: the mean of its sub-tokens' rows. **Line**: the cosine similarity of the "
+    f"is first summed into a **common support**: *categories* — {names.first}, {names.sep}, the word itself, the "
+    "token just before, the token just after, the rest of its own sentence, the other sentence — or *offsets* "
+    f"relative to the word (−3…+3, farther left/right, {names.first}, {names.sep}). A word split into "
+    f"{ctx.pieces} is pooled: the mean of its pieces' rows. "
+    + (f"A decoder sees only what came before, so the second occurrence can look back at the first but not "
+       f"the other way round; {names.first} is a bin of its own (the attention sink), even when it is part of "
+       "the word. " if trace.is_decoder else "")
+    + "**Line**: the cosine similarity of the "
     "word's two hidden states after each layer — where it drops, context has started to separate the "
     "senses. Click a cell to see that head's two distributions.",
     "Ethayarajh (2019), “How Contextual are Contextualized Word Representations?”, EMNLP; "
@@ -56,7 +61,7 @@ how_to_read(
 )
 
 if ctx.words is not None:
-    st.caption("Words, not WordPieces: this page already compares whole words (a split word's pieces are pooled).")
+    st.caption(f"Words, not {ctx.pieces}: this page already compares whole words (a split word's pieces are pooled).")
 candidates = repeated_words(trace)
 if not candidates:
     st.info("No word occurs twice in this input. Type the same word in both sentences, or try an example.")
@@ -82,7 +87,6 @@ st.button("Try the “bank” example", on_click=_use_bank_example)
 st.caption(f"Comparing **{first.label()}** with **{second.label()}**.")
 
 result = compare_contexts(trace, first, second, support=support, window=window)
-figure_format()
 left, right = st.columns(2)
 with left:
     grid = layer_head_figure(result.js, "JS divergence of the word's attention (bits)", zmin=0.0, zmax=1.0,

@@ -5,18 +5,17 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from model_core.analysis import STAT_TITLES, TRACE_STAT_NAMES, rows_to_csv
+from model_core.analysis import TRACE_STAT_NAMES, rows_to_csv, stat_titles
 from ui.analysis_widgets import (
     bundle_buttons,
     clicked_cell,
     csv_button,
-    figure_format,
     how_to_read,
     show_figure,
 )
 from ui.context import require_trace
-from ui.derived import analysis_bundle, head_stats
-from ui.figures import layer_head_figure
+from ui.derived import analysis_bundle, cached_head_stats
+from attention_explorer.figures import layer_head_figure
 from ui.state import open_page_if_requested, select_head
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
@@ -40,33 +39,46 @@ def _open_picked() -> None:
 open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)
 
 st.header("Head statistics")
-ctx = require_trace()
+ctx = require_trace(compact=True)
+if ctx.compact is not None:  # a long input: the statistics streamed while its compact trace was built
+    from ui import compact_heatmaps
+
+    compact_heatmaps.draw_stats(ctx, every=True)
+    st.stop()
 trace = ctx.trace
+names = ctx.markers  # [CLS]/[SEP], or a decoder's first token and other special tokens
+titles = stat_titles(trace)
 how_to_read(
     "One number per head, averaged over the query tokens of this input. **Entropy** (bits): low = the head "
-    "focuses on few tokens, high = it spreads its attention (log₂ n is uniform). **Share to [CLS] / [SEP] / "
-    "punctuation / self**: the mean weight on those tokens. **Previous / next token**: the mean weight on "
-    "the token just before / after — positional heads score near 1. **A→B / B→A** (sentence pairs only): "
-    "the mean weight a word of one sentence puts on the words of the other, [CLS] and [SEP] excluded. "
-    "**Largest weight**: the largest single weight anywhere in the head (not an average). "
-    "**Click a cell** to open that head in the focused heatmap.",
+    f"focuses on few tokens, high = it spreads its attention (log₂ n is uniform). **Share to {names.first} / "
+    f"{names.sep} / punctuation / self**: the mean weight on those tokens. **Previous / next token**: the mean "
+    "weight on the token just before / after — positional heads score near 1. **A→B / B→A** (sentence pairs "
+    f"only): the mean weight a word of one sentence puts on the words of the other, {names.first} and "
+    f"{names.sep} excluded. **Largest weight**: the largest single weight anywhere in the head (not an "
+    "average; a causal model's first query, which can only look at itself, is left out). **Click a cell** to open that head in the focused heatmap."
+    + (f" A decoder has no classification or separator token: its share to {names.first} (whatever that "
+       "token is) shows the “attention sink”, where a head with nothing to look at parks its attention (Xiao et al., 2023), and "
+       f"{names.sep} are the tokenizer's special tokens after the first (an end-of-text or end-of-turn token). "
+       "Being causal, a decoder never looks at the next token, and sentence A, which comes first, never at B."
+       if trace.is_decoder else ""),
     "Clark, Khandelwal, Levy & Manning (2019), “What Does BERT Look At? An Analysis of BERT's Attention”, "
     "BlackboxNLP.",
 )
 
-stats = head_stats(trace)
-figure_format()
+stats = cached_head_stats(trace)
 
 
 @st.fragment
 def stat_grid() -> None:
     """The statistic picker and its grid: choosing another statistic reruns only this part."""
     open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)  # a click on a cell (its callback ran before this rerun)
-    names = [n for n in TRACE_STAT_NAMES if np.isfinite(getattr(stats, n)).any()]
-    stat = st.selectbox("Statistic", names, format_func=STAT_TITLES.get, key="stats_name")
+    defined = [n for n in TRACE_STAT_NAMES if np.isfinite(getattr(stats, n)).any()]
+    stat = st.selectbox("Statistic", defined, format_func=titles.get, key="stats_name")
+    if "to_sep" not in defined:
+        st.caption(f"“{titles['to_sep']}” is left out: this input has none.")
     grid = getattr(stats, stat)
     zmax = float(np.log2(trace.n_tokens)) if stat == "entropy" else 1.0
-    fig = layer_head_figure(grid, STAT_TITLES[stat], zmin=0.0, zmax=zmax, colorbar="bits" if stat == "entropy" else "share",
+    fig = layer_head_figure(grid, titles[stat], zmin=0.0, zmax=zmax, colorbar="bits" if stat == "entropy" else "share",
                             clickable=True)
     show_figure(fig, f"{trace.model_kind}_head_stats_{stat}", key="stats_grid", on_select=_open_clicked)
 

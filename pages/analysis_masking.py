@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import streamlit as st
 
-from model_core.analysis import compare_masking, grid_to_csv, head_mask_from_off, matrix_to_csv, to_json_str, to_npz_bytes
-from ui.analysis_figures import logits_figure, masking_hidden_figure
-from ui.analysis_widgets import bundle_buttons, csv_button, figure_format, how_to_read, show_figure
+from attention_explorer.analysis_figures import (
+    logits_figure,
+    masking_hidden_figure,
+    next_token_figure,
+)
+from attention_explorer.figures import layer_head_figure
+from model_core.analysis import (
+    compare_masking,
+    grid_to_csv,
+    matrix_to_csv,
+    next_token_effect,
+    rows_to_csv,
+    to_json_str,
+    to_npz_bytes,
+)
+from ui.analysis_widgets import (
+    bundle_buttons,
+    csv_button,
+    how_to_read,
+    show_figure,
+)
 from ui.context import require_trace
-from ui.figures import layer_head_figure
-from ui.loaders import get_trace
+from ui.derived import next_token_distribution
+from ui.loaders import get_masked_run
 
 OFF_KEY = "mask_off_heads"
 
@@ -24,13 +40,20 @@ def _label(pair: tuple[int, int]) -> str:
 st.header("Head masking")
 ctx = require_trace()
 trace = ctx.trace
+readout = ctx.markers.readout_label  # [CLS], or a decoder's last token
+predicts = trace.next_token_ids is not None  # a decoder: its next-token prediction is the output to watch
 how_to_read(
-    "Choose heads to switch off: their output is multiplied by 0 (a gate in the custom encoder, a hook on "
-    "BERT's self-attention), everything else stays the same, and the same input runs again. "
-    "**Logits** (custom encoder only; its classifier head is untrained unless you load BERT weights, so "
-    "read the size of the change, not the label): the classifier's output with and without the heads. "
-    "**[CLS] hidden state**: cosine similarity and L2 distance between the two runs after each layer — "
-    "flat at 1 / 0 until the first switched-off layer. **Grids**: for every head, how much its attention "
+    "Choose heads to switch off: their output is multiplied by 0 before the output projection (a gate in the "
+    "custom encoder, the same gate in every pretrained model's attention), everything else stays the same, and "
+    "the same input runs again. "
+    + ("**Next token**: the model's top predictions after the last token with all heads on and with the heads "
+       "switched off, and how far the whole next-token distribution moved: total variation ½Σ|p−q| (0 = the "
+       "same, 1 = disjoint) and KL(p‖q) in bits. " if predicts else
+       "**Logits** (custom encoder only; its classifier head is untrained unless you load BERT weights, so "
+       "read the size of the change, not the label): the classifier's output with and without the heads. ")
+    + f"**{readout[0].upper() + readout[1:]}'s hidden state**: cosine similarity and L2 distance between the two "
+    "runs after each layer — flat at 1 / 0 until the first switched-off layer. **Grids**: for every head, how "
+    "much its attention "
     "pattern changed (total variation ½Σ|p−q| and JS divergence, averaged over query tokens); heads at or "
     "below the first switched-off layer cannot change, switched-off heads are blank.",
     "Michel, Levy & Neubig (2019), “Are Sixteen Heads Really Better than One?”, NeurIPS; the head gate "
@@ -51,20 +74,35 @@ if not off_set:
     st.info("Pick at least one head to switch off; the comparison appears here.")
     st.stop()
 
-mask = head_mask_from_off(trace.n_layers, trace.n_heads, sorted(off_set))
 with st.spinner("Running the model with the heads switched off…"):
-    masked = get_trace(replace(ctx.request, head_mask=tuple(map(tuple, mask.tolist()))))
+    masked = get_masked_run(ctx.request, tuple(sorted(off_set)))
 effect = compare_masking(trace, masked)
 
-figure_format()
-if effect.logits_baseline is not None:
+next_token = None
+if predicts:
+    model_id = ctx.request.model_id or ctx.settings.default_model
+    next_token = next_token_effect(trace, masked, next_token_distribution(trace, model_id), masked.next_token_probs)
+    m1, m2, m3 = st.columns(3)
+    m1.metric("Most likely next token", repr(next_token.top_masked),
+              f"was {next_token.top_baseline!r}" if next_token.top_changed else None, delta_color="inverse",
+              help="With the heads switched off" + ("" if next_token.top_changed else "; the same as with all on."))
+    m2.metric("Total variation", f"{next_token.total_variation:.4f}", help="½Σ|p−q| over the whole vocabulary.")
+    m3.metric("KL divergence (bits)", f"{next_token.kl_bits:.4f}", help="KL(all heads on ‖ heads switched off).")
+    show_figure(next_token_figure(next_token), f"{trace.model_kind}_masking_next_token")
+    # repr shows a space or a line break that would print as nothing
+    st.dataframe([{**row, "token": repr(row["token"])} for row in next_token.to_rows()], hide_index=True,
+                 column_config={"all heads on": st.column_config.NumberColumn(format="%.4f"),
+                                "heads switched off": st.column_config.NumberColumn(format="%.4f"),
+                                "change": st.column_config.NumberColumn(format="%+.4f")})
+elif effect.logits_baseline is not None:
     changed = effect.prediction_changed
     st.metric("Largest logit change", f"{np.abs(effect.logits_delta).max():.4f}",
               "prediction changed" if changed else "same prediction", delta_color="inverse" if changed else "off")
     show_figure(logits_figure(effect), "custom_masking_logits")
 else:
-    st.caption("Pretrained BERT here has no classifier head, so the effect is read from the [CLS] hidden state.")
-show_figure(masking_hidden_figure(effect), f"{trace.model_kind}_masking_cls_hidden")
+    st.caption(f"This {trace.family.label} has no classifier head here, so the effect is read from the "
+               f"{readout} hidden state.")
+show_figure(masking_hidden_figure(effect), f"{trace.model_kind}_masking_readout_hidden")
 left, right = st.columns(2)
 with left:
     show_figure(layer_head_figure(effect.attention_tv, "Change of each head's attention (total variation)",
@@ -81,11 +119,18 @@ with d2:
     csv_button("JS grid (CSV)", grid_to_csv(effect.attention_js), "masking_js.csv", "mask_csv_js")
 with d3:
     hidden = np.stack([effect.cls_cosine, effect.cls_l2], axis=1)
-    csv_button("[CLS] cosine and L2 (CSV)",
+    csv_button(f"{readout} cosine and L2 (CSV)",
                matrix_to_csv(hidden, [f"layer {i}" for i in range(len(hidden))], ["cosine", "l2"]),
-               "masking_cls_hidden.csv", "mask_csv_cls")
-arrays = {"masked_heads": effect.masked_heads, "cls_cosine": effect.cls_cosine, "cls_l2": effect.cls_l2,
-          "attention_tv": effect.attention_tv, "attention_js": effect.attention_js}
+               "masking_readout_hidden.csv", "mask_csv_cls")
+if next_token is not None:
+    csv_button("Next-token predictions (CSV)", rows_to_csv(next_token.to_rows()), "masking_next_token.csv",
+               "mask_csv_next")
+arrays = {"masked_heads": effect.masked_heads, "readout_position": effect.position, "cls_cosine": effect.cls_cosine,
+          "cls_l2": effect.cls_l2, "attention_tv": effect.attention_tv, "attention_js": effect.attention_js}
 if effect.logits_baseline is not None:
     arrays |= {"logits_baseline": effect.logits_baseline, "logits_masked": effect.logits_masked}
+if next_token is not None:
+    arrays |= {"next_token_ids": next_token.token_ids, "next_token_strings": np.asarray(next_token.strings),
+               "next_token_baseline": next_token.baseline, "next_token_masked": next_token.masked,
+               "next_token_tv": next_token.total_variation, "next_token_kl_bits": next_token.kl_bits}
 bundle_buttons(lambda: (to_npz_bytes(arrays), to_json_str(arrays)), f"{trace.model_kind}_masking", "mask_bundle")

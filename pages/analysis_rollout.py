@@ -7,21 +7,23 @@ import streamlit as st
 
 from model_core.analysis import FLOW_MAX_TOKENS, FLOW_MAX_TOKENS_ONE_ROW, normalize_rows
 from model_core.tables import matrix_to_csv, position_labels, token_matrix_to_csv
-from ui.analysis_figures import relevance_figure
+from attention_explorer.analysis_figures import relevance_figure
 from ui.analysis_widgets import (
     bundle_buttons,
     csv_button,
-    figure_format,
     how_to_read,
     show_figure,
 )
 from ui.context import require_trace
 from ui.derived import analysis_bundle, rollout_and_flow
-from ui.figures import attention_heatmap
+from attention_explorer.figures import attention_heatmap
 
 st.header("Attention rollout and attention flow")
 ctx = require_trace()
 trace = ctx.trace
+target = ctx.markers.readout_label  # [CLS], or a decoder's last token
+why = ("the token a classifier reads" if not trace.is_decoder else
+       f"the one that predicts the next token (“{trace.tokens[-1]}” at position {trace.n_tokens - 1})")
 how_to_read(
     "Raw attention in a deep layer mixes tokens that were already mixed by the layers below. Both methods "
     "follow the information back to the input tokens. Each layer's heads are averaged and the residual "
@@ -30,19 +32,19 @@ how_to_read(
     "representation comes from each input token (rows sum to 1). **Flow** treats the layers as a network "
     "whose edge capacities are the attention weights and takes the maximum flow from each input token to "
     "each output token; it is shown with rows normalised to sum to 1. Flow solves one max-flow problem per "
-    f"token pair: the full matrix is computed up to {FLOW_MAX_TOKENS} tokens and the [CLS] row up to "
-    f"{FLOW_MAX_TOKENS_ONE_ROW}. The bars show each input token's relevance to [CLS], the token a "
-    "classifier reads.",
+    f"token pair: the full matrix is computed up to {FLOW_MAX_TOKENS} tokens and the row of {target} up to "
+    f"{FLOW_MAX_TOKENS_ONE_ROW}. The bars show each input token's relevance to {target}, {why}."
+    + (" A decoder is causal, so every matrix here is a lower triangle: a token's representation can only come "
+       "from itself and the tokens before it." if trace.causal else ""),
     "Abnar & Zuidema (2020), “Quantifying Attention Flow in Transformers”, ACL.",
 )
 
 result = rollout_and_flow(trace)
-figure_format()
 shown_tokens = ctx.words.words if ctx.words else trace.tokens  # words when the sidebar asks for them
 labels = [f"{i} {t}" for i, t in enumerate(shown_tokens)]
 if ctx.words:
-    st.caption("Words, not WordPieces: rollout and flow are computed on the pieces, then merged (rows averaged over a "
-               "word's pieces, columns summed).")
+    st.caption(f"Words, not {ctx.pieces}: rollout and flow are computed on the pieces, then merged (rows averaged "
+               "over a word's pieces, columns summed).")
 
 
 @st.fragment
@@ -51,7 +53,8 @@ def rollout_view() -> None:
     layer = st.slider("Rollout up to layer", 0, trace.n_layers - 1, trace.n_layers - 1, key="rollout_layer")
     matrix, tokens, b = ctx.shown(result.rollout[layer])
     show_figure(attention_heatmap(matrix, tokens, title=f"Attention rollout after layer {layer}",
-                                  sentence_b_start=b, zmax=None, value_name="share"),
+                                  sentence_b_start=b, zmax=None, value_name="share",
+                                  masked=ctx.masked()),
                 f"{trace.model_kind}_rollout_L{layer}")
     csv_button(f"Rollout after layer {layer} (CSV)", lambda: token_matrix_to_csv(matrix, labels, labels),
                f"rollout_layer{layer}.csv", "rollout_csv")
@@ -64,7 +67,8 @@ with right:
     if result.flow is not None:
         flow, tokens, b = ctx.shown(normalize_rows(result.flow))
         show_figure(attention_heatmap(flow, tokens, title="Attention flow (rows normalised)",
-                                      sentence_b_start=b, zmax=None, value_name="share"),
+                                      sentence_b_start=b, zmax=None, value_name="share",
+                                      masked=ctx.masked()),
                     f"{trace.model_kind}_flow")
         csv_button("Flow, raw max-flow values (CSV)", lambda: token_matrix_to_csv(ctx.shown(result.flow)[0], labels, labels),
                    "flow.csv",
@@ -73,17 +77,23 @@ with right:
         st.info(f"The full flow matrix is limited to {FLOW_MAX_TOKENS} tokens and this input has "
                 f"{trace.n_tokens}: shorten the text to see it. Rollout above has no limit.")
 
-series = {"rollout": result.cls_rollout}
-if result.cls_flow is not None:
-    series["flow (normalised)"] = normalize_rows(result.cls_flow[None])[0]
+series = {"rollout": result.target_rollout}
+if result.target_flow is not None:
+    series["flow (normalised)"] = normalize_rows(result.target_flow[None])[0]
 else:
-    st.info(f"Flow into [CLS] is limited to {FLOW_MAX_TOKENS_ONE_ROW} tokens; showing rollout only.")
+    st.info(f"Flow into {target} is limited to {FLOW_MAX_TOKENS_ONE_ROW} tokens; showing rollout only.")
 if ctx.words:  # to a word: the sum over its pieces
     series = {name: ctx.words.merge_columns(values) for name, values in series.items()}
-show_figure(relevance_figure(shown_tokens, series, "Relevance of each input token to [CLS] (last layer)"),
-            f"{trace.model_kind}_cls_relevance")
+stem = "last_token" if trace.is_decoder else "cls"
+if trace.is_decoder:
+    st.caption(f"Over many layers a decoder's rollout piles up on {ctx.markers.first}: every layer sends much of "
+               "its attention to that sink, and the products compound. Flow, limited by each layer's capacities, "
+               "spreads more evenly.")
+show_figure(relevance_figure(shown_tokens, series, f"Relevance of each input token to {target} (last layer)"),
+            f"{trace.model_kind}_{stem}_relevance")
 
 st.subheader("Download")
-csv_button("Relevance to [CLS] (CSV)", matrix_to_csv(np.stack(list(series.values()), 1), position_labels(labels), list(series)),
-           "cls_relevance.csv", "cls_csv")
+csv_button(f"Relevance to {target} (CSV)",
+           matrix_to_csv(np.stack(list(series.values()), 1), position_labels(labels), list(series)),
+           f"{stem}_relevance.csv", "cls_csv")
 bundle_buttons(lambda: analysis_bundle(trace), f"{trace.model_kind}_analysis", "rollout_bundle")

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from model_core.words import RULE, word_level_trace
-from ui import bertviz_views as bv
-from ui.bertviz_size import check_size
+from attention_explorer import views as bv
+from attention_explorer.views.size import check_size
+from model_core.words import word_level_trace
 from ui.context import require_trace
 from ui.guard import view_guard
 
@@ -31,6 +31,8 @@ ctx = require_trace()
 t, layer, head = ctx.trace, ctx.layer, ctx.head
 st.title("bertviz views")
 st.caption(f"{t.description} · {t.n_tokens} tokens · layer {layer}, head {head} (sidebar)")
+if t.causal:
+    st.caption(f"This {t.family.label} is causal: a token's lines go only to itself and the tokens before it.")
 
 missing = bv.vendor_missing(str(STATIC))
 if missing:
@@ -44,14 +46,23 @@ if missing:
 MAX_VIEW_PX = 1000
 kind = st.radio("View", list(VIEW_LABELS), format_func=VIEW_LABELS.get, horizontal=True, key="bv_kind")
 st.caption(VIEW_HELP[kind])
+if kind == "neuron":
+    if t.is_decoder:
+        st.caption("The queries and keys are the model's own, as it multiplies them: after the rotary embedding "
+                   "where it has one. The view draws q·k/√d and its softmax over the keys up to the query.")
+    legend = bv.kv_legend(t)
+    if legend:
+        st.info(f"Grouped-query attention. {ctx.kv_sharing(head)} {legend}. Heads that share a key/value head "
+                "have the same keys; the view's head menu names each head's (\"4 · kv 1\").",
+                icon=":material/group_work:")
 if ctx.words is not None:
     if kind == "neuron":
-        st.caption("Words, not WordPieces: the neuron view stays in WordPieces, because queries and keys belong to "
-                   "pieces.")
+        st.caption(f"Words, not {ctx.pieces}: the neuron view stays in {ctx.pieces}, because queries and keys "
+                   "belong to pieces.")
     else:
         # The head and model views read only the weights and the tokens: give them the words.
         t = word_level_trace(t, ctx.words, ctx.attentions())
-        st.info(f"Words, not WordPieces: {ctx.words.n_words} words. {RULE}", icon=":material/join:")
+        st.info(ctx.words_note(), icon=":material/join:")
 
 layers: list[int] | None
 heads: list[int] | None
@@ -94,3 +105,11 @@ with view_guard(f"bertviz {kind}"):
     st.iframe(view.html, height=min(view.height, MAX_VIEW_PX), alt=f"bertviz {VIEW_LABELS[kind].lower()}")
     st.caption(f"{len(view.html.encode()) / 1e3:,.0f} kB sent · about {view.n_elements:,} SVG elements · "
                "bertviz's own JavaScript, served by this app with d3 and jQuery from static/vendor/.")
+    stem = f"bertviz_{kind}_L{layer}" + (f"_H{head}" if kind == "neuron" else "") + (
+        f"_tokens{window[0]}-{window[1] - 1}" if window else "")
+    st.download_button("Download this view (HTML, opens offline)", file_name=f"{stem}.html", mime="text/html",
+                       icon=":material/download:", key="bv_download",
+                       data=lambda: bv.standalone_html(bv.view_html(kind, t, layers, heads, token_window=window,
+                                                                    asset_base=None), stem),
+                       help="One self-contained file: bertviz's script, d3, jQuery and require.js are inside it, "
+                            "so it draws in any browser with no network.")

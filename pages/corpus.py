@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from model_core.corpus import (
     table_columns,
 )
 from model_core.corpus.sources import FILE_KINDS
+from model_core.roles import PROBE_ROLES, ROLE_TITLES
 from ui.analysis_widgets import clicked_cell, csv_button, how_to_read, show_figure
 from ui.context import get_context
 from ui.corpus import (
@@ -38,6 +38,9 @@ from ui.corpus import (
     text_link,
 )
 from ui.corpus_figures import pattern_figure, corpus_stat_figure
+from ui.roles import model_key as roles_model_key
+from ui.roles import probe_scores
+from ui.roles_figures import mean_by_pattern, role_pattern_figure
 from ui.state import open_page_if_requested, select_head
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
@@ -228,8 +231,18 @@ with left:
                              show=show, zmax=zmax, colorbar="bits" if is_entropy else "share")
     show_figure(fig, f"corpus_{stat}_{show}", key="corpus_grid", on_select=lambda: _focus_from("corpus_grid"))
 with right:
-    show_figure(pattern_figure(run.patterns), "corpus_patterns", key="corpus_patterns",
-                on_select=lambda: _focus_from("corpus_patterns"))
+    colour = st.radio("Colour the heads by", ["pattern", *PROBE_ROLES], horizontal=True, key="corpus_colour",
+                      format_func=lambda c: "Pattern type" if c == "pattern" else f"{ROLE_TITLES[c]} score")
+    if colour == "pattern":
+        show_figure(pattern_figure(run.patterns), "corpus_patterns", key="corpus_patterns",
+                    on_select=lambda: _focus_from("corpus_patterns"))
+    else:  # the Head roles page's probe scores of the same model, the pattern types beside them
+        role_grid = probe_scores(roles_model_key(ctx.request), 0).scores[colour]
+        show_figure(role_pattern_figure(role_grid, run.patterns, colour), f"corpus_{colour}_heads",
+                    key="corpus_patterns", on_select=lambda: _focus_from("corpus_patterns"))
+        st.caption("Scores from the Head roles page's probe (seed 0), not from the corpus; the hover names each "
+                   "head's pattern type. Mean score per pattern type:")
+        st.dataframe(mean_by_pattern(role_grid, run.patterns), hide_index=True)
     rules = PatternRules(**run.manifest.get("pattern_rules", {}))
     types, tallies = np.unique(run.patterns, return_counts=True)
     tally = dict(zip(types.tolist(), tallies.tolist()))
@@ -275,9 +288,8 @@ per_head = [{"layer": la, "head": h, "pattern": str(run.patterns[la, h]),
 with d3:
     csv_button("Per-head corpus statistics (CSV)", rows_to_csv(per_head), "corpus_head_stats.csv", "corpus_csv")
 ids, values = run.per_text(stat, layer, head)
-buffer = io.StringIO()
-buffer.write("text_id,value\n" + "".join(f"{i},{v:.6g}\n" for i, v in zip(ids, values)))
-csv_button(f"This head's {stat} for every text (CSV)", buffer.getvalue(), f"corpus_{stat}_L{layer}H{head}.csv",
+csv_button(f"This head's {stat} for every text (CSV)",
+           lambda: rows_to_csv([{"text_id": i, "value": v} for i, v in zip(ids, values)]), f"corpus_{stat}_L{layer}H{head}.csv",
            "corpus_text_csv")
 st.caption(f"The whole run (every text, every head, every statistic) is the folder {run.path}: texts.parquet/ "
            "holds one row per text.")

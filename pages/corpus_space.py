@@ -13,6 +13,7 @@ from model_core.corpus.neighbours import neighbours_of
 from model_core.corpus.qk_space import METHODS
 from ui.analysis_widgets import how_to_read, show_figure
 from ui.context import get_context
+from ui.derived import neighbours_by_layer
 from ui.state import open_page_if_requested
 from ui.corpus import (
     CANCELLED,
@@ -192,19 +193,7 @@ with right:
                 "neighbour_words")
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
-def _by_layer(path: str, stamp: float, tokens: tuple, position: int, k: int, _states: np.ndarray, key: str):
-    same, score, tops = [], [], []
-    for layer in range(_states.shape[0]):
-        f = neighbours_of(open_cached(path), _states, tokens, position=position, layer=layer, k=k)
-        same.append(np.mean([x["token"] == tokens[position] for x in f]) if f else 0.0)
-        score.append(np.mean([x["score"] for x in f]) if f else 0.0)
-        tops.append(" · ".join(f"{x['token']}: {x['text'][:50]}" for x in f[:3]))
-    return np.array(same), np.array(score), tops
-
-
-same, score, tops = _by_layer(str(run.path), stamp, trace.tokens, position, int(k), states,
-                              f"{trace.description}|{'␟'.join(trace.tokens)}")
+same, score, tops = neighbours_by_layer(trace, str(run.path), stamp, position, int(k))
 t1, t2 = st.columns([2, 3])
 with t1:
     show_figure(layer_trend_figure(same, score, word), "neighbours_by_layer")

@@ -3,25 +3,37 @@
 import numpy as np
 import streamlit as st
 
+from model_core.analysis import stat_titles
 from model_core.export import trace_to_npz_bytes
 from model_core.tables import matrix_to_csv, position_labels, token_matrix_to_csv
-from model_core.aggregate import selection_attention, special_token_positions
-from model_core.words import RULE
+from model_core.aggregate import marker_positions, selection_attention
 from ui.context import require_trace
-from ui.derived import head_stats, overview_mosaic_cells
-from ui.figures import PLOTLY_CONFIG, attention_heatmap, layer_head_figure, overview_mosaic, selection_grid
+from ui.derived import cached_head_stats, overview_mosaic_cells
+from ui.downloads import figure_config
+from attention_explorer.figures import attention_heatmap, layer_head_figure, overview_mosaic, selection_grid
 from ui.guard import view_guard
 from ui.state import head_fragment, select_head
 
-ctx = require_trace()
+ctx = require_trace(compact=True)
+if ctx.compact is not None:  # a long input: drawn from its compact trace
+    from ui import compact_heatmaps
+
+    compact_heatmaps.draw(ctx)
+    st.stop()
 t = ctx.trace
 FOCUS = "focused_head"  # the fragment that draws the picker and the focused head
 st.title("Attention heatmaps")
 st.caption(f"{t.description} · {t.n_tokens} tokens")
 shown_tokens = ctx.labels()[0]  # the labels of every matrix on this page
+names = ctx.markers  # [CLS]/[SEP], or a decoder's first token and other special tokens
 if ctx.words:
-    st.info(f"**Words, not WordPieces**: {ctx.words.n_words} words from {t.n_tokens} WordPieces. {RULE}",
-            icon=":material/join:")
+    st.info(ctx.words_note(), icon=":material/join:")
+if t.causal:
+    st.caption(f"This {t.family.label} is causal: each token attends only to itself and the tokens before it, so "
+               "every matrix is a lower triangle (the masked cells above the diagonal are grey in the focused "
+               "heatmap)."
+               + (f" Much of its attention lands on {names.first} whatever that token is, an \"attention sink\" "
+                  "(Xiao et al., 2023): see the share to it in the per-head summary below." if t.is_decoder else ""))
 
 st.subheader("Overview: every layer × head")
 pooled = len(shown_tokens) > 32
@@ -48,7 +60,7 @@ def _focus_clicked_head() -> None:
 
 with view_guard("overview"):
     st.plotly_chart(overview_mosaic(ctx.attentions(), mosaic=overview_mosaic_cells(t, ctx.words is not None, 32)),
-                    config=PLOTLY_CONFIG,
+                    config=figure_config("attention_overview"),
                     key="overview", on_select=_focus_clicked_head, selection_mode="points")
 
 
@@ -65,17 +77,21 @@ def _focused_head(layer: int, head: int) -> None:
              "layer_max": f"Layer {layer}: maximum over its {t.n_heads} heads",
              "all_mean": f"Mean of all {t.n_layers * t.n_heads} heads"}[show]
     st.subheader(title)
-    hide_special = st.toggle("Hide [CLS] and [SEP]", key="hide_special",
+    hide_special = st.toggle(f"Hide {names.first} and {names.sep}", key="hide_special",
                              help="Drops their rows and columns without renormalising, so the other weights "
-                                  "stay exact.")
+                                  "stay exact."
+                                  + (" With words on, the first word goes with the first token."
+                                     if t.is_decoder and ctx.words else ""))
     matrix, (labels, b) = ctx.aggregate(show, layer, head), ctx.labels()
-    hidden = special_token_positions(labels) if hide_special else []
+    hidden = marker_positions(t, ctx.words) if hide_special else []
+    masked = ctx.masked()
     with view_guard("focused heatmap"):
-        st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b, hide=hidden),
-                        config=PLOTLY_CONFIG, key="focus")
+        st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b, hide=hidden, masked=masked),
+                        config=figure_config(f"attention_{show}_L{layer}_H{head}"), key="focus")
     st.caption("Row = query token, column = key token; hover for the exact weight. Rows sum to 1"
                + (" (not for a maximum over heads)" if show == "layer_max" else "") + ". "
-               "The dotted red line marks where sentence B starts.")
+               + ("The dotted red line marks where sentence B starts." if b is not None else "")
+               + (" Grey cells are masked: the query may not see that key." if masked is not None else ""))
     keep = sorted(set(range(len(labels))) - set(hidden))
     stem = {"head": f"L{layer}_H{head}", "layer_mean": f"L{layer}_mean", "layer_max": f"L{layer}_max",
             "all_mean": "all_mean"}[show] + ("_words" if ctx.words else "")
@@ -109,7 +125,7 @@ if selected:
     with view_guard("selection grid"):
         st.plotly_chart(selection_grid(values, shown_tokens, title=f"Every layer × head: {what}",
                                        value_name="weight" if direction == "sent" else "share"),
-                        config=PLOTLY_CONFIG, key="selection_grid")
+                        config=figure_config("attention_selection_grid"), key="selection_grid")
     rows = [f"L{layer} H{head}" for layer in range(t.n_layers) for head in range(t.n_heads)]
     st.download_button("Download this grid (CSV)",
                        data=lambda: matrix_to_csv(values.reshape(len(rows), -1), rows, position_labels(shown_tokens)),
@@ -119,14 +135,22 @@ else:
                "to them).")
 
 st.subheader("Per-head summary")
+s = cached_head_stats(t)
+titles = stat_titles(t)
+fourth = "to_sep" if np.isfinite(s.to_sep).any() else "to_prev"  # a decoder's plain text has no later specials
 st.caption("Entropy in bits (low = focused, high = spread out; a uniform row has log₂ n bits), the largest "
-           "single weight, and the average share of each query's attention that goes to [CLS] and to [SEP]. "
-           "Heads that park most of their attention on [SEP] are often 'no-op' heads (Clark et al., 2019).")
+           f"single weight, and the average share of each query's attention that goes to {names.first} and to "
+           f"{names.sep}. "
+           + ("Heads that park most of their attention on [SEP] are often 'no-op' heads (Clark et al., 2019)."
+              if not t.is_decoder else
+              f"On average {float(np.mean(s.to_cls)):.0%} of a query's attention goes to {names.first} (the attention "
+              "sink: a head with nothing to look at parks its attention there).")
+           + (f" This input has no {names.sep}, so the fourth grid shows the share to the previous token instead."
+              if fourth == "to_prev" else ""))
 with view_guard("per-head summary"):
-    s = head_stats(t)
     compact = 110 + 28 * t.n_layers  # four grids side by side in pairs
-    for column, (name, title, scale) in zip(st.columns(2) + st.columns(2), (
-            ("entropy", "Entropy (bits)", (None, None)), ("max_weight", "Largest weight", (0.0, 1.0)),
-            ("to_cls", "Share to [CLS]", (0.0, 1.0)), ("to_sep", "Share to [SEP]", (0.0, 1.0)))):
-        column.plotly_chart(layer_head_figure(getattr(s, name), title, zmin=scale[0], zmax=scale[1], cell_text=True,
-                                              height=compact), config=PLOTLY_CONFIG, key=f"sum_{name}")
+    for column, (name, scale) in zip(st.columns(2) + st.columns(2), (
+            ("entropy", (None, None)), ("max_weight", (0.0, 1.0)), ("to_cls", (0.0, 1.0)), (fourth, (0.0, 1.0)))):
+        column.plotly_chart(layer_head_figure(getattr(s, name), titles[name], zmin=scale[0], zmax=scale[1],
+                                              cell_text=True, height=compact), config=figure_config(f"head_{name}"),
+                            key=f"sum_{name}")

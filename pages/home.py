@@ -3,18 +3,22 @@
 import streamlit as st
 
 from ui.context import get_context
-from ui.figures import PLOTLY_CONFIG, attention_heatmap
+from attention_explorer.figures import attention_heatmap
+from ui.downloads import figure_config
 from ui.guard import view_guard
 from ui.state import head_fragment
 
 st.title("Attention Explorer")
 st.markdown(
     """
-See how attention works inside a transformer encoder. Pick a model and type a sentence, or a
-sentence pair, in the sidebar; every page reads the same forward pass.
+See how attention works inside a transformer: an encoder such as BERT, or a decoder language model such as
+GPT-2 or a Llama. Pick a model and type a sentence, or a sentence pair, in the sidebar; every page reads the
+same forward pass.
 
 - **Attention heatmaps**: every layer × head at a glance, then one head in detail. Row *i* shows how
   token *i* (the query) spreads its attention over all tokens (the keys); each row sums to 1.
+- **What the model predicts**: a decoder's most likely next tokens at every position, and the logit lens:
+  what each layer would predict if it were the last.
 - **Causal mask & masked scores**: the steps from scores QKᵀ/√d to the mask, the masked scores
   (−∞ where masked) and the softmax weights, bidirectional beside causal.
 - **Inside the encoder**: chapter 3's walk from WordPiece tokens to the classifier logits, with the
@@ -23,9 +27,11 @@ sentence pair, in the sidebar; every page reads the same forward pass.
 - **Analyses**: one word in two contexts, attention rollout and flow, norm-weighted attention, head
   statistics and head masking.
 
-The **custom encoder** is the from-scratch transformer of chapter 3 of *Natural Language Processing
-with Transformers* (random seeded weights, or a BERT checkpoint's weights loaded into it). The
-**pretrained BERT** defaults to a real MiniLM-L6-H384 BERT that ships with the app and works offline.
+A **pretrained model** is a real checkpoint. Two ship with the app and work offline: MiniLM, a BERT encoder
+(the default), and SmolLM2-135M-Instruct, a Llama decoder; any other BERT, GPT-2 or Llama-family model loads
+from the Hugging Face hub or a folder. The **custom encoder** is the from-scratch transformer of chapter 3 of
+*Natural Language Processing with Transformers* (random seeded weights, or a BERT checkpoint's weights loaded
+into it).
 """
 )
 ctx = get_context()
@@ -40,7 +46,7 @@ else:
         st.caption(t.description)
         with view_guard("heatmap"):
             matrix, labels, b = ctx.shown(t.attentions[layer, head])  # words, when the sidebar asks for them
-            st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b), config=PLOTLY_CONFIG,
+            st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b), config=figure_config(f"attention_L{layer}_H{head}"),
                             key="home_heatmap")
         st.caption("Darker = more attention. The dotted line marks where sentence B starts. Pick another layer "
                    "or head in the sidebar, or open **Attention heatmaps** for all of them.")

@@ -5,10 +5,10 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from model_core import InputError, ModelLoadError
-from ui.analysis_widgets import token_window
+from ui.analysis_widgets import positions_outside_window
 from ui.context import require_trace
-from ui.figures import (
-    PLOTLY_CONFIG,
+from ui.downloads import figure_config
+from attention_explorer.figures import (
     SCORE_SCALE,
     attention_heatmap,
     token_norms_figure,
@@ -24,7 +24,30 @@ ctx = require_trace()
 t = ctx.trace
 st.title("Inside the encoder")
 
-if t.model_kind == "bert":
+if t.is_decoder:
+    gqa = (f" Here {t.n_heads} query heads share {t.n_kv_heads} key/value heads." if t.n_kv_heads < t.n_heads else "")
+    st.info(
+        f"This walk is the **encoder of chapter 3** (and BERT's, whose weights it can take): learned position and "
+        "token-type embeddings, LayerNorm around each sublayer, a GELU feed-forward layer, no mask, and a "
+        f"classifier on [CLS]. The model chosen in the sidebar is a **{t.family.label}**, whose block differs: it is "
+        "causal and predicts the next token instead of classifying; GPT-2 uses pre-LayerNorm and learned "
+        "positions, while Llama-like models use RMSNorm, rotary position embeddings applied to the queries and "
+        f"keys, grouped-query attention (query heads sharing key/value heads) and a gated SwiGLU feed-forward "
+        f"layer.{gqa} The walk cannot replay those steps, so it stays with the encoder.\n\n"
+        "This model's own numbers are on the other pages: its attention on **Attention heatmaps**, its causal "
+        "mask and post-rotary scores on **Causal mask & masked scores**, its queries and keys on **bertviz "
+        "views** (neuron view). To walk through the encoder, choose the custom encoder in the sidebar.",
+        icon=":material/info:",
+    )
+    c1, c2 = st.columns(2)
+    c1.page_link("pages/heatmaps.py", label="Attention heatmaps", icon=":material/grid_view:")
+    c2.page_link("pages/causal.py", label="Causal mask & masked scores", icon=":material/change_history:")
+    # The sidebar's layer/head picker still belongs here, so the choice carries to the other pages.
+    head_fragment("inside_head", lambda layer, head: None, slot=ctx.head_slot, n_layers=t.n_layers,
+                  n_heads=t.n_heads, settings=ctx.settings)
+    st.stop()
+
+if ctx.request.model == "pretrained":  # a pretrained encoder's weights, walked in the chapter-3 encoder
     st.info(
         "This walk runs **BERT's weights inside the from-scratch encoder** of chapter 3 "
         "(`custom_from_bert`): its attentions and hidden states equal `transformers`' BertModel to 1e-4 "
@@ -59,7 +82,7 @@ def vectors(wt, name: str, title: str, key: str, *, head: int | None = None, max
     fig = vector_heatmap(matrix, wt.tokens, title=title, max_dims=max_dims)
     if mark is not None:
         fig.add_vrect(x0=mark[0] - 0.5, x1=mark[1] - 0.5, line=dict(color="#e4572e", width=2))
-    st.plotly_chart(fig, config=PLOTLY_CONFIG, key=key)
+    st.plotly_chart(fig, config=figure_config(f"inside_{key}"), key=key)
     if shapes != ():
         shape_line(wt, *(shapes or (name,)))
 
@@ -94,7 +117,7 @@ def _embeddings(wt, layer: int, head: int) -> None:
         st.plotly_chart(norm_lines(wt, {"token": "token_embeddings", "position": "position_embeddings",
                                     "token type": "token_type_embeddings", "sum": "embedding_sum",
                                     "after LayerNorm": "embeddings"}, "Norm of each token's embedding"),
-                        config=PLOTLY_CONFIG, key="emb_norms")
+                        config=figure_config("inside_embedding_norms"), key="emb_norms")
 
 
 def _one_head(wt, layer: int, head: int) -> None:
@@ -112,19 +135,19 @@ def _one_head(wt, layer: int, head: int) -> None:
         st.caption(f"Each is (pos, d_head) = ({n}, {d_head}) for this head; `queries` for all heads of the layer "
                    f"has shape {wt.shapes()['queries']}.")
     with view_guard("scores and weights"):
-        hide = token_window(n, "inside_window", "scores and weights")
+        hide = positions_outside_window(n, "inside_window", "scores and weights")
         c1, c2 = st.columns(2)
         with c1:
             st.plotly_chart(attention_heatmap(wt.masked_scores[head], wt.tokens, title="Scores QKᵀ/√d_head"
                                               + (" after the causal mask (−∞ above the diagonal)" if wt.causal else ""),
                                               sentence_b_start=wt.sentence_b_start, colorscale=SCORE_SCALE, hide=hide,
                                               zmin=-wt.score_limit(head), zmax=wt.score_limit(head), value_name="score"),
-                            config=PLOTLY_CONFIG, key="scores")
+                            config=figure_config(f"inside_scores_H{head}"), key="scores")
             shape_line(wt, "scores")
         with c2:
             st.plotly_chart(attention_heatmap(wt.weights[head], wt.tokens, title="Weights = softmax(scores)",
                                               sentence_b_start=wt.sentence_b_start, hide=hide),
-                            config=PLOTLY_CONFIG, key="weights")
+                            config=figure_config(f"inside_weights_H{head}"), key="weights")
             shape_line(wt, "weights")
     with view_guard("head output"):
         vectors(wt, "head_outputs", "Head output = weights @ V", "head_out", head=head, max_dims=d_head)
@@ -176,7 +199,7 @@ def _residual(wt, layer: int, head: int) -> None:
                   "x' + FFN (before LN₂)": "residual_2", "y = LN₂(…) (layer output)": "layer_output"}
     with view_guard("residual stream"):
         st.plotly_chart(norm_lines(wt, series, f"Norm of each token's vector through layer {layer}"),
-                        config=PLOTLY_CONFIG, key="norms")
+                        config=figure_config(f"inside_norms_L{layer}"), key="norms")
         shape_line(wt, "layer_input", "residual_1", "layer_output")
 
 
@@ -184,7 +207,7 @@ def _classifier(wt, layer: int, head: int) -> None:
     hidden = wt.hidden_size
     st.markdown(f"After the last layer, the `[CLS]` vector (width {hidden}) goes through dropout (off at inference) "
                 f"and one linear layer to {len(wt.logits)} logits; a softmax turns them into probabilities.")
-    if t.model_kind == "bert":
+    if ctx.request.model == "pretrained":
         st.caption("The classifier's weights are random (seed 0): BERT has no trained classifier head here.")
     else:
         st.caption("The classifier's weights are as random as the rest of this encoder: it was never trained.")
@@ -196,7 +219,7 @@ def _classifier(wt, layer: int, head: int) -> None:
                                    hovertemplate="%{x}: logit %{y:.4f}<extra></extra>"))
             fig.update_layout(title=dict(text="Logits", font=dict(size=13)), height=280,
                               margin=dict(l=10, r=10, t=36, b=10))
-            st.plotly_chart(fig, config=PLOTLY_CONFIG, key="logits")
+            st.plotly_chart(fig, config=figure_config("inside_logits"), key="logits")
         with c2:
             st.dataframe(pd.DataFrame({"label": labels, "logit": wt.logits, "probability": wt.probabilities}),
                          hide_index=True)

@@ -16,7 +16,9 @@ Steps, each printed as PASS or FAIL (the exit status is 1 if any failed):
 6. healthcheck: the image's own HEALTHCHECK command, run inside the container, until it passes (time to
    healthy printed).
 7. files: the app's files belong to ``user``, the Hugging Face cache is writable by the process's user, and
-   no local state (.venv, .git, node_modules, screenshots) was copied in.
+   no local state (.venv, .git, node_modules, screenshots) was copied in. The bundled decoder converted at
+   build time is a complete model folder under ``AE_MODEL_CACHE`` (config.json, model.safetensors, marker;
+   its size printed), and ``ensure_bundled_decoder()`` in the container finds it without converting again.
 8. pages: headless Chromium loads every page from the container's port: no exception, no error, no request
    outside the app.
 9. bertviz: the head view draws its SVG (require.js, d3 and jQuery came from the node stage's static/vendor).
@@ -48,7 +50,6 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 BUILDAH = ["buildah", "--storage-driver", "vfs"]
@@ -58,6 +59,7 @@ REAL_BASES = {"PYTHON_IMAGE": "docker.io/library/python:3.11-slim-bookworm",
 STANDINS = {"PYTHON_IMAGE": ("localhost/ae-standin-python:bookworm", "standin-python.Containerfile"),
             "NODE_IMAGE": ("localhost/ae-standin-node:bookworm", "standin-node.Containerfile")}
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+BUNDLED_DECODER_ID, BUNDLED_DECODER_DIR = "bundled:SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"  # model_core/bundled.py
 IMAGE = "localhost/attention-explorer:image-test"
 PRELOAD_DIR = "docker/models/ae-image-test-tiny-bert"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -217,6 +219,10 @@ def check_config(report: Report, config: dict) -> None:
         problems.append("public-deployment ENV missing")
     if env.get("HOME") != "/home/user" or not env.get("HF_HOME", "").startswith("/home/user/"):
         problems.append(f"HOME/HF_HOME are {env.get('HOME')}/{env.get('HF_HOME')}")
+    if not env.get("AE_MODEL_CACHE", "").startswith("/home/user/"):
+        problems.append(f"AE_MODEL_CACHE is {env.get('AE_MODEL_CACHE')!r}, not a folder of the user's")
+    if BUNDLED_DECODER_ID not in env.get("AE_ALLOWED_MODELS", "").split(","):
+        problems.append(f"AE_ALLOWED_MODELS lacks {BUNDLED_DECODER_ID}")
     report.step("config", not problems, "; ".join(problems) or
                 f"USER {config['User']}, HEALTHCHECK {config['Healthcheck']['Test'][0]}, "
                 f"ENTRYPOINT {config.get('Entrypoint')}")
@@ -320,9 +326,44 @@ def check_files(report: Report, box: Container) -> None:
                 "node_modules, screenshots")
 
 
+# Run in the container: the app's own lookup (bundled.py loaded by path: no torch import) must find the folder
+# complete and convert nothing; it prints the folder and the progress messages (none expected).
+FIND_BUNDLED = (
+    "import importlib.util, json, sys\n"
+    "spec = importlib.util.spec_from_file_location('_ae_bundled', sys.argv[1])\n"
+    "module = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(module)\n"
+    "messages = []\n"
+    "print(json.dumps([str(module.ensure_bundled_decoder(messages.append)), messages]))\n"
+)
+
+
+def check_bundled_decoder(report: Report, box: Container) -> None:
+    """The decoder converted at build time: a complete folder under AE_MODEL_CACHE, found without converting."""
+    app = box.config.get("WorkingDir") or "/home/user/app"
+    cache = box.env.get("AE_MODEL_CACHE", "")
+    folder = f"{cache}/{BUNDLED_DECODER_DIR}"
+    listing = box.run("/bin/sh", "-c", f'cd "{folder}" && test -r config.json && test -r model.safetensors '
+                      f'&& test -r .complete && du -sk .')
+    if not cache or listing.returncode != 0:
+        report.step("bundled decoder in the image", False, f"no complete {folder} (AE_MODEL_CACHE={cache!r}): "
+                    f"{listing.stderr.strip()[:300]}")
+        return
+    megabytes = int(listing.stdout.split()[0]) / 1024
+    report.figures["bundled decoder MB"] = round(megabytes)
+    found = box.run("python", "-c", FIND_BUNDLED, f"{app}/model_core/bundled.py")
+    try:
+        path, messages = json.loads(found.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        path, messages = None, [found.stderr.strip()[-300:]]
+    ok = path == folder and not messages
+    report.step("bundled decoder in the image", ok, f"{folder}: {megabytes:.0f} MB, found as is" if ok else
+                f"ensure_bundled_decoder() gave {path!r}, wanted {folder!r}; it said {messages}")
+
+
 # -- 8-10. the browser --------------------------------------------------------------------------------------
 def check_pages(report: Report, box: Container, browser) -> None:
-    from browser_support import app_pages, wait_for_run
+    from harness.browser import app_pages, wait_for_run
 
     for path, title in app_pages():
         url_path = "" if path == "pages/home.py" else Path(path).stem
@@ -346,7 +387,7 @@ def check_pages(report: Report, box: Container, browser) -> None:
 
 
 def check_bertviz(report: Report, box: Container, browser) -> None:
-    from browser_support import wait_for_run
+    from harness.browser import wait_for_run
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
@@ -364,7 +405,7 @@ def check_bertviz(report: Report, box: Container, browser) -> None:
 
 
 def check_memory(report: Report, box: Container, browser) -> None:
-    from browser_support import wait_for_run
+    from harness.browser import wait_for_run
 
     rest = box.rss_mb()
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -402,7 +443,7 @@ def make_tiny_bert(folder: Path) -> None:
 
 
 def check_preload(report: Report, args: dict[str, str], browser) -> None:
-    from browser_support import wait_for_run
+    from harness.browser import wait_for_run
 
     folder = ROOT / PRELOAD_DIR
     make_tiny_bert(folder)
@@ -450,7 +491,8 @@ def main() -> int:
         stack.callback(box.stop)
         if wait_healthy(report, box):
             check_files(report, box)
-            from browser_support import CHROMIUM, chromium
+            check_bundled_decoder(report, box)
+            from harness.browser import CHROMIUM, chromium
 
             if not CHROMIUM.exists():
                 report.step("browser", False, "Chromium is missing: apt-get install chromium")

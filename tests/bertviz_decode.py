@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 import numpy as np
 
-from ui import bertviz_views as bv
+from attention_explorer import views as bv
 
 
 def decode_params(view: bv.BertvizView) -> dict[str, Any]:
@@ -21,7 +22,10 @@ def decode_params(view: bv.BertvizView) -> dict[str, Any]:
     entries = params["attention"] if isinstance(params["attention"], list) else list(params["attention"].values())
     full = entries[0]
     for key in ("attn", "queries", "keys"):
-        if key in full:
+        if isinstance(full.get(key), dict):  # packed weights: little-endian uint16 in base64
+            packed = np.frombuffer(base64.b64decode(full[key]["ae_b64"]), dtype="<u2").reshape(full[key]["shape"])
+            full[key] = (packed / bv.SCALE).tolist()
+        elif key in full:
             full[key] = (np.asarray(full[key], dtype=np.float64) / bv.SCALE).tolist()
     for entry in entries[1:]:
         r0, r1, c0, c1 = entry["attn"]["ae_block"]

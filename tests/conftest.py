@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from tiny_models import FAMILIES as TINY_FAMILIES
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -51,7 +53,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="module")
 def app_server(tmp_path_factory):
     """The real app, started as `make run` starts it, once per browser-test module."""
-    from browser_support import AppServer
+    from harness.browser import AppServer
 
     folder = tmp_path_factory.mktemp("app")
     # Corpus runs of the pages go to a fresh folder, not the user's cache.
@@ -68,6 +70,21 @@ def app_url(app_server) -> str:
 @pytest.fixture(scope="module")
 def browser():
     """Debian's Chromium through Playwright; module-scoped so each module's Playwright loop ends."""
-    from browser_support import chromium
+    from harness.browser import chromium
 
     yield from chromium()
+
+
+@pytest.fixture(scope="session")
+def tiny_decoders(tmp_path_factory) -> dict:
+    """Every tiny decoder family (tests/tiny_models.py), built once: family -> saved folder."""
+    from tiny_models import build_tiny_decoder
+
+    root = tmp_path_factory.mktemp("tiny-decoders")
+    return {family: build_tiny_decoder(family, root / family) for family in TINY_FAMILIES}
+
+
+@pytest.fixture(params=TINY_FAMILIES)
+def tiny_decoder(request, tiny_decoders):
+    """One tiny decoder's folder (its name is the family); a test using it runs once per family."""
+    return tiny_decoders[request.param]

@@ -14,7 +14,7 @@ from model_core.analysis.contexts import (
     find_occurrences,
     repeated_words,
     support_bins,
-    word_spans,
+    text_words,
 )
 from synthetic import synthetic_trace
 
@@ -27,9 +27,9 @@ def test_find_occurrences_in_default_pair():
     assert spans == (WordSpan("flies", 2, 3, "a"), WordSpan("flies", 8, 9, "b"))
 
 
-def test_word_spans_join_wordpiece_subtokens():
+def test_text_words_join_wordpiece_subtokens():
     trace = synthetic_trace(tokens=BANK, n_layers=1, n_heads=1)
-    words = [(s.word, s.start, s.end) for s in word_spans(trace)]
+    words = [(s.word, s.start, s.end) for s in text_words(trace)]
     assert words[1] == ("banker", 2, 4)
     assert find_occurrences(trace, "banker") == (WordSpan("banker", 2, 4, "a"), WordSpan("banker", 11, 13, "a"))
     assert [s.start for s in find_occurrences(trace, "bank")] == [6]

@@ -5,13 +5,12 @@ import pytest
 
 from model_core.analysis import compare_masking, compare_word, special_token_mass
 from synthetic import synthetic_trace
-from ui.analysis_figures import (
+from attention_explorer.analysis_figures import (
     context_bins_figure,
     logits_figure,
-    plotly_config,
     special_mass_figure,
 )
-from ui.figures import attention_heatmap, layer_head_figure
+from attention_explorer.figures import attention_heatmap, layer_head_figure, plotly_config
 
 
 def test_plotly_config_sets_the_download_format_and_name():

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from model_core.analysis.head_stats import STAT_NAMES, TRACE_STAT_NAMES, head_stats
+from model_core.analysis.per_head import STAT_NAMES, TRACE_STAT_NAMES, head_stats
 from synthetic import synthetic_trace
 
 PUNCT_PAIR = ("[CLS]", "time", "flies", ",", "fast", "[SEP]", "fruit", "flies", ".", "[SEP]")

@@ -54,3 +54,24 @@ def test_head_mask_from_off_rejects_missing_heads():
     assert head_mask_from_off(2, 2, []).all()
     with pytest.raises(ValueError, match="heads 0-1"):
         head_mask_from_off(2, 2, [(0, 2)])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tv_and_js_equal_naive_loops_across_row_blocks(causal):
+    """300 tokens span three of compare_masking's row blocks; a causal block reads only the keys its rows see."""
+    n = 300
+    base = synthetic_trace(n, 2, 2, seed=3, causal=causal)
+    masked = synthetic_trace(n, 2, 2, seed=4, causal=causal, head_mask=head_mask_from_off(2, 2, [(1, 1)]))
+    effect = compare_masking(base, masked)
+    for layer, head in [(0, 0), (0, 1), (1, 0)]:
+        p = base.attentions[layer, head].astype(np.float64)
+        q = masked.attentions[layer, head].astype(np.float64)
+        tvs, jss = [], []
+        for i in range(n):
+            pi, qi = p[i] / p[i].sum(), q[i] / q[i].sum()
+            m = 0.5 * (pi + qi)
+            kl = lambda a: sum(a[k] * np.log2(a[k] / m[k]) for k in range(n) if a[k] > 0)  # noqa: E731
+            tvs.append(0.5 * np.abs(p[i] - q[i]).sum())
+            jss.append(0.5 * kl(pi) + 0.5 * kl(qi))
+        assert effect.attention_tv[layer, head] == pytest.approx(np.mean(tvs), rel=1e-9)
+        assert effect.attention_js[layer, head] == pytest.approx(np.mean(jss), rel=1e-6)

@@ -1,8 +1,10 @@
-"""Unit tests for ui/bertviz_views.py: what goes into bertviz, what comes out, and how big it is."""
+"""Unit tests for attention_explorer/views/: what goes into bertviz, what comes out, and how big it is."""
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 import re
 import subprocess
 import sys
@@ -12,9 +14,9 @@ import numpy as np
 import pytest
 
 from model_core.trace import AttentionTrace
-from ui import bertviz_size as size
+from attention_explorer.views import size
 from bertviz_decode import decode_params
-from ui import bertviz_views as bv
+from attention_explorer import views as bv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,6 +129,9 @@ def test_pair_data_is_sent_once():
     sent, _ = json.JSONDecoder().raw_decode(view.html, at)  # what travels, before the browser expands it
 
     def numbers(x) -> int:
+        if isinstance(x, dict) and "ae_b64" in x:  # packed uint16 weights: as many as its shape holds
+            assert len(base64.b64decode(x["ae_b64"])) == 2 * math.prod(x["shape"])
+            return math.prod(x["shape"])
         return sum(map(numbers, x)) if isinstance(x, list) else sum(map(numbers, x.values())) if isinstance(x, dict) else int(isinstance(x, int))
 
     # every weight once, plus four numbers per pair block
@@ -244,7 +249,7 @@ def test_element_count_matches_what_the_browser_drew_for_the_head_view():
 
 # -- layering and assets -------------------------------------------------------------------------
 def test_importing_the_adapter_imports_neither_bertviz_nor_streamlit():
-    code = ("import sys; import ui.bertviz_views; "
+    code = ("import sys; import attention_explorer.views; "
             "print(sorted(m for m in ('bertviz', 'IPython', 'streamlit') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -270,7 +275,7 @@ def real_traces():
 
     return {
         "bert": build_trace(TraceRequest("bert", "time flies like an arrow", "fruit flies like a banana")),
-        "custom": build_trace(TraceRequest("custom", "time flies like an arrow", "fruit flies like a banana", weights="random", num_layers=2, num_heads=4, hidden_size=64, causal=True, seed=0)),
+        "custom": build_trace(TraceRequest("custom", "time flies like an arrow", "fruit flies like a banana", weights="random", num_hidden_layers=2, num_attention_heads=4, hidden_size=64, causal=True, seed=0)),
     }
 
 
@@ -307,7 +312,7 @@ def _bertviz_page(**state):
 @pytest.mark.skipif(bool(bv.vendor_missing(str(ROOT / "static"))), reason="static/vendor/ missing: run scripts/install_assets.sh")
 @pytest.mark.parametrize("kind", bv.VIEW_KINDS)
 def test_page_draws_each_view_of_a_short_pair_without_a_warning(kind):
-    at = _bertviz_page(ctl_model="custom", ctl_layers=2, ctl_heads=2, ctl_hidden=32, bv_kind=kind)
+    at = _bertviz_page(ctl_model="custom", ctl_num_hidden_layers=2, ctl_num_attention_heads=2, ctl_hidden_size=32, bv_kind=kind)
     assert [t.value for t in at.title] == ["bertviz views"]
     assert not at.error and not at.warning, [e.value for e in (*at.error, *at.warning)]
     assert len(at.get("iframe")) == 1

@@ -12,10 +12,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from ui import bertviz_size as size
-from ui import bertviz_views as bv
+from attention_explorer.views import size
+from attention_explorer import views as bv
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, nav_to
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, ROOT, nav_to
 
 SHOTS = Path("/tmp/bertviz_browser")
 SMALL_CUSTOM = {"model": "custom", "layers": "2", "heads": "4", "hidden": "64"}

@@ -18,14 +18,16 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, ROOT, app_pages, nav_to, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, ROOT, app_pages, nav_to, wait_for_run
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PAGE_TIMEOUT_S = 180
 QUIET_S = 2.0
 # Pages that by design draw their figures only after the user picks something; the message they
 # show instead must be there.
-NO_FIGURE_UNTIL_INPUT: dict[str, str] = {}  # page file -> the message it shows instead of a figure
+NO_FIGURE_UNTIL_INPUT: dict[str, str] = {  # page file -> the message it shows instead of a figure
+    "pages/predictions.py": "do not predict next tokens",  # the default model is the bundled BERT
+}
 # Streamlit's frontend, opened at /<page>, first probes /<page>/_stcore/... to find the app's base
 # path; the 404s it logs for those probes are Streamlit's, not ours.
 BASE_PATH_PROBES = ("/_stcore/health", "/_stcore/host-config")  # the status widget must stay away this long before a run counts as finished

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, wait_for_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

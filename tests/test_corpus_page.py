@@ -67,7 +67,7 @@ def test_every_statistic_and_the_spread_draw(tmp_path, monkeypatch):
 
 
 def test_a_run_folder_from_the_cli_opens_and_another_model_is_refused(tmp_path, monkeypatch):
-    small = CorpusModel.from_options("custom", num_layers=2, num_heads=2, hidden_size=32)
+    small = CorpusModel.from_options("custom", num_hidden_layers=2, num_attention_heads=2, hidden_size=32)
     run_corpus(demo_corpus(limit=30), small, tmp_path / "cli_run", options=RunOptions(chunk_size=16), device="cpu")
     at = _page(monkeypatch, tmp_path / "runs", corpus_source="folder", corpus_folder=str(tmp_path / "cli_run"))
     at.run()
@@ -76,7 +76,7 @@ def test_a_run_folder_from_the_cli_opens_and_another_model_is_refused(tmp_path, 
     at.button(key="corpus_switch").click()
     _run(at)
     _clean(at)
-    assert at.session_state["ctl_model"] == "custom" and at.session_state["ctl_layers"] == 2
+    assert at.session_state["ctl_model"] == "custom" and at.session_state["ctl_num_hidden_layers"] == 2
     assert at.metric[0].value == "30" and not at.warning
 
 

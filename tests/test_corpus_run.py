@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model_core.analysis.head_stats import STAT_NAMES
+from model_core.analysis.per_head import STAT_NAMES
 from model_core.corpus import (
     Corpus,
     CorpusModel,
@@ -22,7 +22,7 @@ from model_core.corpus import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = CorpusModel.from_options("custom", num_layers=2, num_heads=3, hidden_size=48, seed=1)
+SMALL = CorpusModel.from_options("custom", num_hidden_layers=2, num_attention_heads=3, hidden_size=48, seed=1)
 OPTIONS = RunOptions(batch_size=8, chunk_size=20)
 # With the token sample (queries, keys, hidden states) and the nearest-context index.
 SAMPLED = RunOptions(batch_size=8, chunk_size=20, sample_cap=200, keep_qk=True, index=True)
@@ -92,7 +92,7 @@ def test_a_folder_with_a_run_is_not_overwritten_and_resume_checks_model_and_text
     run_corpus(corpus, SMALL, tmp_path / "run", options=OPTIONS, device="cpu")
     with pytest.raises(CorpusRunError, match="--resume"):
         run_corpus(corpus, SMALL, tmp_path / "run", options=OPTIONS, device="cpu")
-    other = CorpusModel.from_options("custom", num_layers=2, num_heads=3, hidden_size=48, seed=2)
+    other = CorpusModel.from_options("custom", num_hidden_layers=2, num_attention_heads=3, hidden_size=48, seed=2)
     with pytest.raises(CorpusRunError, match="seed 1.*not.*seed 2"):
         run_corpus(corpus, other, tmp_path / "run", options=OPTIONS, device="cpu", resume=True)
     with pytest.raises(CorpusRunError, match="other texts"):

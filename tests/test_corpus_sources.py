@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from model_core.corpus import CorpusInputError, demo_corpus, read_hub_dataset, read_upload, table_columns
+from model_core.corpus import CorpusInputError, demo_corpus, read_hub_dataset, read_path, read_upload, table_columns
 from model_core.corpus.sources import DEMO_PATH
 
 
@@ -94,3 +94,54 @@ def test_unreachable_hub_dataset_says_so(monkeypatch):
         read_hub_dataset("someone/some-dataset")
     with pytest.raises(CorpusInputError, match="Type a dataset id"):
         read_hub_dataset("  ")
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-8", "utf-32-le"])
+def test_a_text_saved_with_a_byte_order_mark_is_read(tmp_path, encoding):
+    """Windows Notepad's "Unicode" is UTF-16 LE with a byte-order mark and CRLF line ends; its "UTF-8 with BOM"
+    starts with the UTF-8 mark."""
+    path = tmp_path / "notepad.txt"
+    path.write_bytes("\ufefftime flies like an arrow\r\ncafé ☕\r\n".encode(encoding))
+    assert read_path(path).texts == (("time flies like an arrow", None), ("café ☕", None))
+    table = tmp_path / "notepad.tsv"
+    table.write_bytes("\ufefftext\tlabel\r\nfruit flies\tx\r\n".encode(encoding))
+    assert table_columns(table.read_bytes(), table.name) == ["text", "label"]
+    assert read_path(table).texts == (("fruit flies", None),)
+
+
+def test_utf16_without_a_byte_order_mark_names_the_encoding(tmp_path):
+    path = tmp_path / "nomark.txt"
+    path.write_bytes("time flies\n".encode("utf-16-le"))
+    with pytest.raises(CorpusInputError, match="If it is UTF-16 text without a byte-order mark, save it as UTF-8"):
+        read_path(path)
+
+
+def test_an_unterminated_quote_in_a_csv_is_refused_not_merged_into_one_text(tmp_path):
+    path = tmp_path / "quotes.csv"
+    path.write_text('text,label\n"Hello, world",1\n"never closed,2\nthird text,3\nfourth text,4\n')
+    with pytest.raises(CorpusInputError, match=r'line 3: a quote \(\"\) opens a field that is never closed, so lines '
+                                               r"3-5 would all be one text"):
+        read_path(path)
+    fine = tmp_path / "multiline.csv"  # a closed quote may span lines
+    fine.write_text('text,label\n"Hello, world",1\n"two\nlines",2\n')
+    assert read_path(fine).texts == (("Hello, world", None), ("two\nlines", None))
+
+
+def test_a_tsv_without_a_tab_says_its_one_line_is_the_header(tmp_path):
+    path = tmp_path / "one.tsv"
+    path.write_text("time flies like an arrow\n")
+    with pytest.raises(CorpusInputError, match="its only non-empty line, 'time flies like an arrow', is the header "
+                                               "row a .tsv file starts with") as info:
+        read_path(path)
+    assert "every line or row was empty" not in str(info.value) and "no tab" in str(info.value)
+
+
+def test_a_tsv_without_a_tab_is_read_as_one_column_and_says_so(tmp_path):
+    path = tmp_path / "lines.tsv"
+    path.write_text("time flies like an arrow\nfruit flies like a banana\n")
+    corpus = read_path(path)
+    assert corpus.texts == (("fruit flies like a banana", None),)
+    assert any("has no tab: read as one column" in n and "'time flies like an arrow'" in n for n in corpus.notes)
+    headed = tmp_path / "headed.tsv"  # a one-column table with a header is normal: no note
+    headed.write_text("text\nfruit flies like a banana\n")
+    assert read_path(headed).notes == ()

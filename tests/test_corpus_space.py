@@ -19,7 +19,7 @@ from model_core.corpus.sample import plan_sample, priorities, read_array
 
 ROOT = Path(__file__).resolve().parents[1]
 BERT = CorpusModel.from_options("bert")
-SMALL = CorpusModel.from_options("custom", num_layers=2, num_heads=3, hidden_size=48, seed=1, causal=True)
+SMALL = CorpusModel.from_options("custom", num_hidden_layers=2, num_attention_heads=3, hidden_size=48, seed=1, causal=True)
 SAMPLED = RunOptions(batch_size=8, chunk_size=20, sample_cap=150, keep_qk=True, index=True)
 
 
@@ -91,7 +91,7 @@ def test_sampled_vectors_equal_the_one_text_trace(small_run):
     for row in (0, 37, len(table) - 1):
         text_id, pos = int(table["text_id"][row].as_py()), int(table["position"][row].as_py())
         a, b = corpus.texts[text_id]
-        trace = build_trace(TraceRequest("custom", a, b, num_layers=2, num_heads=3, hidden_size=48, seed=1, causal=True), device="cpu")
+        trace = build_trace(TraceRequest("custom", a, b, num_hidden_layers=2, num_attention_heads=3, hidden_size=48, seed=1, causal=True), device="cpu")
         assert trace.tokens[pos] == table["token"][row].as_py()
         q = trace.queries[:, :, pos].reshape(2, 48)  # heads side by side
         k = trace.keys[:, :, pos].reshape(2, 48)
@@ -138,6 +138,29 @@ def test_run_neighbours_equal_numpy_over_the_sampled_hidden_states(small_run):
     assert [f["text_index"] for f in found] == [table["text_id"][int(r)].as_py() for r in ref_rows]
     assert [f["score"] for f in found] == pytest.approx(ref_scores.tolist(), abs=1e-4)
     assert set(found[0]) >= {"text_index", "position", "token", "text", "score"}
+
+
+def test_nearest_contexts_by_layer_are_cached_per_request_causal_flag_and_head_mask_included(small_run):
+    """The page's per-layer nearest contexts come from ui.derived's one per-trace cache: two requests that differ
+    only in the causal flag (or only in the head mask) get their own results, and each equals a direct search."""
+    from model_core.corpus.neighbours import neighbours_of
+    from ui.derived import neighbours_by_layer
+
+    shape = dict(seed=1, num_hidden_layers=2, num_attention_heads=3, hidden_size=48)
+    stamp = (small_run.path / "manifest.json").stat().st_mtime
+    requests = [TraceRequest("custom", "the bank of the river", causal=True, **shape),
+                TraceRequest("custom", "the bank of the river", causal=False, **shape),
+                TraceRequest("custom", "the bank of the river", causal=True, head_mask=((True,) * 3, (False, True, True)),
+                             **shape)]
+    results = [neighbours_by_layer(build_trace(r, device="cpu"), str(small_run.path), stamp, 2, 5) for r in requests]
+    for request, (_, score, tops) in zip(requests, results):
+        trace = build_trace(request, device="cpu")
+        last = neighbours_of(small_run, trace.hidden_states, trace.tokens, position=2, layer=2, k=5)
+        assert score[2] == pytest.approx(np.mean([f["score"] for f in last]))
+        assert tops[2] == " · ".join(f"{f['token']}: {f['text'][:50]}" for f in last[:3])
+    causal, bidirectional, masked = (score for _, score, _ in results)
+    assert not np.allclose(causal[1:], bidirectional[1:])  # layer 0 (the embeddings) has no attention yet
+    assert not np.allclose(causal[2:], masked[2:])  # the mask switches off a head of the last layer
 
 
 def test_bad_neighbour_requests_say_what_to_do(small_run, tmp_path):

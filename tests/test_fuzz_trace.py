@@ -50,7 +50,7 @@ def _check(make) -> None:
 @FUZZ
 @given(a=TEXT, b=st.one_of(st.none(), TEXT))
 def test_custom_encoder_traces_any_text_or_says_why(a, b):
-    _check(lambda: build_trace(TraceRequest("custom", a, b, num_layers=1, num_heads=2, hidden_size=16), device="cpu", settings=SMALL))
+    _check(lambda: build_trace(TraceRequest("custom", a, b, num_hidden_layers=1, num_attention_heads=2, hidden_size=16), device="cpu", settings=SMALL))
 
 
 @pytest.mark.slow
@@ -64,7 +64,7 @@ def test_known_hostile_inputs_give_the_expected_outcome():
     """The fuzz strategies must reach both outcomes; these fixed cases pin the important ones."""
     def outcome(a, b=None):
         try:
-            return build_trace(TraceRequest("custom", a, b, num_layers=1, num_heads=2, hidden_size=16), device="cpu", settings=SMALL).tokens
+            return build_trace(TraceRequest("custom", a, b, num_hidden_layers=1, num_attention_heads=2, hidden_size=16), device="cpu", settings=SMALL).tokens
         except InputError as exc:
             return str(exc)
 
@@ -73,6 +73,6 @@ def test_known_hostile_inputs_give_the_expected_outcome():
     assert outcome("\u0301").startswith("Sentence A gives no tokens")
     assert outcome("hi", "\u0301").startswith("Sentence B gives no tokens")
     assert outcome("\ud800word") == ("[CLS]", "word", "[SEP]")  # a lone surrogate is dropped, not a TypeError
-    assert outcome("a " * 100).startswith("The input has 102 tokens; the limit is 64.")
+    assert outcome("a " * 100).startswith("The input has 102 tokens; the limit is 64 (AE_MAX_TOKENS")
     assert outcome("x" * (MAX_TEXT_CHARS + 1)).startswith(f"The text has {MAX_TEXT_CHARS + 1} characters")
     assert "<" in outcome("<script>alert(1)</script>") and "script" in outcome("<script>alert(1)</script>")

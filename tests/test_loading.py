@@ -28,7 +28,8 @@ def test_cuda_preference_without_gpu_says_so():
 def test_bundled_model_loads_offline_in_eval_mode_with_eager_attention(bundled):
     assert bundled.source.model_id == BUNDLED_MODEL_ID
     assert not bundled.model.training
-    assert bundled.model.config._attn_implementation == "eager"
+    # loaded eager, then switched to the capturing function that runs the model's own eager attention
+    assert bundled.model.config._attn_implementation == "attention_explorer"
     assert not any(p.requires_grad for p in bundled.model.parameters())
     assert bundled.model.config.model_type == "bert"
 
@@ -52,11 +53,20 @@ def test_misspelled_or_uncached_id_fails_fast_with_advice(monkeypatch):
         load_pretrained("bert-base-uncasd", device="cpu")
 
 
-def test_non_bert_model_is_refused(tmp_path):
+def test_unsupported_family_is_refused_before_the_weights(tmp_path):
+    from transformers import T5Config
+
+    T5Config(num_hidden_layers=1, num_attention_heads=2, d_model=8, d_kv=4, d_ff=8).save_pretrained(tmp_path)  # a config, no weights
+    with pytest.raises(ModelLoadError, match="'t5' model, which Attention Explorer does not support"):
+        load_pretrained(str(tmp_path), device="cpu")
+
+
+def test_model_over_the_parameter_limit_is_refused_before_the_weights(tmp_path, monkeypatch):
     from transformers import GPT2Config
 
-    GPT2Config(n_layer=1, n_head=2, n_embd=8).save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match="not an encoder of the BERT family"):
+    GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=1000, n_positions=64).save_pretrained(tmp_path)
+    monkeypatch.setenv("AE_MAX_PARAMS", "10000")
+    with pytest.raises(ModelLoadError, match=r"has 0 M parameters; this deployment loads at most 0 M \(AE_MAX_PARAMS\)"):
         load_pretrained(str(tmp_path), device="cpu")
 
 

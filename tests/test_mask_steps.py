@@ -17,10 +17,19 @@ def test_softmax_gives_exact_zero_for_minus_inf():
     assert w[0, 1] == 0.0 and np.isclose(w.sum(), 1.0)
 
 
-def test_bert_steps_are_the_models_own(bert_pair_trace):
+def test_bert_steps_are_the_models_own(bert_pair_trace, bundled):
+    """The weights are the ones transformers' BertModel returns for these tokens, and the softmax of the
+    masked scores shown beside them (the model's own steps, not an illustration)."""
+    import torch
+
     s = mask_steps(bert_pair_trace, 2, 3)
     assert not s.illustrative and not s.causal and s.mask.all()
-    np.testing.assert_array_equal(s.weights, bert_pair_trace.attentions[2, 3])
+    with torch.no_grad():
+        out = bundled.model(input_ids=torch.tensor(bert_pair_trace.token_ids)[None],
+                            token_type_ids=torch.tensor(bert_pair_trace.token_type_ids)[None],
+                            output_attentions=True)
+    np.testing.assert_allclose(s.weights, out.attentions[2][0, 3].numpy(), atol=1e-5)
+    np.testing.assert_allclose(softmax_rows(s.masked_scores), s.weights, atol=1e-5)
 
 
 def test_bert_causal_illustration(bert_pair_trace):
@@ -34,7 +43,7 @@ def test_bert_causal_illustration(bert_pair_trace):
 
 
 def test_custom_causal_steps_are_real():
-    t = build_trace(TraceRequest("custom", "time flies like an arrow", causal=True, num_layers=2, num_heads=2, hidden_size=16))
+    t = build_trace(TraceRequest("custom", "time flies like an arrow", causal=True, num_hidden_layers=2, num_attention_heads=2, hidden_size=16))
     s = mask_steps(t, 1, 1)
     assert s.causal and not s.illustrative
     np.testing.assert_allclose(softmax_rows(s.masked_scores), s.weights, atol=1e-6)

@@ -8,40 +8,43 @@ the deterministic sizes that make them possible, checked on the real models and 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from harness.browser import app_pages
+from harness.texts import text_of
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_app import text_of  # noqa: E402
-
-from browser_support import app_pages  # noqa: E402
 
 MB = 1_000_000
 PAGE_BYTES = 5 * MB
 MAX_HEIGHT_PX = 1000
 # The corpus pages draw a corpus run, not the sidebar's text (bench_space.py and test_corpus_* cover them).
 TEXT_PAGES = [path for path, _ in app_pages() if not path.startswith("pages/corpus")]
-MODELS = {
+MODEL_STATE = {
     "bert": {"ctl_model": "bert"},
-    "custom-12x12x768": {"ctl_model": "custom", "ctl_layers": 12, "ctl_heads": 12, "ctl_hidden": 768},
+    "custom-12x12x768": {"ctl_model": "custom", "ctl_num_hidden_layers": 12, "ctl_num_attention_heads": 12, "ctl_hidden_size": 768},
+    "smollm2": {"ctl_model": "pretrained", "ctl_model_id": "bundled:SmolLM2-135M-Instruct"},
 }
+DECODER = "SmolLM2-135M decoder 30x9"  # harness.texts.DECODERS: its texts of n words are n tokens
+# Pages that do not apply to a family say so instead of drawing (pages/predictions.py: encoders; inside: decoders).
+NOT_FOR = {"pages/predictions.py": {"bert", "custom-12x12x768"}, "pages/inside.py": {"smollm2"}}
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(scope="module", params=list(MODEL_STATE))
 def app_at_512(request):
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
-    at.session_state["ctl_text_a"] = text_of(512, 0)
+    at.session_state["ctl_text_a"] = text_of(512, 0, DECODER if request.param == "smollm2" else "")
     at.session_state["ctl_text_b"] = ""
-    for key, value in MODELS[request.param].items():
+    for key, value in MODEL_STATE[request.param].items():
         at.session_state[key] = value
     at.run()
     assert at.session_state["_app_context"].trace.n_tokens == 512
+    at.model_name = request.param
     return at
 
 
@@ -66,6 +69,8 @@ def page_sizes(at: AppTest, page: str) -> tuple[dict[str, int], dict[str, int]]:
 
 @pytest.mark.parametrize("page", TEXT_PAGES, ids=[Path(p).stem for p in TEXT_PAGES])
 def test_page_at_512_tokens_sends_at_most_5_mb_and_no_figure_over_1000_px(app_at_512, page):
+    if app_at_512.model_name in NOT_FOR.get(page, ()):
+        pytest.skip(f"{page} says it does not apply to {app_at_512.model_name} (tests/test_decoder_pages.py)")
     sizes, heights = page_sizes(app_at_512, page)
     assert sizes, f"{page} drew nothing"
     assert sum(sizes.values()) <= PAGE_BYTES, sizes
@@ -74,6 +79,8 @@ def test_page_at_512_tokens_sends_at_most_5_mb_and_no_figure_over_1000_px(app_at
 
 def test_inside_the_encoder_with_every_step_open_stays_within_the_height_budget(app_at_512):
     at = app_at_512
+    if at.model_name in NOT_FOR["pages/inside.py"]:
+        pytest.skip("the walk is the encoder's")
     for step in range(1, 8):
         at.session_state[f"inside_step{step}"] = True
     sizes, heights = page_sizes(at, "pages/inside.py")

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
 TIMEOUT = 180
 # A small custom encoder where the model's size does not matter (each run takes well under a second).
-SMALL = {"ctl_layers": 2, "ctl_heads": 2, "ctl_hidden": 32}
+SMALL = {"ctl_num_hidden_layers": 2, "ctl_num_attention_heads": 2, "ctl_hidden_size": 32}
 
 # page -> (title, what must be drawn: minimum number of plotly charts)
 PAGES = {
@@ -134,7 +134,7 @@ def test_empty_sentence_a_stops_the_page_with_the_reason(page):
 def test_a_custom_shape_the_heads_do_not_divide_says_so_and_the_corpus_page_keeps_working():
     """The sidebar's request itself is refused (hidden 30 over 4 heads): the message reaches the sidebar
     and the page, and the corpus page, which needs no trace, says its model cannot be used."""
-    at = _app(ctl_model="custom", ctl_layers=2, ctl_heads=4, ctl_hidden=30)
+    at = _app(ctl_model="custom", ctl_num_hidden_layers=2, ctl_num_attention_heads=4, ctl_hidden_size=30)
     _run(at)
     assert not at.exception, [e.value for e in at.exception]
     context = at.session_state["_app_context"]
@@ -201,7 +201,7 @@ def test_unknown_model_in_a_link_warns_and_uses_the_default():
     _run(at)
     _clean(at)
     toasts = " ".join(t.value for t in at.toast)
-    assert "`model` ('gpt2' is not one of bert, custom)" in toasts
+    assert "`model` ('gpt2' is not one of pretrained, custom" in toasts
     assert "`heads`" in toasts
     assert at.session_state["_app_context"].trace.model_kind == "bert"
 
@@ -249,10 +249,11 @@ def test_a_page_listed_in_app_py_whose_file_is_missing_fails_loudly(tmp_path):
 
 
 def test_every_page_in_app_py_has_a_test_here_or_in_the_analysis_and_corpus_tests():
-    from browser_support import app_pages
+    from harness.browser import app_pages
     from test_pages_analysis import PAGES as ANALYSIS
 
     listed = {path for path, _ in app_pages()}
-    tested = set(PAGES) | set(ANALYSIS) | {"pages/bertviz.py", "pages/corpus.py", "pages/corpus_space.py"}
+    tested = set(PAGES) | set(ANALYSIS) | {"pages/bertviz.py", "pages/corpus.py", "pages/corpus_space.py",
+                                                 "pages/predictions.py"}
     assert listed == tested, listed ^ tested
     assert all((ROOT / path).exists() for path in listed)

@@ -14,6 +14,7 @@ PAGES = {
     "pages/analysis_norms.py": "Norm-weighted attention",
     "pages/analysis_head_stats.py": "Head statistics",
     "pages/analysis_masking.py": "Head masking",
+    "pages/head_roles.py": "Head roles",
 }
 
 

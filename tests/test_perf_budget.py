@@ -14,7 +14,7 @@ import pytest
 
 from synthetic import synthetic_trace
 from model_core.analysis import head_stats
-from ui.figures import attention_heatmap, layer_head_figure, overview_mosaic
+from attention_explorer.figures import attention_heatmap, layer_head_figure, overview_mosaic
 
 MB = 1_000_000
 
@@ -86,7 +86,7 @@ def test_trace_at_512_tokens_keeps_no_scores():
     expected = (per_head * n * n  # attentions
                 + 3 * per_head * n * d_head  # queries, keys, values
                 + per_head * n  # value norms
-                + trace.hidden_states.nbytes + n * n + 2 * n * 8 + trace.head_mask.nbytes)
+                + trace.hidden_states.nbytes + n * n + 2 * n * 8 + trace.head_mask.nbytes + trace.kv_heads.nbytes)
     assert trace.nbytes <= expected + (trace.logits.nbytes if trace.logits is not None else 0)
     assert trace.nbytes < 240 * MB
 
@@ -94,7 +94,7 @@ def test_trace_at_512_tokens_keeps_no_scores():
 def test_long_focused_head_is_laid_out_once_with_room_for_its_labels():
     """Past FIXED_MARGIN_TOKENS the figure carries its colour range and fixed margins, so Plotly neither
     scans 262k values nor measures the labels and lays out again; the margins fit the longest shown label."""
-    from ui.figures import FIXED_MARGIN_TOKENS, TICK_CHAR_PX
+    from attention_explorer.figures import FIXED_MARGIN_TOKENS, TICK_CHAR_PX
 
     trace = _bert_base(512)
     tokens = list(trace.tokens)

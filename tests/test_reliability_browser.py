@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, app_pages, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, app_pages, wait_for_run
 
 RUN_TIMEOUT_S = 240
 QUIET_S = 1.5

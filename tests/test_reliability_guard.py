@@ -60,7 +60,7 @@ def test_rerun_and_stop_pass_through_the_guard():
 
 def test_heatmaps_page_keeps_its_other_views_when_the_overview_fails(monkeypatch):
     """Fault injection on the real page: the overview builder raises; the focus and summary still draw."""
-    import ui.figures
+    import attention_explorer.figures
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("overview exploded")
@@ -68,7 +68,7 @@ def test_heatmaps_page_keeps_its_other_views_when_the_overview_fails(monkeypatch
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     assert not at.exception
-    monkeypatch.setattr(ui.figures, "overview_mosaic", broken)
+    monkeypatch.setattr(attention_explorer.figures, "overview_mosaic", broken)
     at.switch_page("pages/heatmaps.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert len(at.error) == 1 and "overview view failed" in at.error[0].value

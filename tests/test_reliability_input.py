@@ -107,14 +107,6 @@ def test_too_many_tokens_with_truncation_gives_512_tokens():
 
 # -- model settings ------------------------------------------------------------------------------
 
-def _gpt2_folder(root: Path) -> Path:
-    from transformers import GPT2Config
-
-    folder = root / "gpt2-tiny"
-    GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50).save_pretrained(folder)
-    return folder
-
-
 @pytest.mark.parametrize("model_id, message", [
     ("no-such-org/no-such-model", "cannot be reached (offline)"),
     ("../../etc/passwd", "contains '..'"),
@@ -134,14 +126,17 @@ def test_a_folder_that_is_not_a_model_is_refused(tmp_path):
     assert "is not a model: it has no config.json" in _sidebar_error(at)
 
 
-def test_a_model_that_is_not_bert_like_is_refused(tmp_path):
-    at = _run({"ctl_model_id": str(_gpt2_folder(tmp_path))})
-    assert "is a 'gpt2' model, not an encoder of the BERT family" in _sidebar_error(at)
+def test_a_model_of_an_unsupported_family_is_refused(tmp_path):
+    from transformers import T5Config
+
+    T5Config(num_hidden_layers=1, num_attention_heads=2, d_model=8, d_kv=4, d_ff=8).save_pretrained(tmp_path)
+    at = _run({"ctl_model_id": str(tmp_path)})
+    assert "is a 't5' model, which Attention Explorer does not support" in _sidebar_error(at)
 
 
-def test_custom_encoder_with_non_bert_weights_is_refused(tmp_path):
-    at = _run({"ctl_model": "custom", "ctl_weights": "pretrained", "ctl_model_id": str(_gpt2_folder(tmp_path))})
-    assert "not an encoder of the BERT family" in _sidebar_error(at)
+def test_custom_encoder_with_non_bert_weights_is_refused(tiny_decoders):
+    at = _run({"ctl_model": "custom", "ctl_weights": "pretrained", "ctl_model_id": str(tiny_decoders["gpt2"])})
+    assert "the custom encoder takes the weights of an encoder of the BERT family" in _sidebar_error(at)
 
 
 def test_allowlist_refuses_other_models(monkeypatch):

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from model_core.settings import (
     BUNDLED_MODEL_ID,
     ENV_VARS,
+    DEFAULT_MAX_TOKENS,
     HARD_MAX_TOKENS,
     Settings,
     load_settings,
@@ -37,7 +38,7 @@ def test_every_variable_has_a_description():
 
 def test_defaults_are_the_bundled_model_auto_device_and_the_hard_limit():
     settings = load_settings({})
-    assert (settings.default_model, settings.device, settings.max_tokens) == (BUNDLED_MODEL_ID, "auto", HARD_MAX_TOKENS)
+    assert (settings.default_model, settings.device, settings.max_tokens) == (BUNDLED_MODEL_ID, "auto", DEFAULT_MAX_TOKENS)
     assert settings.allowed_models == () and settings.allow_local_models is True
 
 
@@ -78,7 +79,9 @@ def test_a_blank_variable_counts_as_unset(name):
     ("AE_MAX_TOKENS", "many"),
     ("AE_MAX_TOKENS", "12.5"),
     ("AE_MAX_TOKENS", "1"),
-    ("AE_MAX_TOKENS", "513"),
+    ("AE_MAX_TOKENS", "8193"),
+    ("AE_FULL_TRACE_MB", "0.001"),
+    ("AE_FULL_TRACE_MB", "lots"),
     ("AE_MAX_TOKENS", "-4"),
     ("AE_ALLOW_LOCAL_MODELS", "maybe"),
 ])

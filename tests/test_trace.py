@@ -8,7 +8,7 @@ from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, InputError, TraceRequest,
 from model_core.loading import load_tokenizer
 from model_core.encoding import encode
 
-SMALL = dict(num_layers=2, num_heads=4, hidden_size=32)
+SMALL = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32)
 
 
 def test_bert_trace_shapes_and_pair(bert_pair_trace):

@@ -13,7 +13,7 @@ from model_core.loading import load_tokenizer
 from model_core.custom_spec import describe_custom
 from model_core.walkthrough import Walkthrough, encoded_from_trace, walk_layer
 
-SMALL = dict(num_layers=3, num_heads=4, hidden_size=32, seed=7)
+SMALL = dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=32, seed=7)
 
 
 @torch.no_grad()
@@ -200,7 +200,7 @@ def test_token_norms_rejects_a_non_token_field(custom_case):
 def test_loader_walks_the_same_inputs_as_get_trace():
     from ui.loaders import get_trace, get_walkthrough
 
-    request = TraceRequest("custom", DEFAULT_TEXT_A, DEFAULT_TEXT_B, causal=True, num_layers=2, num_heads=2,
+    request = TraceRequest("custom", DEFAULT_TEXT_A, DEFAULT_TEXT_B, causal=True, num_hidden_layers=2, num_attention_heads=2,
                            hidden_size=32)
     trace = get_trace(request)
     wt = get_walkthrough(request, 1)

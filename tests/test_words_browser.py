@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from browser_support import CHROMIUM, CHROMIUM_MISSING, nav_to, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, nav_to, wait_for_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason=CHROMIUM_MISSING)]

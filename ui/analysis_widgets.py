@@ -1,4 +1,4 @@
-"""Streamlit pieces the analysis pages share: figure download format, charts, export buttons, paper notes."""
+"""Streamlit pieces the analysis pages share: charts, export buttons, paper notes."""
 
 from __future__ import annotations
 
@@ -8,21 +8,8 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
+from ui.downloads import figure_config
 from ui.guard import view_guard
-from ui.analysis_figures import FIGURE_FORMATS, plotly_config
-
-FORMAT_KEY = "analysis_figure_format"
-
-
-def figure_format() -> str:
-    """A small radio (shared by every analysis page) choosing PNG or SVG for the camera button."""
-    return st.radio(
-        "Figure download format (camera icon above each chart)",
-        FIGURE_FORMATS,
-        format_func=str.upper,
-        horizontal=True,
-        key=FORMAT_KEY,
-    )
 
 
 def show_figure(fig: go.Figure, name: str, *, key: str | None = None, on_select: Callable[[], None] | None = None) -> Any:
@@ -31,8 +18,7 @@ def show_figure(fig: go.Figure, name: str, *, key: str | None = None, on_select:
     With ``on_select`` (a callback; it runs before the next script run, so it may set widget
     state such as the focused head) clicking a point selects it.
     """
-    fmt = st.session_state.get(FORMAT_KEY, FIGURE_FORMATS[0])
-    kwargs: dict[str, Any] = {"config": plotly_config(name, fmt), "key": key}
+    kwargs: dict[str, Any] = {"config": figure_config(name), "key": key}
     if on_select is not None:
         kwargs |= {"on_select": on_select, "selection_mode": "points"}
     with view_guard(name.replace("_", " ")):
@@ -53,7 +39,7 @@ def clicked_cell(chart_key: str) -> tuple[int, int] | None:
 WINDOW = 128  # tokens a readable matrix shows at a time: 512 x 512 in 760 px is 1.5 px a cell
 
 
-def token_window(n_tokens: int, key: str, what: str = "panels") -> list[int]:
+def positions_outside_window(n_tokens: int, key: str, what: str = "panels") -> list[int]:
     """Past ``WINDOW`` tokens, a slider picks which ``WINDOW`` positions the matrices show.
 
     Returns the positions to leave out (for ``attention_heatmap(hide=...)``): none for short inputs. Nothing is

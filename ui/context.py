@@ -9,6 +9,8 @@ import streamlit as st
 import numpy as np
 
 from model_core import AttentionTrace, TraceRequest
+from model_core.analysis import Markers, markers
+from model_core.compact import CompactTrace
 from model_core.settings import Settings
 from model_core.words import WordSpans
 
@@ -30,6 +32,8 @@ class AppContext:
     head_slot: "object | None" = None
     # The trace's words when the sidebar's "Words, not WordPieces" is on, else None.
     words: WordSpans | None = None
+    # A long input's compact trace (``model_core.compact``); ``trace`` is None then.
+    compact: CompactTrace | None = None
 
     def labels(self) -> tuple[tuple[str, ...], int | None]:
         """The labels of the views' rows and columns (tokens, or words when the toggle is on) and where
@@ -58,6 +62,51 @@ class AppContext:
 
         return word_attentions(self.trace)
 
+    @property
+    def markers(self) -> Markers:
+        """What this trace's family calls its marker tokens ([CLS]/[SEP], or a decoder's first token) and the
+        token it reads out ([CLS], or a decoder's last token)."""
+        return markers(self.trace)
+
+    @property
+    def pieces(self) -> str:
+        """What the tokenizer's pieces are called: "WordPieces" or "BPE pieces"."""
+        return "WordPieces" if self.trace.family.word_rule == "wordpiece" else "BPE pieces"
+
+    def words_note(self) -> str:
+        """The words toggle's note for this trace: how many words from how many pieces, and how they merge."""
+        decoder = self.trace.is_decoder
+        how = ("a piece that starts with a space mark (Ġ or ▁) starts a new word, the others continue it" if
+               self.trace.family.word_rule == "bpe" else "a piece with ## continues the word before it")
+        count = f"{self.words.n_words} words from {self.trace.n_tokens} {self.pieces}" if self.words else "words"
+        kept = "Special tokens stay" if decoder else "[CLS] and [SEP] stay"
+        return (f"**Words, not {self.pieces}**: {count} ({how}). Attention to a word is the sum over its pieces; "
+                "attention from a word is the mean over its pieces, so each row still sums to 1 (Clark et al., "
+                f"2019). {kept} as they are.")
+
+    def kv_sharing(self, head: int) -> str:
+        """Which key/value head a query head reads and which heads share it (grouped-query attention), e.g.
+        "Head 4 reads key/value head 1 (heads 3–5 share it)."."""
+        kv_heads = np.asarray((self.trace if self.trace is not None else self.compact).kv_heads)
+        kv = int(kv_heads[head])
+        sharing = np.flatnonzero(kv_heads == kv).tolist()
+        if len(sharing) == 1:
+            return f"Head {head} has a key/value head of its own ({kv})."
+        group = (f"heads {sharing[0]}–{sharing[-1]}" if sharing == list(range(sharing[0], sharing[-1] + 1))
+                 else "heads " + ", ".join(map(str, sharing)))
+        return f"Head {head} reads key/value head {kv} ({group} share it)."
+
+    def masked(self) -> np.ndarray | None:
+        """Where the model's mask forbids a query to see a key, as the views show it (a word may see a word when
+        any of their pieces may), or None when nothing is masked. Shape: (pos, pos) or (word, word) bool."""
+        allowed = np.asarray(self.trace.mask, dtype=bool)
+        if allowed.all():
+            return None
+        if self.words is not None:
+            member = self.words.membership()
+            allowed = (member @ allowed.astype(np.float64) @ member.T) > 0
+        return ~allowed
+
     def aggregate(self, how: str, layer: int = 0, head: int = 0) -> np.ndarray:
         """``model_core.aggregate.aggregate_heads`` of the stack as the views show it: with words on, a maximum
         over heads is the maximum of the heads' word matrices (merging after the maximum would sum the pieces'
@@ -84,9 +133,18 @@ def get_context() -> AppContext:
     return st.session_state[_KEY]
 
 
-def require_trace() -> AppContext:
-    """The context, or stop the page with the reason there is no trace (the sidebar keeps working)."""
+def require_trace(compact: bool = False) -> AppContext:
+    """The context, or stop the page with the reason there is no trace (the sidebar keeps working).
+
+    A long input has only a compact trace: a page that reads it passes ``compact=True`` and checks ``ctx.compact``;
+    any other page says its limit and where the compact form is drawn."""
     ctx = get_context()
+    if ctx.compact is not None:
+        if compact:
+            return ctx
+        from ui.compact import needs_full_trace
+
+        needs_full_trace(ctx.compact, ctx.settings.full_trace_mb)
     if ctx.trace is None:
         st.info(ctx.error or "Type a sentence in the sidebar to see its attention.")
         st.stop()

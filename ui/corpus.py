@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import fields
 import html
 import json
 import urllib.parse
@@ -12,9 +13,14 @@ from typing import Any
 import streamlit as st
 
 from model_core import TraceRequest
+from model_core.custom_spec import CustomOptions
+from model_core.request import MODEL_FIELDS
 from model_core.corpus import CorpusModel, CorpusRun, CorpusRunError, LoadedCorpusModel, RunOptions, open_run, run_corpus
+from model_core.corpus.run import CORPUS_MAX_TOKENS
+from model_core.corpus.sample import DEFAULT_CAP
 from model_core.settings import Settings, corpus_runs_dir
-from ui.loaders import MODELS, device
+from ui.loaders import CACHED_MODELS, device
+from ui.fields import control_key, request_params, request_state
 
 
 RUNNING = "_corpus_running"  # the folder of a run this session started and has not seen finish
@@ -22,13 +28,12 @@ JUST_RAN = "_corpus_just_ran"
 CANCELLED = "_corpus_cancelled"  # folders whose run the user cancelled (no automatic restart)
 OPEN_RUN = "_corpus_open_run"  # the run the Corpus page shows; the Query-key space page reads it
 PAGE_SHARD = 128  # texts per shard on the page: a cancel keeps all but the shard in progress
-SAMPLE_CAP = 20_000  # tokens whose queries, keys and hidden states the page's runs keep
 
 
 def page_options(settings: Settings, long: str) -> RunOptions:
     """How the pages run a corpus: small shards, the token sample with queries/keys, and the index."""
-    return RunOptions(chunk_size=PAGE_SHARD, long=long, max_tokens=settings.max_tokens,  # type: ignore[arg-type]
-                      sample_cap=SAMPLE_CAP, keep_qk=True, index=True)
+    return RunOptions(chunk_size=PAGE_SHARD, long=long, max_tokens=min(settings.max_tokens, CORPUS_MAX_TOKENS),  # type: ignore[arg-type]
+                      sample_cap=DEFAULT_CAP, keep_qk=True, index=True)
 
 
 def run_with_progress(corpus, model: CorpusModel, folder: Path, options: RunOptions, resume: bool) -> None:
@@ -80,19 +85,14 @@ def load_text_and_head(model_key: dict[str, Any], text_a: str, text_b: str | Non
 
     for key, value in sidebar_state(model_key).items():
         st.session_state[key] = value
-    st.session_state["ctl_text_a"], st.session_state["ctl_text_b"] = text_a, text_b or ""
+    st.session_state[control_key("text_a")], st.session_state[control_key("text_b")] = text_a, text_b or ""
     select_head(layer, head)
     st.session_state[flag] = True
 
 
 def loaded_model(model: CorpusModel) -> LoadedCorpusModel:
     """The app's cached copy of ``model`` (the same one the traces use), ready for batches."""
-    dev = device()
-    if model.kind == "bert":
-        return LoadedCorpusModel.from_bert(model, MODELS.bert(model.model_id, dev))
-    assert model.custom is not None
-    return LoadedCorpusModel.from_custom(model, MODELS.custom(model.custom, dev),
-                                         MODELS.tokenizer(model.custom.model_id, dev))
+    return model.load(device(), models=CACHED_MODELS)
 
 
 def run_folder(settings: Settings, model: CorpusModel, fingerprint: str, options: RunOptions) -> Path:
@@ -115,36 +115,29 @@ def open_cached(path: str | Path) -> CorpusRun:
     return cached_run(str(path), manifest.stat().st_mtime if manifest.exists() else 0.0)
 
 
-# The sidebar's query parameters for a model key (ui.state.QUERY_PARAMS names).
+def _model_request(model_key: dict[str, Any]) -> tuple[TraceRequest, tuple[str, ...]]:
+    """A run's model as a sidebar request, and the fields that name it (a pretrained model: its id alone)."""
+    model = CorpusModel.from_key(model_key)
+    if model.kind == "pretrained":
+        return TraceRequest("pretrained", model_id=model.model_id), ("model", "model_id")
+    options = {f.name: getattr(model.custom, f.name) for f in fields(CustomOptions)}
+    return TraceRequest("custom", model_id=model.model_id, **options), MODEL_FIELDS
+
+
 def link_params(model_key: dict[str, Any]) -> dict[str, str]:
-    if model_key["kind"] == "bert":
-        return {"model": "bert", "model_id": model_key["model_id"]}
-    params = {"model": "custom", "weights": model_key["weights"], "seed": str(model_key["seed"]),
-              "causal": str(model_key["causal"]).lower(), "norm": model_key["norm_placement"],
-              "layers": str(model_key["num_layers"]), "heads": str(model_key["num_heads"]),
-              "hidden": str(model_key["hidden_size"])}
-    if model_key["weights"] == "pretrained":
-        params["model_id"] = model_key["model_id"]
-    return params
+    """The query parameters that open a run's model in the sidebar."""
+    return request_params(*_model_request(model_key))
 
 
 def text_link(model_key: dict[str, Any], text_a: str, text_b: str | None, layer: int, head: int) -> str:
     """A relative link that opens the heatmaps page on this text with this head in focus (shareable)."""
-    params = {**link_params(model_key), "a": text_a, "b": text_b or "", "layer": str(layer), "head": str(head)}
+    params = {**link_params(model_key), "text_a": text_a, "text_b": text_b or "", "layer": str(layer), "head": str(head)}
     return "heatmaps?" + urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
 
 
 def sidebar_state(model_key: dict[str, Any]) -> dict[str, Any]:
     """Session-state values that put ``model_key``'s model into the sidebar."""
-    if model_key["kind"] == "bert":
-        return {"ctl_model": "bert", "ctl_model_id": model_key["model_id"]}
-    state = {"ctl_model": "custom", "ctl_weights": model_key["weights"], "ctl_seed": model_key["seed"],
-             "ctl_causal": model_key["causal"], "ctl_norm": model_key["norm_placement"],
-             "ctl_layers": model_key["num_layers"], "ctl_heads": model_key["num_heads"],
-             "ctl_hidden": model_key["hidden_size"]}
-    if model_key["weights"] == "pretrained":
-        state["ctl_model_id"] = model_key["model_id"]
-    return state
+    return {key: value for key, value in request_state(*_model_request(model_key)).items() if value is not None}
 
 
 @st.cache_resource(max_entries=4, show_spinner="Reading the sample's contexts…")
@@ -164,7 +157,7 @@ def sample_contexts(path: str, stamp: float, model_key_json: str) -> dict[str, A
     wanted = sorted(set(int(t) for t in text_ids))
     pairs = [(texts["text_a"][where[t]].as_py(), texts["text_b"][where[t]].as_py()) for t in wanted]
     # From the app's model cache (no model copy outside it): the run's model id, None for the bundled vocabulary.
-    tokenizer = MODELS.tokenizer(CorpusModel.from_key(json.loads(model_key_json)).model_id, device())
+    tokenizer = CACHED_MODELS.tokenizer(CorpusModel.from_key(json.loads(model_key_json)).model_id, device())
     options = run.manifest["options"]
     encoded = {}
     for start in range(0, len(pairs), 512):

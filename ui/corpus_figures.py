@@ -1,6 +1,6 @@
-"""Plotly figures of a corpus run: the statistic grid with its spread, and the pattern types.
-
-Figure builders only (no streamlit): both reuse ``layer_head_figure``, the app's one layer x head builder.
+"""Plotly figures of corpus mode: a statistic's grid with its spread and the pattern types (both through
+``layer_head_figure``, the app's one layer x head builder), the query-key scatter and its layer grid, and the
+nearest contexts' words and their trend over the layers. Figure builders only (no streamlit).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from model_core.corpus import PATTERN_TYPES
-from ui.figures import layer_head_figure
+from attention_explorer.figures import layer_head_figure
 
 PATTERN_COLOURS = {"vertical": "#4c78a8", "diagonal": "#f58518", "block": "#54a24b", "heterogeneous": "#d3d3d3"}
 

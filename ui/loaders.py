@@ -1,24 +1,39 @@
 """Cached loaders: one model copy per process (on the GPU if any), one trace and one walk per request.
 
 These only cache: ``model_core.build_trace`` and ``model_core.build_walkthrough`` do the work, with the
-models taken from this module's ``st.cache_resource`` loaders (``MODELS``), so Streamlit's one cache
+models taken from this module's ``st.cache_resource`` loaders (``CACHED_MODELS``), so Streamlit's one cache
 decides which models stay in memory.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import streamlit as st
 import torch
 
-from model_core import AttentionTrace, CustomSpec, Models, TraceRequest, build_trace, build_walkthrough
+from model_core import (
+    AttentionTrace,
+    CustomSpec,
+    Models,
+    TraceRequest,
+    build_trace,
+    build_walkthrough,
+)
+from model_core.analysis.masked_run import MaskedRun, run_masked
+from model_core.compact import CompactTrace
+from model_core.compact_build import build_compact, trace_form
+from model_core.compact_views import TraceForm
 from model_core.custom_spec import build_custom_model
-from model_core.loading import LoadedModel, read_pretrained, select_device
+from model_core.loading import LoadedModel, load_pretrained_uncached, select_device
 from model_core.memory import release_freed_memory
-from model_core.settings import load_settings
+from model_core.predictions import LogitLens, logit_lens
+from model_core.settings import BUNDLED_DECODER_ID, Settings, load_settings
 from model_core.walkthrough import Walkthrough
+from ui.derived import per_trace
 
 # Traces are immutable (read-only arrays), so all sessions can share one copy: a cache_data
 # copy per session would multiply memory by the number of users (a 512-token bert-base trace
@@ -56,9 +71,9 @@ def device() -> torch.device:
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def get_bert(model_id: str, device_name: str) -> LoadedModel:
-    """The pretrained BERT, loaded once per process and device."""
-    return read_pretrained(model_id, device=device_name)
+def get_pretrained(model_id: str, device_name: str) -> LoadedModel:
+    """A pretrained model (any family), loaded once per process and device."""
+    return load_pretrained_uncached(model_id, device=device_name)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -67,7 +82,7 @@ def get_custom_model(spec: CustomSpec, device_name: str) -> Any:
     return build_custom_model(spec, device_name)
 
 
-MODELS = Models(bert=lambda model_id, dev: get_bert(model_id, str(dev)),
+CACHED_MODELS = Models(pretrained=lambda model_id, dev: get_pretrained(model_id, str(dev)),
                 custom=lambda spec, dev: get_custom_model(spec, str(dev)))
 """The app's models, from the two caches above: ``build_trace`` takes them, and so does the corpus page."""
 
@@ -79,9 +94,60 @@ def get_trace(request: TraceRequest) -> AttentionTrace:
     Raises:
         InputError, ModelLoadError, ValueError: with a message for the user.
     """
-    trace = build_trace(request, models=MODELS)
+    trace = build_trace(request, models=CACHED_MODELS)
     release_freed_memory()  # glibc keeps each session thread's freed buffers in its own arena
     return trace
+
+
+def get_trace_form(request: TraceRequest) -> TraceForm:
+    """Full or compact for this request (``model_core.compact_build.trace_form``): the text is tokenised, the model
+    comes from the cache."""
+    return trace_form(request, models=CACHED_MODELS)
+
+
+_COMPACT: OrderedDict[TraceRequest, CompactTrace] = OrderedDict()
+_COMPACT_LOCK = threading.Lock()
+COMPACT_CACHE_ENTRIES = 2
+"""Compact traces kept per process (a 4,096-token SmolLM2 trace holds about 400 MB)."""
+
+
+def get_compact(request: TraceRequest, progress: Any = None) -> CompactTrace:
+    """The compact trace of a long input (``model_core.compact``), once per request and process; ``progress`` is
+    called with ("forward" | "summary", fraction done) while it is built.
+
+    Not ``st.cache_resource``: the progress bar is drawn while the function runs, which Streamlit's cache would
+    replay on a hit. A small lock-guarded LRU instead; a cancelled build (Streamlit stops the run) stores nothing.
+
+    Raises:
+        InputError, ModelLoadError, ValueError: with a message for the user.
+    """
+    with _COMPACT_LOCK:
+        if request in _COMPACT:
+            _COMPACT.move_to_end(request)
+            return _COMPACT[request]
+    trace = build_compact(request, models=CACHED_MODELS, max_tokens=load_settings().max_tokens, progress=progress)
+    with _COMPACT_LOCK:
+        _COMPACT[request] = trace
+        while len(_COMPACT) > COMPACT_CACHE_ENTRIES:
+            _COMPACT.popitem(last=False)
+    release_freed_memory()
+    return trace
+
+
+@st.cache_resource(max_entries=WALK_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)
+def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> MaskedRun:
+    """The lean second run of head masking (``model_core.analysis.masked_run``): the tokens of
+    ``get_trace(request)`` with the heads in ``off`` switched off.
+
+    Raises:
+        InputError, ModelLoadError, ValueError: as ``get_trace``.
+    """
+    from model_core.analysis.masking import head_mask_from_off
+
+    baseline = get_trace(request)
+    run = run_masked(request, baseline, head_mask_from_off(baseline.n_layers, baseline.n_heads, off), models=CACHED_MODELS)
+    release_freed_memory()
+    return run
 
 
 @st.cache_resource(max_entries=WALK_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)
@@ -91,4 +157,54 @@ def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
     Raises:
         InputError, ModelLoadError, ValueError: as ``get_trace``; ValueError for a bad layer.
     """
-    return build_walkthrough(request, layer, get_trace(request), models=MODELS)
+    return build_walkthrough(request, layer, get_trace(request), models=CACHED_MODELS)
+
+
+def prepare_bundled_decoder(model_id: str) -> None:
+    """Before the bundled decoder's first load: convert it from its GGUF file (once per machine, about a minute),
+    showing each step in a status box. Returns at once for any other model, or when the conversion is done.
+
+    Raises:
+        ModelLoadError: the conversion cannot run; the message says what to do.
+    """
+    from model_core import bundled
+
+    if model_id != BUNDLED_DECODER_ID or bundled.is_complete(bundled.bundled_decoder_dir()):
+        return
+    label = "Converting SmolLM2-135M-Instruct from its GGUF file, once (about a minute; later loads take a second)…"
+    with st.status(label, expanded=True) as status:
+        try:
+            bundled.ensure_bundled_decoder(progress=status.write)
+        except Exception:
+            status.update(label="Converting SmolLM2-135M-Instruct failed", state="error")
+            raise
+        status.update(label="SmolLM2-135M-Instruct is converted and ready.", state="complete", expanded=False)
+
+
+def pretrained_key(request: TraceRequest, settings: Settings | None = None) -> tuple[str, str]:
+    """(model id, device name): the ``get_pretrained`` arguments of a pretrained request's model, as ``get_trace``
+    passes them (through ``CACHED_MODELS``), so a page reaches the very copy the trace came from, never a second.
+
+    Raises:
+        ValueError: the request is for the custom encoder.
+    """
+    if request.model != "pretrained":
+        raise ValueError("The custom encoder is not a pretrained model; pick \"Pretrained model\" in the sidebar.")
+    settings = settings or load_settings()
+    return request.model_id or settings.default_model, str(select_device(settings.device))
+
+
+def pretrained_for(request: TraceRequest, settings: Settings | None = None) -> LoadedModel:
+    """The cached model a pretrained request's trace came from (``pretrained_key``).
+
+    Raises:
+        ValueError: the request is for the custom encoder.
+    """
+    return get_pretrained(*pretrained_key(request, settings))
+
+
+@per_trace(spinner="Reading the residual stream through the unembedding…", max_entries=32)
+def get_logit_lens(trace: AttentionTrace, model_id: str, device_name: str, position: int, k: int) -> LogitLens:
+    """``model_core.predictions.logit_lens`` of ``trace`` at ``position``, once per (trace, position, k), with the
+    cached model ``get_pretrained(model_id, device_name)``."""
+    return logit_lens(get_pretrained(model_id, device_name), trace, position, k)

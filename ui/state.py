@@ -7,80 +7,47 @@ from typing import Any, Callable
 import streamlit as st
 
 from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, TraceRequest
-from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
+from model_core.request import REQUEST_FIELDS
+from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID, Settings, load_settings
 from model_core.words import RULE as WORD_RULE
+from ui.fields import (
+    MAX_SEED,
+    MODEL_LABELS,
+    OLD_MODEL_NAMES,
+    OLD_PARAM_NAMES,
+    QUERY_PARAMS,
+    control_key,
+    param_text,
+    request_state,
+)
 
-MODEL_LABELS = {"bert": "Pretrained BERT", "custom": "Custom encoder"}
 WEIGHT_LABELS = {"random": "Random (seeded)", "pretrained": "Loaded from BERT"}
-MAX_SEED = 2**31 - 1
 
-
-# Query-parameter name -> (session key, parser). Parsers raise ValueError on bad values.
-def _int_in(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        value = int(raw)
-        if not lo <= value <= hi:
-            raise ValueError(f"{value} is outside {lo}-{hi}")
-        return value
-    return parse
-
-
-def _choice(*options: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        if raw not in options:
-            raise ValueError(f"{raw!r} is not one of {', '.join(options)}")
-        return raw
-    return parse
-
-
-def _flag(raw: str) -> bool:
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{raw!r} is not true/false")
-
-
-def _positions(raw: str) -> list[int]:
-    values = [int(v) for v in raw.split(",") if v.strip()]
-    if any(not 0 <= v < 20_000 for v in values) or len(values) > 512:
-        raise ValueError("not a list of token positions")
-    return sorted(set(values))
-
-
-def _text(raw: str) -> str:
-    if len(raw) > 20_000:
-        raise ValueError("longer than 20,000 characters")
-    return raw
-
-
-QUERY_PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "model": ("ctl_model", _choice("bert", "custom")),
-    "model_id": ("ctl_model_id", _text),
-    "weights": ("ctl_weights", _choice("random", "pretrained")),
-    "seed": ("ctl_seed", _int_in(0, MAX_SEED)),
-    "norm": ("ctl_norm", _choice("pre", "post")),
-    "causal": ("ctl_causal", _flag),
-    "layers": ("ctl_layers", _int_in(1, 24)),
-    "heads": ("ctl_heads", _int_in(1, 16)),
-    "hidden": ("ctl_hidden", _int_in(16, 1024)),
-    "a": ("ctl_text_a", _text),
-    "b": ("ctl_text_b", _text),
-    "truncate": ("ctl_truncate", _flag),
-    "words": ("ctl_words", _flag),
-    "sel": ("sel_tokens", _positions),
-    "layer": ("sel_layer", _int_in(0, 23)),
-    "head": ("sel_head", _int_in(0, 15)),
+# The pretrained models offered in one click, then any other id. The radio is derived from ``ctl_model_id`` on
+# every run (a link, a test or the "Use the bundled model" button set the id alone); OTHER_KEY remembers that the
+# user asked for the text box even while it still holds a bundled id.
+OTHER = "other"
+PRETRAINED_CHOICES = {
+    BUNDLED_MODEL_ID: "MiniLM (BERT encoder, bundled)",
+    BUNDLED_DECODER_ID: "SmolLM2-135M-Instruct (Llama decoder, bundled)",
+    OTHER: "Other hub id or folder",
 }
+PRETRAINED_NOTES = {
+    BUNDLED_MODEL_ID: "all-MiniLM-L6-v2: a BERT encoder, 6 layers × 12 heads, uncased WordPiece. Ships with the app; "
+                      "works offline.",
+    BUNDLED_DECODER_ID: "A Llama-architecture decoder language model, 30 layers × 9 heads sharing 3 key/value heads, "
+                        "byte-level BPE. Ships with the app; works offline (converted once on first use, about a "
+                        "minute).",
+}
+SHORT_NAMES = {BUNDLED_MODEL_ID: "MiniLM (bundled BERT)", "bundled": "MiniLM (bundled BERT)",
+               BUNDLED_DECODER_ID: "SmolLM2-135M (bundled decoder)"}
+CHOICE_KEY = "ctl_pretrained_choice"
+OTHER_KEY = "_other_model_id"
 
 
 def _defaults(settings: Settings) -> dict[str, Any]:
-    r = TraceRequest()
-    return {"ctl_model": r.model, "ctl_model_id": settings.default_model, "ctl_weights": r.weights,
-            "ctl_seed": r.seed, "ctl_norm": r.norm_placement, "ctl_causal": r.causal, "ctl_layers": r.num_layers,
-            "ctl_heads": r.num_heads, "ctl_hidden": r.hidden_size, "ctl_text_a": DEFAULT_TEXT_A,
-            "ctl_text_b": DEFAULT_TEXT_B, "ctl_truncate": r.truncate, "ctl_words": False, "sel_tokens": [],
-            "sel_layer": 0, "sel_head": 0}
+    return {**request_state(TraceRequest(model_id=settings.default_model, text_a=DEFAULT_TEXT_A, text_b=DEFAULT_TEXT_B)),
+            "ctl_words": False, "sel_tokens": [], "sel_layer": 0, "sel_head": 0}
 
 
 def init_state(settings: Settings | None = None) -> list[str]:
@@ -94,14 +61,15 @@ def init_state(settings: Settings | None = None) -> list[str]:
     settings = settings or load_settings()
     problems = []
     values = _defaults(settings)
+    given = {OLD_PARAM_NAMES.get(name, name): name for name in st.query_params}  # today's name -> the link's
     for name, (key, parse) in QUERY_PARAMS.items():
-        if name not in st.query_params:
+        if name not in given:
             continue
-        raw = st.query_params[name]
+        raw = st.query_params[given[name]]
         try:
             values[key] = parse(raw)
         except ValueError as exc:
-            problems.append(f"Ignored the link's `{name}` ({exc}); using the default.")
+            problems.append(f"Ignored the link's `{given[name]}` ({exc}); using the default.")
     for key, value in values.items():
         st.session_state.setdefault(key, value)
     st.session_state["_initialised"] = True
@@ -130,16 +98,77 @@ def _restore_focus() -> None:
                 s[key] = value
 
 
-def model_summary(s: Any) -> str:
+def _normalise_model(s: Any) -> None:
+    """Old names in session state (a test, the corpus page's "open in the sidebar") become today's."""
+    if s.get("ctl_model") in OLD_MODEL_NAMES:
+        s["ctl_model"] = OLD_MODEL_NAMES[s["ctl_model"]]
+
+
+def chosen_model_id(s: Any, settings: Settings | None = None) -> str:
+    """The pretrained model id the sidebar asks for (the deployment's default when the box is empty)."""
+    return (s.get("ctl_model_id") or "").strip() or (settings or load_settings()).default_model
+
+
+def pretrained_choice(s: Any, settings: Settings | None = None) -> str:
+    """Which one-click choice the model id is (a ``PRETRAINED_CHOICES`` key), or OTHER."""
+    model_id = chosen_model_id(s, settings)
+    model_id = BUNDLED_MODEL_ID if model_id == "bundled" else model_id
+    return OTHER if s.get(OTHER_KEY) or model_id not in PRETRAINED_CHOICES else model_id
+
+
+def choose_model(model_id: str) -> None:
+    """Ask for a pretrained model by id (a callback, or before the sidebar is drawn), leaving the id box."""
+    st.session_state["ctl_model_id"] = model_id
+    st.session_state[OTHER_KEY] = False
+
+
+def _on_pretrained_choice() -> None:
+    choice = st.session_state[CHOICE_KEY]
+    if choice == OTHER:
+        st.session_state[OTHER_KEY] = True  # the id stays: the box starts from it
+    else:
+        choose_model(choice)
+
+
+def model_summary(s: Any, settings: Settings | None = None) -> str:
     """One line naming the chosen model, for the folded model settings' label."""
-    if s["ctl_model"] == "bert":
+    if OLD_MODEL_NAMES.get(s["ctl_model"], s["ctl_model"]) == "pretrained":
         # Not the typed id itself: an expander label renders Markdown, and a link must never come from user text.
-        chosen = (s["ctl_model_id"] or "").strip()
-        return "Pretrained BERT · " + ("bundled MiniLM" if chosen in ("", BUNDLED_MODEL_ID) else "your model id")
+        chosen = chosen_model_id(s, settings)
+        return SHORT_NAMES.get(chosen, "Pretrained · your model id")
     if s["ctl_weights"] == "pretrained":
         return "Custom encoder · BERT weights" + (" · causal" if s["ctl_causal"] else "")
-    return (f"Custom encoder · {s['ctl_layers']}×{s['ctl_heads']}×{s['ctl_hidden']} · seed {s['ctl_seed']}"
-            + (" · causal" if s["ctl_causal"] else ""))
+    shape = "×".join(str(s[control_key(f)]) for f in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
+    return f"Custom encoder · {shape} · seed {s['ctl_seed']}" + (" · causal" if s["ctl_causal"] else "")
+
+
+TEXT_MAX_CHARS = 60_000
+"""The most characters a text box takes: about 4,096 tokens of English is 18,000; code and other scripts run longer."""
+
+
+def text_from_upload(data: bytes, name: str) -> tuple[str | None, str | None]:
+    """(the text, None), or (the text's first ``TEXT_MAX_CHARS``, a note), or (None, why it cannot be read)."""
+    from model_core.corpus.sources import CorpusInputError, decode_text
+
+    try:
+        text = decode_text(data, name)
+    except CorpusInputError as exc:
+        return None, str(exc)
+    if len(text) > TEXT_MAX_CHARS:
+        return text[:TEXT_MAX_CHARS], (f"{name} has {len(text):,} characters; the text box takes {TEXT_MAX_CHARS:,}, "
+                                       "so its first ones are used.")
+    return text, None
+
+
+def _read_text_file() -> None:
+    """The uploaded file becomes sentence A (its encoding read from its byte-order mark), or an error under it."""
+    upload = st.session_state.get("ctl_text_file")
+    st.session_state["_text_file_error"] = None
+    if upload is not None:
+        text, note = text_from_upload(upload.getvalue(), upload.name)
+        st.session_state["_text_file_error"] = note
+        if text is not None:
+            st.session_state["ctl_text_a"] = text
 
 
 def render_controls(settings: Settings | None = None) -> Any:
@@ -151,16 +180,23 @@ def render_controls(settings: Settings | None = None) -> Any:
     """
     settings = settings or load_settings()
     _restore_focus()
+    _normalise_model(st.session_state)
     _persist(*(key for key, _ in QUERY_PARAMS.values()))
     sb = st.sidebar
-    sb.text_area("Sentence A", key="ctl_text_a", height=80, max_chars=20_000)
-    sb.text_area("Sentence B (optional)", key="ctl_text_b", height=68, max_chars=20_000)
+    sb.text_area("Sentence A", key="ctl_text_a", height=80, max_chars=TEXT_MAX_CHARS)
+    sb.file_uploader("…or a text file for sentence A", type=["txt", "md", "text", "log", "csv", "json", "py"],
+                     key="ctl_text_file", on_change=_read_text_file, help="A long prompt or a document: a decoder "
+                     "reads up to AE_MAX_TOKENS tokens (4,096 by default); past a few hundred, the trace is compact.")
+    if st.session_state.get("_text_file_error"):
+        sb.error(st.session_state["_text_file_error"])
+    sb.text_area("Sentence B (optional)", key="ctl_text_b", height=68, max_chars=TEXT_MAX_CHARS)
     slot = sb.container()
     sb.toggle("Words, not WordPieces", key="ctl_words",
               help="Merge the pieces of each word (em ##bed ##ding ##s → embeddings) in every token view. " + WORD_RULE)
-    with sb.expander(f"Model: {model_summary(st.session_state)}"):
+    with sb.expander(f"Model: {model_summary(st.session_state, settings)}"):
         st.radio("Model", list(MODEL_LABELS), format_func=MODEL_LABELS.get, key="ctl_model", horizontal=True,
-                 help="The from-scratch encoder of chapter 3 of NLP with Transformers, or a real pretrained BERT.")
+                 help="A real pretrained model (a BERT encoder, or a decoder language model such as GPT-2 or a "
+                      "Llama-like one), or the from-scratch encoder of chapter 3 of NLP with Transformers.")
         model = st.session_state["ctl_model"]
         if model == "custom":
             st.radio("Weights", list(WEIGHT_LABELS), format_func=WEIGHT_LABELS.get, key="ctl_weights",
@@ -173,14 +209,14 @@ def render_controls(settings: Settings | None = None) -> Any:
                 st.text_input("BERT weights from", key="ctl_model_id", help=_model_help(settings))
             else:
                 st.number_input("Seed", min_value=0, max_value=MAX_SEED, step=1, key="ctl_seed")
-                st.radio("LayerNorm", ["pre", "post"], key="ctl_norm", horizontal=True,
+                st.radio("LayerNorm", ["pre", "post"], key=control_key("norm_placement"), horizontal=True,
                          format_func={"pre": "Pre-LN (book)", "post": "Post-LN (BERT)"}.get)
                 c1, c2, c3 = st.columns(3)
-                c1.number_input("Layers", 1, 24, step=1, key="ctl_layers")
-                c2.number_input("Heads", 1, 16, step=1, key="ctl_heads")
-                c3.number_input("Hidden", 16, 1024, step=16, key="ctl_hidden")
+                c1.number_input("Layers", 1, 24, step=1, key=control_key("num_hidden_layers"))
+                c2.number_input("Heads", 1, 16, step=1, key=control_key("num_attention_heads"))
+                c3.number_input("Hidden", 16, 1024, step=16, key=control_key("hidden_size"))
         else:
-            st.text_input("Model id", key="ctl_model_id", help=_model_help(settings))
+            _pretrained_controls(settings)
         st.checkbox(f"Truncate past {settings.max_tokens} tokens", key="ctl_truncate")
     return slot
 
@@ -193,18 +229,29 @@ def request_from_state(settings: Settings | None = None) -> TraceRequest:
             divide); the message says what to change.
     """
     settings = settings or load_settings()
+    values = {name: st.session_state[control_key(name)] for name in REQUEST_FIELDS}
+    return TraceRequest(**{**values, "model_id": chosen_model_id(st.session_state, settings)})
+
+
+def _pretrained_controls(settings: Settings) -> None:
+    """The one-click bundled models, or a box for any other hub id or folder (in the model expander)."""
     s = st.session_state
-    return TraceRequest(model=s["ctl_model"], text_a=s["ctl_text_a"], text_b=s["ctl_text_b"],
-                        model_id=(s["ctl_model_id"] or "").strip() or settings.default_model,
-                        weights=s["ctl_weights"], seed=s["ctl_seed"], norm_placement=s["ctl_norm"],
-                        causal=s["ctl_causal"], num_layers=s["ctl_layers"], num_heads=s["ctl_heads"],
-                        hidden_size=s["ctl_hidden"], truncate=s["ctl_truncate"])
+    s[CHOICE_KEY] = pretrained_choice(s, settings)  # derived from the id, before the radio is drawn
+    st.radio("Pretrained model", list(PRETRAINED_CHOICES), format_func=PRETRAINED_CHOICES.get, key=CHOICE_KEY,
+             on_change=_on_pretrained_choice, label_visibility="collapsed")
+    choice = s[CHOICE_KEY]
+    if choice == OTHER:
+        st.text_input("Hub id or folder", key="ctl_model_id", help=_model_help(settings))
+    else:
+        st.caption(PRETRAINED_NOTES[choice])
 
 
 def _model_help(settings: Settings) -> str:
-    allowed = ", ".join(settings.allowed_models) if settings.allowed_models else "any BERT-family hub id or folder"
-    return (f"`{BUNDLED_MODEL_ID}` is a real pretrained BERT (MiniLM-L6-H384, uncased) that ships with the app and "
-            f"works offline. Also allowed: {allowed}.")
+    allowed = (", ".join(settings.allowed_models) if settings.allowed_models
+               else "any hub id or folder of a BERT encoder, GPT-2 or a Llama-like decoder (Llama, Qwen2/3, Mistral, "
+                    "Gemma, Phi-3) where the hub is reachable or the model is cached")
+    return (f"`{BUNDLED_MODEL_ID}` (a BERT encoder) and `{BUNDLED_DECODER_ID}` (a Llama decoder) ship with the app "
+            f"and work offline. Also allowed: {allowed}.")
 
 
 def clamp_head(n_layers: int, n_heads: int) -> tuple[int, int]:
@@ -265,12 +312,7 @@ def sync_query_params(settings: Settings | None = None) -> None:
     for name, (key, _) in QUERY_PARAMS.items():
         value = st.session_state.get(key, defaults[key])
         if value != defaults[key]:
-            if isinstance(value, bool):
-                wanted[name] = str(value).lower()
-            elif isinstance(value, (list, tuple)):
-                wanted[name] = ",".join(str(v) for v in value)
-            else:
-                wanted[name] = str(value)
+            wanted[name] = param_text(value)
     current = {k: st.query_params[k] for k in st.query_params}
     if current != wanted:
         st.query_params.from_dict(wanted)

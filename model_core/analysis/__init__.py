@@ -1,6 +1,9 @@
 """Analyses beyond raw attention: contexts, rollout and flow, norm-weighted attention, head statistics,
-head masking, export. Pure numpy (and scipy's max-flow); see each module for its paper."""
+head masking (and a decoder's next-token prediction), export. Pure numpy (and scipy's max-flow; torch only
+inside ``next_token_probs``); see each module for its paper. Each asks the trace which positions are its
+family's markers (``markers``, ``trace_flags``): [CLS]/[SEP] for an encoder, the first token for a decoder."""
 
+from model_core.analysis._common import Markers, markers, trace_flags
 from model_core.analysis.contexts import (
     ContextComparison,
     WordSpan,
@@ -8,11 +11,19 @@ from model_core.analysis.contexts import (
     compare_word,
     find_occurrences,
     repeated_words,
-    word_spans,
+    text_words,
 )
 from model_core.analysis.export import analysis_arrays, to_json_str, to_npz_bytes
-from model_core.analysis.head_stats import STAT_NAMES, STAT_TITLES, TRACE_STAT_NAMES, HeadStats, head_stats
+from model_core.analysis.per_head import (
+    STAT_NAMES,
+    STAT_TITLES,
+    TRACE_STAT_NAMES,
+    HeadStats,
+    head_stats,
+    stat_titles,
+)
 from model_core.analysis.masking import MaskingEffect, compare_masking, head_mask_from_off
+from model_core.analysis.next_token import NextTokenEffect, next_token_effect, next_token_probs
 from model_core.analysis.norms import SpecialTokenMass, norm_weighted_attention, special_token_mass
 from model_core.tables import grid_to_csv, matrix_to_csv, rows_to_csv  # the one CSV writer
 from model_core.analysis.rollout import (
@@ -35,7 +46,9 @@ __all__ = [
     "STAT_TITLES",
     "ContextComparison",
     "HeadStats",
+    "Markers",
     "MaskingEffect",
+    "NextTokenEffect",
     "RolloutResult",
     "SpecialTokenMass",
     "WordSpan",
@@ -50,15 +63,20 @@ __all__ = [
     "grid_to_csv",
     "head_mask_from_off",
     "head_stats",
+    "markers",
     "matrix_to_csv",
     "mixed_attention",
+    "next_token_effect",
+    "next_token_probs",
     "norm_weighted_attention",
     "normalize_rows",
     "repeated_words",
     "rollout_and_flow",
     "rows_to_csv",
     "special_token_mass",
+    "stat_titles",
     "to_json_str",
     "to_npz_bytes",
-    "word_spans",
+    "trace_flags",
+    "text_words",
 ]

@@ -14,19 +14,19 @@ from typing import Literal
 import numpy as np
 
 from model_core.analysis._common import (
-    CLS_TOKENS,
-    SEP_TOKENS,
+    WORD_STARTS,
     is_punctuation,
     is_special,
     js_divergence,
+    markers,
+    trace_flags,
 )
 from model_core.trace import AttentionTrace
-from model_core.words import WordSpans
 
 Support = Literal["categories", "offsets"]
 
 CATEGORY_BINS: tuple[str, ...] = ("[CLS]", "[SEP]", "self", "previous", "next", "own sentence", "other sentence")
-"""The bins of the "categories" support, in order."""
+"""The bins of the "categories" support of an encoder, in order (``support_bins`` names a decoder's)."""
 
 
 @dataclass(frozen=True)
@@ -61,16 +61,17 @@ class WordSpan:
         return f"{self.word} ({self.sentence}, tokens {self.start}-{self.end - 1})"
 
 
-def word_spans(trace: AttentionTrace) -> tuple[WordSpan, ...]:
-    """Every word of the trace, sub-tokens joined (``model_core.words``), special tokens left out.
+def text_words(trace: AttentionTrace) -> tuple[WordSpan, ...]:
+    """Every word of the trace, sub-tokens joined by the family's rule (``AttentionTrace.words``: WordPiece's
+    "##" continues a word, BPE's "Ġ"/"▁" starts one), special tokens and bare line breaks left out.
 
-    A token that starts with "##" continues the word before it; punctuation tokens are words of
-    their own.
+    Punctuation tokens are words of their own.
     """
-    words = WordSpans.from_tokens(trace.tokens)
+    words = trace.words()
     return tuple(WordSpan(word.removeprefix("##").lower(), start, end,
                           "b" if int(trace.token_type_ids[start]) == 1 else "a")
-                 for word, (start, end) in zip(words.words, words.spans) if not is_special(word))
+                 for word, (start, end) in zip(words.words, words.spans)
+                 if not is_special(word, trace.special_tokens) and word.strip("".join(WORD_STARTS)).strip())
 
 
 def find_occurrences(trace: AttentionTrace, word: str) -> tuple[WordSpan, ...]:
@@ -82,13 +83,13 @@ def find_occurrences(trace: AttentionTrace, word: str) -> tuple[WordSpan, ...]:
     target = word.strip().lower()
     if not target:
         raise ValueError("Give a word to look for, e.g. 'flies'.")
-    return tuple(span for span in word_spans(trace) if span.word == target)
+    return tuple(span for span in text_words(trace) if span.word == target)
 
 
 def repeated_words(trace: AttentionTrace) -> tuple[str, ...]:
     """Words (not punctuation) that occur at least twice, in order of first appearance."""
     counts: dict[str, int] = {}
-    for span in word_spans(trace):
+    for span in text_words(trace):
         if not is_punctuation(span.word):
             counts[span.word] = counts.get(span.word, 0) + 1
     return tuple(w for w, c in counts.items() if c >= 2)
@@ -114,17 +115,27 @@ def word_hidden_states(trace: AttentionTrace, span: WordSpan) -> np.ndarray:
     return trace.hidden_states[:, span.start : span.end, :].astype(np.float64).mean(axis=1)
 
 
-def support_bins(support: Support, window: int = 3) -> tuple[str, ...]:
-    """Names of the bins of a support, in order."""
+def support_bins(support: Support, window: int = 3, trace: AttentionTrace | None = None) -> tuple[str, ...]:
+    """Names of the bins of a support, in order.
+
+    The first two bins are the family's markers (``_common.markers``): [CLS] and [SEP] for an encoder (and
+    when no trace is given), "first token" and "other special tokens" for a decoder.
+    """
+    first, sep = ("[CLS]", "[SEP]") if trace is None else _marker_bins(trace)
     if support == "categories":
-        return CATEGORY_BINS
+        return (first, sep, *CATEGORY_BINS[2:])
     if support == "offsets":
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}.")
         left = tuple(str(-d) for d in range(window, 0, -1))
         right = tuple(f"+{d}" for d in range(1, window + 1))
-        return ("[CLS]", "[SEP]", f"< -{window}", *left, "self", *right, f"> +{window}")
+        return (first, sep, f"< -{window}", *left, "self", *right, f"> +{window}")
     raise ValueError(f"support must be 'categories' or 'offsets', not {support!r}.")
+
+
+def _marker_bins(trace: AttentionTrace) -> tuple[str, str]:
+    names = markers(trace)
+    return names.first_short, names.sep
 
 
 def bin_assignment(trace: AttentionTrace, span: WordSpan, support: Support, window: int = 3) -> np.ndarray:
@@ -139,19 +150,24 @@ def bin_assignment(trace: AttentionTrace, span: WordSpan, support: Support, wind
     distances beyond ``window`` are pooled into "< -window" and "> +window". Special tokens always
     go to [CLS]/[SEP], whatever their distance.
 
+    A decoder's first two bins are the first token (position 0, the attention sink, even when it is part
+    of the word) and its other special tokens (``_common.trace_flags``).
+
     Shape: (k_pos,) int, indices into ``support_bins(support, window)``.
     """
     _check_span(trace, span)
-    bins = support_bins(support, window)
+    bins = support_bins(support, window, trace)
     index = {name: i for i, name in enumerate(bins)}
+    first, sep = bins[0], bins[1]
+    flags = trace_flags(trace)
     types = np.asarray(trace.token_type_ids)
     own_type = int(types[span.start])
     out = np.empty(trace.n_tokens, dtype=np.int64)
-    for k, token in enumerate(trace.tokens):
-        if token in CLS_TOKENS:
-            out[k] = index["[CLS]"]
-        elif token in SEP_TOKENS or is_special(token):
-            out[k] = index["[SEP]"]
+    for k in range(trace.n_tokens):
+        if flags["cls"][k]:
+            out[k] = index[first]
+        elif flags["sep"][k] or flags["special"][k]:
+            out[k] = index[sep]
         elif span.start <= k < span.end:
             out[k] = index["self"]
         elif support == "categories":
@@ -181,7 +197,7 @@ def binned_word_attention(
     """
     attention = word_attention(trace, span)
     assignment = bin_assignment(trace, span, support, window)
-    one_hot = np.zeros((trace.n_tokens, len(support_bins(support, window))))
+    one_hot = np.zeros((trace.n_tokens, len(support_bins(support, window, trace))))
     one_hot[np.arange(trace.n_tokens), assignment] = 1.0
     return attention @ one_hot  # (layer, head, k_pos) @ (k_pos, bin)
 
@@ -266,7 +282,7 @@ def compare_contexts(
         first=first,
         second=second,
         support=support,
-        bins=support_bins(support, window),
+        bins=support_bins(support, window, trace),
         dist_first=dist_first,
         dist_second=dist_second,
         js=js_divergence(dist_first, dist_second),

@@ -1,35 +1,19 @@
-"""Export helpers: the whole analysis as NPZ bytes or a JSON string (CSV is ``model_core.tables``).
+"""The whole analysis of a trace as named arrays, for the one NPZ/JSON writer (``model_core.export``; CSV is
+``model_core.tables``).
 
 The analyses exported here come from Abnar & Zuidema (2020), Kobayashi et al. (2020) and Clark et
-al. (2019); see the modules ``rollout``, ``norms`` and ``head_stats``.
+al. (2019); see the modules ``rollout``, ``norms`` and ``per_head``.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import math
-from collections.abc import Mapping
-from typing import Any
-
 import numpy as np
 
-from model_core.analysis.head_stats import head_stats
+from model_core.analysis.per_head import head_stats
 from model_core.analysis.norms import norm_weighted_attention, special_token_mass
 from model_core.analysis.rollout import FLOW_MAX_TOKENS, attention_flow, attention_rollout
+from model_core.export import to_json_str, to_npz_bytes  # noqa: F401 - the one writer, re-exported for the pages
 from model_core.trace import AttentionTrace
-
-
-def to_npz_bytes(arrays: Mapping[str, Any]) -> bytes:
-    """Compressed NPZ file contents holding ``arrays`` (strings become unicode arrays)."""
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **{name: np.asarray(value) for name, value in arrays.items()})
-    return buffer.getvalue()
-
-
-def to_json_str(data: Mapping[str, Any]) -> str:
-    """JSON text of ``data``: arrays become nested lists, NaN and infinities become null."""
-    return json.dumps(_jsonable(data), allow_nan=False)
 
 
 JSON_MAX_TOKENS_PER_HEAD = 64
@@ -56,17 +40,3 @@ def analysis_arrays(trace: AttentionTrace, *, per_head_matrices: bool = True) ->
     for name, grid in head_stats(trace).to_dict().items():
         arrays[f"head_stats/{name}"] = grid
     return arrays
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return None if not math.isfinite(float(value)) else float(value)
-    if isinstance(value, (np.integer, np.bool_)):
-        return value.item()
-    return value

@@ -2,18 +2,21 @@
 Really Better than One?" (NeurIPS), which masks heads and measures the effect on the model's output.
 
 Given a baseline trace and a trace of the same input with some heads gated to zero, this compares
-the classifier logits (custom encoder), the [CLS] hidden state after every layer, and the
-attention patterns of every head (which change only in layers after the first masked one).
+the classifier logits (custom encoder), the hidden state of the token the model reads out after every
+layer ([CLS] for an encoder, the last token for a decoder), and the attention patterns of every head
+(which change only in layers after the first masked one). A decoder's next-token prediction is
+compared in ``model_core.analysis.next_token``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from model_core.analysis._common import js_divergence
+from model_core.analysis._common import markers
 from model_core.trace import AttentionTrace
 
 
@@ -43,12 +46,15 @@ class MaskingEffect:
         masked_heads: True where the masked trace switched the head off. Shape: (layer, head) bool.
         logits_baseline: classifier logits, or None (BERT has no classifier). Shape: (num_labels,).
         logits_masked: Shape: (num_labels,) or None.
-        cls_cosine: cosine similarity of the [CLS] hidden state, embeddings first. Shape: (layer + 1,).
-        cls_l2: L2 distance of the [CLS] hidden state. Shape: (layer + 1,).
+        cls_cosine: cosine similarity of the read-out token's hidden state (``position``: [CLS], or a
+            decoder's last token), embeddings first. Shape: (layer + 1,).
+        cls_l2: L2 distance of that hidden state. Shape: (layer + 1,).
         attention_tv: total variation ½Σ|p - q| between the heads' attention rows, averaged over
             queries; NaN for heads switched off in either run. Shape: (layer, head).
         attention_js: JS divergence in bits, averaged over queries; NaN where ``attention_tv`` is.
             Shape: (layer, head).
+        position: the token whose hidden state ``cls_cosine`` and ``cls_l2`` compare.
+        position_label: its name: "[CLS]", or "the last token".
     """
 
     masked_heads: np.ndarray
@@ -58,6 +64,8 @@ class MaskingEffect:
     cls_l2: np.ndarray
     attention_tv: np.ndarray
     attention_js: np.ndarray
+    position: int = 0
+    position_label: str = "[CLS]"
 
     def __post_init__(self) -> None:
         if self.attention_tv.shape != self.masked_heads.shape or self.attention_js.shape != self.masked_heads.shape:
@@ -86,8 +94,53 @@ class MaskingEffect:
         return int(layers[0]) if layers.size else None
 
 
-def compare_masking(baseline: AttentionTrace, masked: AttentionTrace) -> MaskingEffect:
+_ROWS = 128
+"""Query rows per block in ``_pattern_change``: float64 temporaries stay ~ head x 128 x n."""
+
+
+def _pattern_change(a: np.ndarray, b: np.ndarray, allowed: np.ndarray,
+                    queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Total variation and JS divergence (bits) between two layers' attention rows, averaged over the query rows
+    that attend to something. Computed in blocks of query rows, each only over the keys its rows may see (a causal
+    block needs no column right of its last row), in float64 with torch's threads.
+
+    Shape: a, b (head, q_pos, k_pos); allowed (q_pos, k_pos) bool; queries (q_pos,) bool -> (head,), (head,).
+    """
+    import torch
+
+    n_heads, n = a.shape[0], a.shape[1]
+    tv_sum = torch.zeros(n_heads, dtype=torch.float64)
+    js_sum = torch.zeros(n_heads, dtype=torch.float64)
+    for r0 in range(0, n, _ROWS):
+        r1 = min(r0 + _ROWS, n)
+        rows = queries[r0:r1]
+        if not rows.any():
+            continue
+        seen = np.flatnonzero(allowed[r0:r1].any(axis=0))
+        width = int(seen[-1]) + 1 if seen.size else 1
+        keep = torch.from_numpy(rows.copy())
+        p = torch.tensor(a[:, r0:r1, :width], dtype=torch.float64)[:, keep]  # one copy, read-only input untouched
+        q = torch.tensor(b[:, r0:r1, :width], dtype=torch.float64)[:, keep]
+        tv_sum += 0.5 * (p - q).abs().sum(-1).sum(-1)
+        # Renormalised as js_divergence does; a row summing to 0 (a switched-off head) gives NaN.
+        p = p / p.sum(-1, keepdim=True)
+        q = q / q.sum(-1, keepdim=True)
+        m = 0.5 * (p + q)
+        # sum p log(p/m) + q log(q/m) = sum p log p + q log q - 2 m log m; xlogy(0, .) = 0.
+        js = (0.5 * (torch.xlogy(p, p) + torch.xlogy(q, q)) - torch.xlogy(m, m)).sum(-1) / np.log(2.0)
+        js_sum += js.clamp(0.0, 1.0).sum(-1)
+    count = max(int(queries.sum()), 1)
+    return (tv_sum / count).numpy(), (js_sum / count).numpy()
+
+
+def compare_masking(baseline: AttentionTrace, masked: Any, position: int | None = None) -> MaskingEffect:
     """Compare a baseline trace with a trace of the same input and some heads switched off.
+
+    Args:
+        baseline: all heads on (or the reference head mask).
+        masked: the same input with some heads switched off: a trace, or the lean ``masked_run.MaskedRun``.
+        position: the token whose hidden states are compared; None for the one the family reads out ([CLS],
+            or a decoder's last token, ``_common.markers``).
 
     Raises:
         ValueError: the two traces are not of the same input and model.
@@ -96,21 +149,24 @@ def compare_masking(baseline: AttentionTrace, masked: AttentionTrace) -> Masking
         raise ValueError("Compare two traces of the same model and the same input; only head_mask may differ.")
     if baseline.hidden_states.shape != masked.hidden_states.shape:
         raise ValueError("The two traces have different hidden sizes; use the same model for both.")
+    names = markers(baseline)
+    label = names.readout_label if position is None else f"token {position}"
+    position = names.readout if position is None else int(position)
+    if not 0 <= position < baseline.n_tokens:
+        raise ValueError(f"position must be between 0 and {baseline.n_tokens - 1}, got {position}.")
     off = ~np.asarray(masked.head_mask, dtype=bool) | ~np.asarray(baseline.head_mask, dtype=bool)
-    h1 = np.asarray(baseline.hidden_states[:, 0, :], dtype=np.float64)  # (layer + 1, hidden)
-    h2 = np.asarray(masked.hidden_states[:, 0, :], dtype=np.float64)
+    h1 = np.asarray(baseline.hidden_states[:, position, :], dtype=np.float64)  # (layer + 1, hidden)
+    h2 = np.asarray(masked.hidden_states[:, position, :], dtype=np.float64)
     cosine = (h1 * h2).sum(-1) / np.maximum(np.linalg.norm(h1, axis=-1) * np.linalg.norm(h2, axis=-1), 1e-12)
-    queries = np.asarray(baseline.mask).any(axis=1)  # rows that attend to something
+    allowed = np.asarray(baseline.mask, dtype=bool)
+    queries = allowed.any(axis=1)  # rows that attend to something
     tv = np.empty(off.shape)
     js = np.empty(off.shape)
-    for layer in range(off.shape[0]):  # one layer at a time keeps float64 temporaries small at 512 tokens
+    for layer in range(off.shape[0]):
         if np.array_equal(baseline.attentions[layer], masked.attentions[layer]):
             tv[layer] = js[layer] = 0.0  # up to the first switched-off layer nothing changes: skip the logs
             continue
-        a1 = np.asarray(baseline.attentions[layer], dtype=np.float64)  # (head, q_pos, k_pos)
-        a2 = np.asarray(masked.attentions[layer], dtype=np.float64)
-        tv[layer] = (0.5 * np.abs(a1 - a2).sum(-1))[:, queries].mean(-1)
-        js[layer] = js_divergence(a1, a2)[:, queries].mean(-1)
+        tv[layer], js[layer] = _pattern_change(baseline.attentions[layer], masked.attentions[layer], allowed, queries)
     tv = np.where(off, np.nan, tv)
     js = np.where(off, np.nan, js)
     logits_b = None if baseline.logits is None else np.asarray(baseline.logits, dtype=np.float64)
@@ -123,4 +179,6 @@ def compare_masking(baseline: AttentionTrace, masked: AttentionTrace) -> Masking
         cls_l2=np.linalg.norm(h1 - h2, axis=-1),
         attention_tv=tv,
         attention_js=js,
+        position=position,
+        position_label=label,
     )

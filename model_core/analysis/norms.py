@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model_core.analysis._common import token_flags
+from model_core.analysis._common import markers, trace_flags
 from model_core.trace import AttentionTrace
 
 
@@ -35,7 +35,8 @@ def norm_weighted_attention(attentions: np.ndarray, value_norms: np.ndarray) -> 
 
 @dataclass(frozen=True, eq=False)
 class SpecialTokenMass:
-    """Share of attention that goes to [CLS] and [SEP], raw and norm-weighted.
+    """Share of attention that goes to [CLS] and [SEP], raw and norm-weighted (a decoder's: to the first token
+    and to its other special tokens; see ``_common.trace_flags``).
 
     Each share is the mass on those keys divided by the total mass, summed over all queries.
 
@@ -44,12 +45,19 @@ class SpecialTokenMass:
         raw_sep: Shape: (layer, head).
         norm_cls: Shape: (layer, head).
         norm_sep: Shape: (layer, head).
+        cls_label: the name of the "cls" keys in legends: "[CLS]", or "first token".
+        sep_label: the name of the "sep" keys: "[SEP]", or "other special tokens".
+        has_sep: whether the input has any "sep" key (a decoder's plain text has none: its shares are 0 and
+            ``per_layer`` leaves them out).
     """
 
     raw_cls: np.ndarray
     raw_sep: np.ndarray
     norm_cls: np.ndarray
     norm_sep: np.ndarray
+    cls_label: str = "[CLS]"
+    sep_label: str = "[SEP]"
+    has_sep: bool = True
 
     def __post_init__(self) -> None:
         shapes = {a.shape for a in (self.raw_cls, self.raw_sep, self.norm_cls, self.norm_sep)}
@@ -57,18 +65,21 @@ class SpecialTokenMass:
             raise ValueError("Every share must be a (layer, head) array of the same shape.")
 
     def per_layer(self) -> dict[str, np.ndarray]:
-        """Mean over heads of each share. Shape: each (layer,)."""
-        return {
-            "raw [CLS]": self.raw_cls.mean(axis=1),
-            "raw [SEP]": self.raw_sep.mean(axis=1),
-            "norm-weighted [CLS]": self.norm_cls.mean(axis=1),
-            "norm-weighted [SEP]": self.norm_sep.mean(axis=1),
-        }
+        """Mean over heads of each share, named "raw [CLS]", "norm-weighted [SEP]"... Shape: each (layer,)."""
+        out = {}
+        for kind, cls, sep in (("raw", self.raw_cls, self.raw_sep), ("norm-weighted", self.norm_cls, self.norm_sep)):
+            out[f"{kind} {self.cls_label}"] = cls.mean(axis=1)
+            if self.has_sep:
+                out[f"{kind} {self.sep_label}"] = sep.mean(axis=1)
+        return out
 
 
 def special_token_mass(trace: AttentionTrace) -> SpecialTokenMass:
-    """How much raw and norm-weighted attention lands on [CLS] and on [SEP], per (layer, head)."""
-    flags = token_flags(trace.tokens)
+    """How much raw and norm-weighted attention lands on [CLS] and on [SEP] (a decoder's first token and other
+    special tokens), per (layer, head). Grouped-query heads need nothing special: the trace's value norms are
+    already per query head."""
+    flags = trace_flags(trace)
+    names = markers(trace)
     raw = np.asarray(trace.attentions, dtype=np.float64)
     weighted = norm_weighted_attention(raw, trace.value_norms)
 
@@ -81,4 +92,7 @@ def special_token_mass(trace: AttentionTrace) -> SpecialTokenMass:
         raw_sep=share(raw, flags["sep"]),
         norm_cls=share(weighted, flags["cls"]),
         norm_sep=share(weighted, flags["sep"]),
+        cls_label=names.first_short,
+        sep_label=names.sep,
+        has_sep=bool(flags["sep"].any()),
     )

@@ -22,7 +22,7 @@ Measured with ``bench/bench_analysis.py`` (12 layers, 2 CPU cores): 48 tokens ta
 """
 
 FLOW_MAX_TOKENS_ONE_ROW = 160
-"""Largest input for the flow into one output token (e.g. [CLS]): n max-flow problems."""
+"""Largest input for the flow into one output token ([CLS], or a decoder's last token): n max-flow problems."""
 
 FLOW_SCALE = 2**20
 """Capacities are scaled to integers for scipy's max-flow; the rounding error per edge is < 1e-6."""
@@ -166,31 +166,55 @@ class RolloutResult:
     Attributes:
         rollout: Shape: (layer, q_pos, k_pos), rows sum to 1.
         flow: raw max-flow values, or None when the input is past the limit. Shape: (q_pos, k_pos).
-        cls_flow: the flow into output token 0 ([CLS]), or None when past the one-row limit.
+        target_flow: the flow into output token ``target``, or None when past the one-row limit.
             Shape: (k_pos,).
+        target: the output token whose relevance the pages show: 0 ([CLS], what a classifier reads) for an
+            encoder, the last token (the one that predicts the next) for a decoder.
     """
 
     rollout: np.ndarray
     flow: np.ndarray | None
-    cls_flow: np.ndarray | None
+    target_flow: np.ndarray | None
+    target: int = 0
+
+    def __post_init__(self) -> None:
+        n = self.rollout.shape[-1]
+        if not 0 <= self.target < n:
+            raise ValueError(f"target must be a token position between 0 and {n - 1}, got {self.target}.")
+
+    @property
+    def target_rollout(self) -> np.ndarray:
+        """Relevance of each input token to output token ``target`` after the last layer. Shape: (k_pos,)."""
+        return self.rollout[-1, self.target]
 
     @property
     def cls_rollout(self) -> np.ndarray:
-        """Relevance of each input token to [CLS] after the last layer. Shape: (k_pos,)."""
-        return self.rollout[-1, 0]
+        """``target_rollout`` (its name from when the target was always [CLS])."""
+        return self.target_rollout
+
+    @property
+    def cls_flow(self) -> np.ndarray | None:
+        """``target_flow`` (its name from when the target was always [CLS])."""
+        return self.target_flow
 
 
 def rollout_and_flow(
-    attentions: np.ndarray, head_mask: np.ndarray | None = None, residual: float = 0.5
+    attentions: np.ndarray, head_mask: np.ndarray | None = None, residual: float = 0.5, target: int = 0
 ) -> RolloutResult:
-    """Rollout, plus flow (full matrix and [CLS] row) wherever the input is within the limits."""
+    """Rollout, plus flow (full matrix and the ``target`` row) wherever the input is within the limits.
+
+    Args:
+        target: the output token whose relevance is wanted: 0 for [CLS], the last position for a decoder
+            (``_common.markers(trace).readout``); negative counts from the end.
+    """
     n = np.asarray(attentions).shape[-1]
+    target = target + n if target < 0 else target
     rollout = attention_rollout(attentions, head_mask, residual)
     flow = attention_flow(attentions, head_mask, residual) if n <= FLOW_MAX_TOKENS else None
     if flow is not None:
-        cls_flow = flow[0]
+        target_flow = flow[target]
     elif n <= FLOW_MAX_TOKENS_ONE_ROW:
-        cls_flow = attention_flow(attentions, head_mask, residual, rows=[0])[0]
+        target_flow = attention_flow(attentions, head_mask, residual, rows=[target])[target]
     else:
-        cls_flow = None
-    return RolloutResult(rollout=rollout, flow=flow, cls_flow=cls_flow)
+        target_flow = None
+    return RolloutResult(rollout=rollout, flow=flow, target_flow=target_flow, target=target)

@@ -14,7 +14,8 @@ import torch
 
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.corpus.stats import N_STATS, BatchMasks, batch_head_stats
-from model_core.encoding import clean_text
+from model_core.encoding import MAX_TEXT_CHARS, clean_text
+from model_core.families import Family
 
 LongPolicy = Literal["truncate", "skip"]
 DEFAULT_CELL_BUDGET = 2**25
@@ -55,13 +56,16 @@ class ChunkResult:
 
 
 def encode_texts(tokenizer, texts: list[tuple[str, str | None]], first_id: int, max_tokens: int,
-                 long: LongPolicy) -> tuple[list[EncodedText], list[tuple[int, int]]]:
-    """Tokenise a shard: [CLS] A [SEP] (B [SEP]), as ``model_core.encoding.encode`` does.
+                 long: LongPolicy, family: Family | None = None) -> tuple[list[EncodedText], list[tuple[int, int]]]:
+    """Tokenise a shard as the model family reads one text (``Family.encode``): [CLS] A [SEP] (B [SEP]) for an
+    encoder, batched; a decoder's pair is A, a line break, then B.
 
     Returns:
         The texts to run, and (text id, length) of the texts skipped for being longer than
         ``max_tokens`` (with ``long="skip"``; with ``"truncate"`` they are cut and flagged).
     """
+    if family is not None and family.is_decoder:
+        return _encode_decoder_texts(tokenizer, texts, first_id, max_tokens, long, family)
     cleaned = [(clean_text(a) or "[UNK]", clean_text(b) or None) for a, b in texts]
     singles = [i for i, (_, b) in enumerate(cleaned) if b is None]
     pairs = [i for i, (_, b) in enumerate(cleaned) if b is not None]
@@ -86,6 +90,24 @@ def encode_texts(tokenizer, texts: list[tuple[str, str | None]], first_id: int, 
             ids, types = cut["input_ids"], cut.get("token_type_ids") or [0] * len(cut["input_ids"])
             truncated = True
         result.append(EncodedText(first_id + i, ids, types, b is not None, truncated))
+    return result, skipped
+
+
+def _encode_decoder_texts(tokenizer, texts: list[tuple[str, str | None]], first_id: int, max_tokens: int,
+                          long: LongPolicy, family: Family) -> tuple[list[EncodedText], list[tuple[int, int]]]:
+    result, skipped = [], []
+    for i, (a, b) in enumerate(texts):
+        # the character cap of one text is the page's; a corpus text over it is over the token limit anyway
+        a = clean_text(a)[: MAX_TEXT_CHARS // 2] or (tokenizer.unk_token or "?")
+        b = clean_text(b)[: MAX_TEXT_CHARS // 2]
+        full = family.encode(tokenizer, a, b, max_tokens=10**9)
+        n = full.input_ids.shape[1]
+        if n > max_tokens and long == "skip":
+            skipped.append((first_id + i, n))
+            continue
+        enc = full if n <= max_tokens else family.encode(tokenizer, a, b, max_tokens=max_tokens, truncate=True)
+        result.append(EncodedText(first_id + i, enc.input_ids[0].tolist(), enc.token_type_ids[0].tolist(),
+                                  bool(b), n > max_tokens))
     return result, skipped
 
 
@@ -172,7 +194,7 @@ def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: li
 
     start = time.perf_counter()
     limit = min(max_tokens, model.max_positions)
-    encoded, skipped = encode_texts(model.tokenizer, texts, first_id, limit, long)
+    encoded, skipped = encode_texts(model.tokenizer, texts, first_id, limit, long, model.family)
     n = len(texts)
     stats = np.full((n, N_STATS, model.n_layers, model.n_heads), np.nan, dtype=np.float32)
     n_tokens = np.zeros(n, dtype=np.int32)

@@ -1,4 +1,5 @@
-"""Which model a corpus runs through, and a loaded copy that gives the attention weights of a padded batch."""
+"""Which model a corpus runs through, and a loaded copy that runs padded batches through the model family's one
+forward pass (``Family.forward``, the same pass a single trace takes)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import torch
 
 from model_core.corpus.stats import TokenClasses
-from model_core.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
+from model_core.custom_spec import CustomSpec, describe_custom
+from model_core.families import Family, family_of
+from model_core.loading import load_tokenizer, select_device
 from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
 
 if TYPE_CHECKING:
-    from model_core.request import TraceRequest
-from model_core.custom_spec import CustomSpec, build_custom_model, describe_custom
+    from model_core.request import Models, TraceRequest
+
+_OLD_KIND = {"bert": "pretrained"}  # run folders written before decoders named every pretrained model "bert"
+_OLD_SHAPE_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads"}  # before EncoderConfig's names
 
 
 @dataclass(frozen=True)
@@ -21,96 +26,117 @@ class CorpusModel:
     """What identifies the model of a corpus run; ``key()`` is what a run folder records.
 
     Attributes:
-        kind: "bert" (transformers' BertModel) or "custom" (the chapter-3 encoder).
-        model_id: the BERT to load, or whose weights the custom encoder takes; None for random weights.
+        kind: "pretrained" (a transformers model of any supported family) or "custom" (the chapter-3 encoder);
+            "bert", the old name, means "pretrained".
+        model_id: the pretrained model, or the BERT whose weights the custom encoder takes; None for random weights.
         custom: the custom encoder's spec (kind "custom" only).
     """
 
-    kind: Literal["bert", "custom"]
+    kind: Literal["pretrained", "custom"]
     model_id: str | None = None
     custom: CustomSpec | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("bert", "custom"):
-            raise ValueError(f"model must be 'bert' or 'custom', got {self.kind!r}.")
+        object.__setattr__(self, "kind", _OLD_KIND.get(self.kind, self.kind))
+        if self.kind not in ("pretrained", "custom"):
+            raise ValueError(f"model must be 'pretrained' or 'custom', got {self.kind!r}.")
         if (self.kind == "custom") != (self.custom is not None):
-            raise ValueError("A custom model needs a CustomSpec, and a BERT must not have one.")
+            raise ValueError("A custom model needs a CustomSpec, and a pretrained model must not have one.")
 
     @classmethod
     def from_request(cls, request: "TraceRequest") -> "CorpusModel":
         """The model of a trace request (its text and head mask play no part); no id means the bundled model."""
-        if request.model == "bert":
-            return cls("bert", request.model_id or BUNDLED_MODEL_ID)
+        if request.model == "pretrained":
+            return cls("pretrained", request.model_id or BUNDLED_MODEL_ID)
         spec = request.spec(BUNDLED_MODEL_ID)
         return cls("custom", spec.model_id, spec)
 
     @classmethod
     def from_options(cls, model: str, model_id: str | None = None, *, weights: str = "random", seed: int = 0,
-                     causal: bool = False, norm_placement: str = "pre", num_layers: int = 12, num_heads: int = 12,
+                     causal: bool = False, norm_placement: str = "pre", num_hidden_layers: int = 12, num_attention_heads: int = 12,
                      hidden_size: int = 768) -> "CorpusModel":
         """From the command line's options (those that do not apply are ignored), through a TraceRequest."""
         from model_core.request import TraceRequest
 
-        if model not in ("bert", "custom"):
-            raise ValueError(f"--model must be 'bert' or 'custom', got {model!r}.")
+        if model not in ("pretrained", "bert", "custom"):
+            raise ValueError(f"--model must be 'pretrained' or 'custom', got {model!r}.")
         return cls.from_request(TraceRequest(
             model, "", model_id=model_id, weights=weights, seed=seed, causal=causal,  # type: ignore[arg-type]
-            norm_placement=norm_placement, num_layers=num_layers, num_heads=num_heads,  # type: ignore[arg-type]
+            norm_placement=norm_placement, num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,  # type: ignore[arg-type]
             hidden_size=hidden_size))
 
     def key(self) -> dict[str, Any]:
         """A JSON-able identity: two runs of equal keys ran the same model."""
-        if self.kind == "bert":
-            return {"kind": "bert", "model_id": self.model_id}
+        if self.kind == "pretrained":
+            return {"kind": "pretrained", "model_id": self.model_id}
         return {"kind": "custom", **asdict(self.custom)}  # type: ignore[arg-type]
 
     @classmethod
     def from_key(cls, key: dict[str, Any]) -> "CorpusModel":
-        """The inverse of ``key()``."""
-        key = dict(key)
-        kind = key.pop("kind", None)
-        if kind == "bert":
-            return cls("bert", key.get("model_id"))
+        """The inverse of ``key()``; also reads the keys of older run folders ("bert", "num_layers", "num_heads")."""
+        key = {_OLD_SHAPE_NAMES.get(name, name): value for name, value in key.items()}
+        raw = key.pop("kind", None)
+        kind = _OLD_KIND.get(raw, raw)
+        if kind == "pretrained":
+            return cls("pretrained", key.get("model_id"))
         spec = CustomSpec(**key)
         return cls("custom", spec.model_id, spec)
 
     def label(self) -> str:
         """A short name for messages."""
-        if self.kind == "bert":
-            return f"BERT {self.model_id}"
+        if self.kind == "pretrained":
+            return f"pretrained model {self.model_id}"
         s = self.custom
         assert s is not None
         weights = f"BERT weights of {s.model_id}" if s.weights == "pretrained" else f"random weights, seed {s.seed}"
-        return (f"custom encoder ({weights}, {s.num_layers}x{s.num_heads}, hidden {s.hidden_size}, "
+        return (f"custom encoder ({weights}, {s.num_hidden_layers}x{s.num_attention_heads}, hidden {s.hidden_size}, "
                 f"{s.norm_placement}-LN, {'causal' if s.causal else 'bidirectional'})")
 
-    def tokenizer(self) -> Any:
-        """The model's WordPiece tokenizer, without loading the model where it can be avoided."""
+    def family(self) -> Family:
+        """The model's family, from its config alone (no weights loaded)."""
+        from model_core.families import FAMILIES, family_of_type
+
         if self.kind == "custom":
-            return load_tokenizer(self.model_id)
+            return FAMILIES["custom"]
+        from transformers import AutoConfig
+
         from model_core.loading import resolve_model_source
 
         source = resolve_model_source(self.model_id)
-        if source.kind == "bundled":
-            return load_tokenizer(None)
-        return load_pretrained(self.model_id).tokenizer
+        config = AutoConfig.from_pretrained(source.location, local_files_only=source.kind != "hub")
+        family = family_of_type(getattr(config, "model_type", None))
+        if family is None:
+            raise ValueError(f"{self.model_id!r} is a {config.model_type!r} model, which no family serves.")
+        return family
 
-    def load(self, device: str | torch.device | None = None, settings: Settings | None = None) -> "LoadedCorpusModel":
-        """Load (or build) the model on ``device`` (default: the settings', cuda → mps → cpu)."""
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (for the bundled BERT vocabulary, without loading a model)."""
+        return load_tokenizer(self.model_id)
+
+    def load(self, device: str | torch.device | None = None, settings: Settings | None = None,
+             models: "Models | None" = None) -> "LoadedCorpusModel":
+        """Load (or build) the model on ``device`` (default: the settings', cuda → mps → cpu) from ``models``
+        (default: ``model_core.Models()``; the app passes its cached ones), the same models traces use."""
+        from model_core.request import Models
+
         settings = settings or load_settings()
+        models = models or Models()
         dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
-        if self.kind == "bert":
-            return LoadedCorpusModel.from_bert(self, load_pretrained(self.model_id, device=dev, settings=settings))
+        if self.kind == "pretrained":
+            loaded = models.pretrained(self.model_id or settings.default_model, dev)
+            return LoadedCorpusModel.build(self, loaded.model, loaded.tokenizer, loaded.description)
         assert self.custom is not None
-        module = build_custom_model(self.custom, dev)
-        return LoadedCorpusModel.from_custom(self, module, load_tokenizer(self.custom.model_id))
+        module = models.custom(self.custom, dev)
+        return LoadedCorpusModel.build(self, module, models.tokenizer(self.custom.model_id, dev),
+                                       describe_custom(self.custom, module))
 
 
 class BatchVectors(NamedTuple):
     """Per-layer vectors of a padded batch, for the token sample (queries/keys of every head side by side).
 
-    Shape: queries, keys: layer tensors of (batch, pos, hidden), head h in columns h*d_head:(h+1)*d_head;
-    hidden: layer + 1 tensors of (batch, pos, hidden) (the embeddings first). Either may be None.
+    Shape: queries, keys: layer tensors of (batch, pos, head * d_head), head h in columns h*d_head:(h+1)*d_head
+    (keys of grouped-query attention repeated per query head); hidden: layer + 1 tensors of (batch, pos, hidden)
+    (the embeddings first). Either may be None.
     """
 
     queries: list[torch.Tensor] | None
@@ -120,10 +146,11 @@ class BatchVectors(NamedTuple):
 
 @dataclass(frozen=True, eq=False)
 class LoadedCorpusModel:
-    """A model ready for batches: the module, its tokenizer, its device and its token classes."""
+    """A model ready for batches: the module, its family, its tokenizer, its device and its token classes."""
 
     spec: CorpusModel
     module: Any
+    family: Family
     tokenizer: Any
     device: torch.device
     description: str
@@ -134,19 +161,12 @@ class LoadedCorpusModel:
     hidden_size: int
 
     @classmethod
-    def from_bert(cls, spec: CorpusModel, loaded: LoadedModel) -> "LoadedCorpusModel":
-        c = loaded.model.config
-        return cls(spec, loaded.model, loaded.tokenizer, loaded.device, loaded.description, c.num_hidden_layers,
-                   c.num_attention_heads, c.max_position_embeddings, TokenClasses.from_tokenizer(loaded.tokenizer),
-                   c.hidden_size)
-
-    @classmethod
-    def from_custom(cls, spec: CorpusModel, module: Any, tokenizer: Any) -> "LoadedCorpusModel":
+    def build(cls, spec: CorpusModel, module: Any, tokenizer: Any, description: str) -> "LoadedCorpusModel":
+        family = family_of(module)
         c = module.config
-        assert spec.custom is not None
-        return cls(spec, module, tokenizer, next(module.parameters()).device, describe_custom(spec.custom, module),
-                   c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings,
-                   TokenClasses.from_tokenizer(tokenizer), c.hidden_size)
+        return cls(spec, module, family, tokenizer, next(module.parameters()).device, description,
+                   family.n_layers(c), family.n_heads(c), family.max_positions(c),
+                   TokenClasses.from_tokenizer(tokenizer, first_token=family.is_decoder), c.hidden_size)
 
     def layer_weights(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                       attention_mask: torch.Tensor) -> list[torch.Tensor]:
@@ -163,29 +183,12 @@ class LoadedCorpusModel:
 
         Shape: inputs (batch, pos); weights as ``layer_weights``; vectors as ``BatchVectors``.
         """
-        if self.spec.kind == "bert":
-            captured: dict[tuple[int, str], torch.Tensor] = {}
-            handles = []
-            if qk:
-                for i, layer in enumerate(self.module.encoder.layer):
-                    for name in ("query", "key"):
-                        module = getattr(layer.attention.self, name)
-                        handles.append(module.register_forward_hook(
-                            lambda _m, _i, out, key=(i, name): captured.__setitem__(key, out)))
-            try:
-                out = self.module(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                                  output_attentions=True, output_hidden_states=hidden)
-            finally:
-                for h in handles:
-                    h.remove()
-            if not out.attentions or out.attentions[0] is None:
-                raise RuntimeError("The model returned no attentions; load it with attn_implementation='eager'.")
-            pick = (lambda name: [captured[(i, name)] for i in range(self.n_layers)]) if qk else (lambda name: None)
-            return list(out.attentions), BatchVectors(pick("query"), pick("key"),
-                                                      list(out.hidden_states) if hidden else None)
-        out = self.module(input_ids, token_type_ids, attention_mask)
-        layers = out.encoder.layers
-        weights = [torch.stack([h.step.weights for h in layer.heads], dim=1) for layer in layers]
-        cat = (lambda attr: [torch.cat([getattr(h, attr) for h in layer.heads], dim=-1) for layer in layers]) \
-            if qk else (lambda attr: None)
-        return weights, BatchVectors(cat("query"), cat("key"), list(out.encoder.hidden_states) if hidden else None)
+        out = self.family.forward(self.module, input_ids, token_type_ids, attention_mask, vectors=qk, hidden=hidden)
+        side_by_side = None
+        if qk:
+            kv = torch.as_tensor(self.family.kv_heads(self.module.config), device=self.device)
+            # (batch, head, pos, d_head) -> (batch, pos, head * d_head)
+            flat = lambda t: t.permute(0, 2, 1, 3).flatten(2)  # noqa: E731
+            side_by_side = ([flat(q) for q in out.queries], [flat(k.index_select(1, kv)) for k in out.keys])
+        return list(out.weights), BatchVectors(side_by_side[0] if qk else None, side_by_side[1] if qk else None,
+                                               list(out.hidden) if hidden else None)

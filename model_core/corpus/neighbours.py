@@ -13,7 +13,6 @@ from model_core.corpus.index import index_path, search
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.corpus.sample import array_path
 from model_core.corpus.store import CorpusRun, CorpusRunError, open_run
-from model_core.encoding import encode
 
 
 def _require_index(run: CorpusRun) -> dict[str, Any]:
@@ -38,7 +37,7 @@ def token_states(loaded: LoadedCorpusModel, text: str, text_b: str | None = None
 
     Shape: -> (layer + 1, pos, hidden) float32.
     """
-    encoded = encode(loaded.tokenizer, text, text_b, max_tokens=min(512, loaded.max_positions))
+    encoded = loaded.family.encode(loaded.tokenizer, text, text_b or "", max_tokens=min(512, loaded.max_positions))
     ids = encoded.input_ids.to(loaded.device)
     types = encoded.token_type_ids.to(loaded.device)
     _, vectors = loaded.forward(ids, types, torch.ones_like(ids), hidden=True)

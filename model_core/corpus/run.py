@@ -8,15 +8,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from model_core.analysis.head_stats import STAT_NAMES
+from model_core.analysis.per_head import STAT_NAMES
 from model_core.corpus.batches import ChunkResult, LongPolicy, encode_texts, process_chunk
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
+from model_core.families import Family
 from model_core.corpus.sample import array_path, create_arrays, plan_sample, write_rows
 from model_core.corpus.sources import Corpus
 from model_core.corpus.stats import PatternRules, StatSums
 from model_core.corpus import store
 from model_core.memory import release_freed_memory
-from model_core.settings import HARD_MAX_TOKENS
+
+CORPUS_MAX_TOKENS = 512
+"""The longest corpus text: a batch holds every layer x head x n² weights of its texts at once."""
 
 Engine = Literal["local", "ray"]
 
@@ -27,7 +30,7 @@ class RunOptions:
 
     batch_size: int = 64
     chunk_size: int = 512
-    max_tokens: int = HARD_MAX_TOKENS
+    max_tokens: int = CORPUS_MAX_TOKENS
     long: LongPolicy = "truncate"
     sample_cap: int = 0  # tokens in the token sample; 0 keeps none
     keep_qk: bool = False  # keep the sample's queries and keys (the query-key space)
@@ -39,8 +42,8 @@ class RunOptions:
             raise ValueError(f"--batch-size must be between 1 and 4096, got {self.batch_size}.")
         if not 1 <= self.chunk_size <= 1_000_000:
             raise ValueError(f"The shard size must be between 1 and 1,000,000, got {self.chunk_size}.")
-        if not 3 <= self.max_tokens <= HARD_MAX_TOKENS:
-            raise ValueError(f"--max-tokens must be between 3 and {HARD_MAX_TOKENS}, got {self.max_tokens}.")
+        if not 3 <= self.max_tokens <= CORPUS_MAX_TOKENS:
+            raise ValueError(f"--max-tokens must be between 3 and {CORPUS_MAX_TOKENS}, got {self.max_tokens}.")
         if self.long not in ("truncate", "skip"):
             raise ValueError(f"--long must be 'truncate' or 'skip', got {self.long!r}.")
         if self.sample_cap < 0 or ((self.keep_qk or self.index) and self.sample_cap == 0):
@@ -76,7 +79,7 @@ def _shards(corpus: Corpus, chunk_size: int) -> list[tuple[int, int, list[tuple[
 
 
 def _plan_sample(out: Path, corpus: Corpus, tokenizer, options: RunOptions, limit: int, n_layers: int,
-                 hidden_size: int):
+                 hidden_size: int, family: Family):
     """Plan the token sample from every text's tokens (tokenising is cheap; the model has not run yet) and
     allocate its arrays; a resume plans the same sample and keeps the rows already written."""
     import pyarrow as pa
@@ -84,7 +87,7 @@ def _plan_sample(out: Path, corpus: Corpus, tokenizer, options: RunOptions, limi
 
     token_ids: dict[int, list[int]] = {}
     for _, first, texts in _shards(corpus, options.chunk_size):
-        encoded, _ = encode_texts(tokenizer, texts, first, limit, options.long)
+        encoded, _ = encode_texts(tokenizer, texts, first, limit, options.long, family)
         token_ids.update({t.text_id: t.ids for t in encoded})
     plan = plan_sample(token_ids, options.sample_cap, options.sample_seed)
     kinds = {}
@@ -107,7 +110,7 @@ def _prepare_folder(out: Path, corpus: Corpus, model: CorpusModel, options: RunO
         if not resume:
             raise store.CorpusRunError(f"{str(out)!r} already holds a corpus run. Pass --resume to continue it, "
                                        "or choose another --out folder.")
-        if manifest["model"] != model.key():
+        if CorpusModel.from_key(manifest["model"]).key() != model.key():
             theirs = CorpusModel.from_key(manifest["model"]).label()
             raise store.CorpusRunError(f"{str(out)!r} was run with {theirs}, not {model.label()}; resume it with "
                                        "the same model, or choose another --out folder.")
@@ -170,7 +173,7 @@ def run_corpus(
                                                                                           ray_num_cpus)
         tokenizer = model.tokenizer() if options.sampling else None
     plan = _plan_sample(out, corpus, tokenizer, options, min(options.max_tokens, max_positions), n_layers,
-                        hidden_size) \
+                        hidden_size, local.family if local is not None else model.family()) \
         if options.sampling else None
     done = set(store.done_parts(out))
     sums, tally = store.tally_parts(out, n_layers, n_heads)

@@ -14,7 +14,7 @@ import numpy as np
 
 SAMPLE_DIR = "sample"
 DEFAULT_CAP = 20_000
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+"""Tokens in the sample unless told otherwise: the command line's ``--sample-cap`` and the corpus page."""
 
 
 def priorities(text_ids: np.ndarray, positions: np.ndarray, seed: int = 0) -> np.ndarray:

@@ -21,6 +21,9 @@ FILE_KINDS = (".txt", ".csv", ".tsv", ".jsonl")
 MAX_FILE_BYTES = 512 * 1024 * 1024
 
 
+_COLUMN_GUESSES = ("text", "sentence", "sentence1", "text_a")  # the text column when none is named
+
+
 class CorpusInputError(ValueError):
     """The texts cannot be read; the message says what to change."""
 
@@ -87,17 +90,40 @@ def demo_corpus(limit: int | None = None) -> Corpus:
     return _collect(DEMO_NAME, ((r["text"], r.get("text_b")) for r in rows), limit, [])
 
 
+# Byte-order marks, longest first (UTF-32 LE's starts with UTF-16 LE's): Windows Notepad saves "Unicode" as
+# UTF-16 LE with a mark, and "UTF-8 with BOM" with the UTF-8 one.
+_BOMS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
+         (b"\xfe\xff", "utf-16"), (b"\xef\xbb\xbf", "utf-8-sig"))
+
+
 def _decode(data: bytes, name: str) -> str:
-    if not data.strip():
+    """The file's text: UTF-8, or UTF-8/16/32 with a byte-order mark."""
+    encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), None)
+    if encoding not in (None, "utf-8-sig"):
+        try:
+            text = data.decode(encoding)  # the codec reads the mark and drops it
+        except UnicodeDecodeError as exc:
+            raise CorpusInputError(f"{name} starts with a {encoding.upper()} byte-order mark but is not valid "
+                                   f"{encoding.upper()} (at byte {exc.start}); save it as UTF-8 and upload it again.") from None
+    else:
+        if b"\x00" in data[:65536]:
+            raise CorpusInputError(f"{name} looks like a binary file (it has NUL bytes); upload plain text, CSV, TSV or "
+                                   "JSONL. If it is UTF-16 text without a byte-order mark, save it as UTF-8.")
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            line = data[: exc.start].count(b"\n") + 1
+            raise CorpusInputError(f"{name} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
+                                   "save it as UTF-8 and upload it again.") from None
+    if not text.strip():
         raise CorpusInputError(f"{name} is empty; upload a file with one text per line (or a table with a text column).")
-    if b"\x00" in data[:65536]:
-        raise CorpusInputError(f"{name} looks like a binary file (it has NUL bytes); upload plain text, CSV, TSV or JSONL.")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise CorpusInputError(f"{name} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
-                               "save it as UTF-8 and upload it again.") from None
+    return text
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """An uploaded text file's text (UTF-8, or UTF-8/16/32 with a byte-order mark); ``CorpusInputError`` says why
+    not (binary, another encoding, empty)."""
+    return _decode(data, name)
 
 
 def file_kind(name: str) -> str:
@@ -133,7 +159,7 @@ def _json_object(line: str, number: int, name: str) -> dict:
 
 def _pick(columns: list[str], column: str | None, name: str) -> str:
     if column is None:
-        for guess in ("text", "sentence", "sentence1", "text_a"):
+        for guess in _COLUMN_GUESSES:
             if guess in columns:
                 return guess
         if not columns:
@@ -188,7 +214,15 @@ def read_upload(data: bytes, name: str, *, column: str | None = None, pair_colum
                 yield _cell(obj[col]) or "", _cell(obj.get(pair_column)) if pair_column else None
 
         return _collect(name, jsonl_rows(), limit, notes)
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if kind == ".tsv" else ",")
+    return _read_table(text, name, kind, column, pair_column, limit)
+
+
+def _read_table(text: str, name: str, kind: str, column: str | None, pair_column: str | None,
+                limit: int | None) -> Corpus:
+    """A .csv or .tsv: a header row, then one text per row."""
+    delimiter, what = ("\t", "tab") if kind == ".tsv" else (",", "comma")
+    lines = io.StringIO(text, newline="").readlines()
+    reader = csv.reader(lines, delimiter=delimiter)
     try:
         header = [h.strip() for h in next(reader)]
     except StopIteration:
@@ -197,17 +231,50 @@ def read_upload(data: bytes, name: str, *, column: str | None = None, pair_colum
         raise CorpusInputError(f"{name} is not a valid table ({exc}).") from None
     col = header.index(_pick(header, column, name))
     pair = header.index(_pick(header, pair_column, name)) if pair_column else None
+    notes: list[str] = []
+    one_column = delimiter not in text
+    if one_column and column is None and header[0] not in _COLUMN_GUESSES:
+        notes.append(f"{name} has no {what}: read as one column, its first line ({header[0][:60]!r}) taken as the "
+                     "header row, not as a text.")
+    rows = 0
 
     def table_rows() -> Iterator[tuple[str, str | None]]:
+        nonlocal rows
+        start = end = reader.line_num  # the lines before the last row read, and through it
         try:
             for row in reader:
-                if not any(cell.strip() for cell in row):
-                    continue
-                yield (row[col] if col < len(row) else ""), (row[pair] if pair is not None and pair < len(row) else None)
+                start, end = end, reader.line_num
+                if any(cell.strip() for cell in row):
+                    rows += 1
+                    yield (row[col] if col < len(row) else ""), (row[pair] if pair is not None and pair < len(row) else None)
         except csv.Error as exc:
             raise CorpusInputError(f"{name}, line {reader.line_num}: {exc}; check the quoting.") from None
+        _check_quotes_closed("".join(lines[start:]), start + 1, len(lines), name, delimiter)
 
-    return _collect(name, table_rows(), limit, notes)
+    try:
+        return _collect(name, table_rows(), limit, notes)
+    except CorpusInputError as exc:
+        if rows:
+            raise
+        hint = (f" It has no {what}, so it is one column." if one_column else "")
+        raise CorpusInputError(
+            f"{name} has no texts: its only non-empty line, {header[0][:60]!r}, is the header row a {kind} file starts "
+            f"with (the column names), and no row follows it.{hint} Put a header line such as 'text' above the texts, "
+            "or upload them as a .txt file (one text per line).") from exc
+
+
+def _check_quotes_closed(last_row: str, first_line: int, n_lines: int, name: str, delimiter: str) -> None:
+    """Refuse a table whose last row opens a quote it never closes: the lenient reader would have made the
+    rest of the file one text."""
+    try:
+        list(csv.reader(io.StringIO(last_row, newline=""), delimiter=delimiter, strict=True))
+    except csv.Error as exc:
+        if "unexpected end of data" not in str(exc):
+            return  # other quoting quirks the lenient reader accepts stay accepted
+        raise CorpusInputError(
+            f"{name}, line {first_line}: a quote (\") opens a field that is never closed, so lines {first_line}-"
+            f"{n_lines} would all be one text. Close the quote, or write a quote inside a text as two (\"\")."
+        ) from None
 
 
 def read_path(path: str | Path, **kwargs) -> Corpus:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from model_core.analysis._common import CLS_TOKENS, SEP_TOKENS, is_punctuation, is_special
-from model_core.analysis.head_stats import STAT_NAMES
+from model_core.analysis.per_head import STAT_NAMES
 
 N_STATS = len(STAT_NAMES)
 _IDX = {name: i for i, name in enumerate(STAT_NAMES)}
@@ -31,19 +31,24 @@ class TokenClasses:
     sep: np.ndarray
     special: np.ndarray
     punct: np.ndarray
+    first_token: bool = False
+    """A decoder's: the "cls" share is the share to position 0 (the first token), whatever it is."""
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "TokenClasses":
+    def from_tokenizer(cls, tokenizer, first_token: bool = False) -> "TokenClasses":
         """Classify every token of ``tokenizer``'s vocabulary once (30k WordPieces: ~20 ms)."""
         vocab = tokenizer.get_vocab()
-        size = max(vocab.values()) + 1
+        size = max(max(vocab.values()) + 1, len(tokenizer))
+        specials = set(getattr(tokenizer, "all_special_tokens", ()))
         flags = {name: np.zeros(size, dtype=bool) for name in ("cls", "sep", "special", "punct")}
         for token, index in vocab.items():
-            flags["cls"][index] = token in CLS_TOKENS
-            flags["sep"][index] = token in SEP_TOKENS
-            flags["special"][index] = is_special(token)
-            flags["punct"][index] = is_punctuation(token)
-        return cls(**flags)
+            special = is_special(token) or token in specials
+            flags["cls"][index] = token in CLS_TOKENS and not first_token
+            # a decoder's "sep" share is to its special tokens after position 0 (as analysis.trace_flags)
+            flags["sep"][index] = special if first_token else token in SEP_TOKENS
+            flags["special"][index] = special
+            flags["punct"][index] = is_punctuation(token) and not special
+        return cls(**flags, first_token=first_token)
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,16 @@ class BatchMasks:
         look = lambda table: torch.from_numpy(table[ids]).to(device, torch.float32)  # noqa: E731
         valid = attention_mask.to(torch.float32)
         special = look(classes.special)
+        first, sep = look(classes.cls) * valid, look(classes.sep) * valid
+        if classes.first_token:  # a decoder: position 0, whatever it is, and the specials after it
+            first = torch.zeros_like(valid)
+            first[:, 0] = valid[:, 0]
+            sep = sep * (1 - first)
+            special = torch.maximum(special, first)  # its first token is its sink, not a word of A
         words = valid * (1 - special) * is_pair.to(device, torch.float32)[:, None]
         types = token_type_ids.to(torch.float32)
         words_a, words_b = words * (1 - types), words * types
-        keys = torch.stack([look(classes.cls) * valid, look(classes.sep) * valid, look(classes.punct) * valid,
+        keys = torch.stack([first, sep, look(classes.punct) * valid,
                             words_a, words_b], dim=-1)
         return cls(valid=valid, keys=keys, words_a=words_a, words_b=words_b, lengths=valid.sum(-1))
 
@@ -111,7 +122,8 @@ def batch_head_stats(weights: torch.Tensor, masks: BatchMasks) -> torch.Tensor:
     stats = {
         "entropy": query_mean(entropy),
         "to_cls": query_mean(to_keys[..., 0]),
-        "to_sep": query_mean(to_keys[..., 1]),
+        # no [SEP]-like token in the text (a decoder's plain text): undefined, as the one-text statistics say
+        "to_sep": torch.where(masks.keys[..., 1].sum(-1)[:, None] > 0, query_mean(to_keys[..., 1]), nan),
         "to_punct": query_mean(to_keys[..., 2]),
         "to_self": query_mean(diag),
         "to_prev": query_mean(prev, pairs, (n - 1).clamp_min(1)),

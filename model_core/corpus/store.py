@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from model_core.analysis.head_stats import STAT_NAMES
+from model_core.analysis.per_head import STAT_NAMES
 from model_core.corpus.batches import ChunkResult
 from model_core.corpus.stats import PatternRules, StatSums, pattern_types
 

@@ -4,6 +4,10 @@ of BERT's Attention" (BlackboxNLP).
 Every statistic is averaged over the query positions of one input, giving one number per
 (layer, head): how spread out the head's attention is, and how much of it goes to [CLS], to [SEP],
 to punctuation, to the token itself, to the previous and next token, and across the two sentences.
+
+A decoder has no [CLS] or [SEP]: its ``to_cls`` is the share to the first token (the attention sink) and its
+``to_sep`` the share to the tokenizer's special tokens after it (``_common.trace_flags``); the names stay, the
+titles come from ``stat_titles``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from model_core.analysis._common import entropy_bits, token_flags
+from model_core.analysis._common import entropy_bits, markers, trace_flags
 from model_core.trace import AttentionTrace
 
 STAT_NAMES: tuple[str, ...] = (
@@ -34,6 +38,13 @@ STAT_TITLES: dict[str, str] = {
     "b_to_a": "Share from sentence B to A",
     "max_weight": "Largest weight",
 }
+"""Titles of an encoder's statistics; ``stat_titles`` gives any trace's."""
+
+
+def stat_titles(trace: AttentionTrace) -> dict[str, str]:
+    """``STAT_TITLES`` in the words of the trace's family: "Share to the first token" for a decoder's ``to_cls``."""
+    names = markers(trace)
+    return {**STAT_TITLES, "to_cls": f"Share to {names.first}", "to_sep": f"Share to {names.sep}"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,16 +53,18 @@ class HeadStats:
 
     Attributes:
         entropy: mean over queries of the entropy of the attention row, in bits.
-        to_cls: mean over queries of the weight on [CLS].
-        to_sep: mean over queries of the weight on all [SEP] tokens.
+        to_cls: mean over queries of the weight on [CLS] (a decoder's: on the first token).
+        to_sep: mean over queries of the weight on all [SEP] tokens (a decoder's: on its special tokens after
+            the first); NaN when the input has none.
         to_punct: mean over queries of the weight on punctuation tokens.
         to_self: mean over queries i of α_ii.
         to_prev: mean over queries i ≥ 1 of α_i,i-1.
         to_next: mean over queries i < n-1 of α_i,i+1.
-        a_to_b: mean over the words of sentence A (specials excluded) of the weight on the words of
-            sentence B; NaN for a single sentence.
+        a_to_b: mean over the words of sentence A (specials and a decoder's first token excluded) of the
+            weight on the words of sentence B; NaN for a single sentence.
         b_to_a: the same from B to A; NaN for a single sentence.
-        max_weight: the largest single weight of the head, over every query and key (not an average over
+        max_weight: the largest single weight of the head, over every query that may see more than one key
+            (a causal head's first query can only put 1 on itself), and every key (not an average over
             queries, so corpus runs do not keep it).
     """
 
@@ -98,13 +111,14 @@ def head_stats(trace: AttentionTrace) -> HeadStats:
     """
     att = np.asarray(trace.attentions)  # (layer, head, q_pos, k_pos)
     n_layers, n_heads, n, _ = att.shape
-    flags = token_flags(trace.tokens)
+    flags = trace_flags(trace)
     columns = [flags["cls"], flags["sep"], flags["punct"]]
     pair = None
     if trace.sentence_b_start is not None:
         types = np.asarray(trace.token_type_ids)
-        words_a = (types == 0) & ~flags["special"]
-        words_b = (types == 1) & ~flags["special"]
+        words = ~(flags["special"] | flags["cls"])  # a decoder's first token is its sink, not a word of A
+        words_a = (types == 0) & words
+        words_b = (types == 1) & words
         if words_a.any() and words_b.any():
             pair = words_a, words_b
             columns += [words_b, words_a]
@@ -121,16 +135,19 @@ def head_stats(trace: AttentionTrace) -> HeadStats:
             a_to_b[layer] = shares[:, pair[0], 3].mean(axis=-1)
             b_to_a[layer] = shares[:, pair[1], 4].mean(axis=-1)
     mean = lambda x: x.mean(axis=-1, dtype=np.float64)  # noqa: E731 - over the query positions
+    choosing = np.asarray(trace.mask).sum(axis=1) > 1  # queries with a choice: not a causal model's first
+    if not choosing.any():
+        choosing[:] = True
     nan = np.full(shape, np.nan)
     return HeadStats(
         entropy=entropy,
         to_cls=to_cls,
-        to_sep=to_sep,
+        to_sep=to_sep if flags["sep"].any() else np.full(shape, np.nan),  # no such token: undefined, not 0
         to_punct=to_punct,
         to_self=mean(np.diagonal(att, axis1=2, axis2=3)),
         to_prev=mean(np.diagonal(att, offset=-1, axis1=2, axis2=3)) if n > 1 else nan,
         to_next=mean(np.diagonal(att, offset=1, axis1=2, axis2=3)) if n > 1 else nan,
         a_to_b=a_to_b,
         b_to_a=b_to_a,
-        max_weight=att.max(axis=(-1, -2)).astype(np.float64),
+        max_weight=att[:, :, choosing].max(axis=(-1, -2)).astype(np.float64),
     )

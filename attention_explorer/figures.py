@@ -12,13 +12,29 @@ from model_core.aggregate import pool_matrix
 WEIGHT_SCALE = "Blues"
 SCORE_SCALE = "RdBu_r"
 MASKED_COLOR = "#3b3b3b"
+MASKED_WEIGHT_COLOR = "#d9d9d9"  # cells a mask forbids, in a weights heatmap: the plot background shows through
 MAX_TICKS = 64
 # Above this many tokens a heatmap's margins are fixed from its longest tick label instead of measured
 # by Plotly (automargin lays the figure out twice: about 70 ms of a 512-token redraw in the browser).
 FIXED_MARGIN_TOKENS = 128
 TICK_CHAR_PX = 6.5  # width of one character of a 10 px tick label, a little generous
-PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
-SVG_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "svg"}}
+FIGURE_FORMATS = ("png", "svg")
+"""What the camera button of a figure's toolbar can download (in the browser, with no server round trip)."""
+
+
+def plotly_config(filename: str, fmt: str = "png") -> dict:
+    """The modebar configuration that makes the camera button download ``filename``.png or .svg.
+
+    Raises:
+        ValueError: ``fmt`` is not one of ``FIGURE_FORMATS``.
+    """
+    if fmt not in FIGURE_FORMATS:
+        raise ValueError(f"fmt must be one of {FIGURE_FORMATS}, not {fmt!r}.")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in filename).strip("_") or "figure"
+    return {
+        "displaylogo": False,
+        "toImageButtonOptions": {"format": fmt, "filename": safe, "scale": 2 if fmt == "png" else 1},
+    }
 
 
 def token_label(token: str) -> str:
@@ -46,13 +62,17 @@ def attention_heatmap(
     zmax: float | None = None,
     value_name: str = "weight",
     height: int | None = None,
+    masked: np.ndarray | None = None,
 ) -> go.Figure:
     """A query x key heatmap with tokens on both axes and the exact value on hover.
 
     Cells that are -inf (masked scores) are drawn as dark hatched cells labelled -inf, never as a
     colour of the scale. ``hide`` drops those positions (e.g. [CLS]/[SEP]) without renormalising.
+    ``masked`` (True where the model's mask forbids a query to see a key, e.g. a decoder's causal
+    triangle) leaves those cells out in light grey, apart from the weights that are merely small;
+    it costs no extra data (the cells are gaps that show the plot's background).
 
-    Shape: matrix (q_pos, k_pos).
+    Shape: matrix (q_pos, k_pos); masked (q_pos, k_pos) bool.
     """
     hidden = set(hide)
     keep = np.array([i for i in range(len(tokens)) if i not in hidden], dtype=int)
@@ -60,6 +80,10 @@ def attention_heatmap(
     neg_inf = np.isneginf(z)
     # float32 goes to the browser as a base64 typed array (4 bytes a cell) rather than JSON text.
     shown = np.round(np.where(neg_inf, np.nan, z), 5).astype(np.float32)
+    gaps = (np.zeros_like(neg_inf) if masked is None
+            else np.asarray(masked, dtype=bool)[np.ix_(keep, keep)] & ~neg_inf)
+    if gaps.any():
+        shown[gaps] = np.nan
     every = token_labels(tokens)
     labels = [every[i] for i in keep]
     n = len(keep)
@@ -105,10 +129,10 @@ def attention_heatmap(
                       autoexpand=False)
     fig.update_layout(
         title=dict(text=title, font=dict(size=14)), height=height,
-        margin=margin, plot_bgcolor="white",
+        margin=margin, plot_bgcolor=MASKED_WEIGHT_COLOR if gaps.any() else "white",
         legend=dict(orientation="h", y=-0.12),
-        xaxis=dict(title="key (attended to)", side="top", **x_ticks),
-        yaxis=dict(title="query (attending)", autorange="reversed", **y_ticks),
+        xaxis=dict(title="key (attended to)", side="top", showgrid=False, zeroline=False, **x_ticks),
+        yaxis=dict(title="query (attending)", autorange="reversed", showgrid=False, zeroline=False, **y_ticks),
     )
     return fig
 
@@ -181,6 +205,10 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, mosaic: np.n
     return fig
 
 
+MAX_GRID_PX = 1000
+"""The tallest a layer x head grid grows (34 px a layer up to 25 layers, then less)."""
+
+
 def layer_head_figure(
     grid: np.ndarray,
     title: str,
@@ -205,6 +233,7 @@ def layer_head_figure(
     """
     grid = np.asarray(grid, dtype=float)
     n_layers, n_heads = grid.shape
+    row_px = min(34, (MAX_GRID_PX - 130) // max(n_layers, 1))  # 30 decoder layers still fit in 1,000 px
     hover = "layer %{y}, head %{x}<br>%{z:.4f}<extra></extra>"
     fig = go.Figure(
         go.Heatmap(
@@ -228,7 +257,7 @@ def layer_head_figure(
                 x=heads.ravel()[finite],
                 y=layers.ravel()[finite],
                 mode="markers",
-                marker={"symbol": "square", "size": 26, "color": "rgba(0,0,0,0)"},
+                marker={"symbol": "square", "size": max(8, row_px - 8), "color": "rgba(0,0,0,0)"},
                 customdata=grid.ravel()[finite],
                 hovertemplate="layer %{y}, head %{x}<br>%{customdata:.4f}<extra>click to open</extra>",
                 showlegend=False,
@@ -236,7 +265,7 @@ def layer_head_figure(
         )
     fig.update_xaxes(title="head", tickmode="linear", dtick=1, range=[-0.5, n_heads - 0.5], showgrid=False)
     fig.update_yaxes(title="layer", tickmode="linear", dtick=1, range=[n_layers - 0.5, -0.5], showgrid=False)
-    fig.update_layout(title=title, height=height or max(300, 34 * n_layers + 130), clickmode="event+select",
+    fig.update_layout(title=title, height=height or max(300, row_px * n_layers + 130), clickmode="event+select",
                       dragmode=False, margin={"l": 60, "r": 20, "t": 50, "b": 50}, template="plotly_white")
     return fig
 

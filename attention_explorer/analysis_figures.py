@@ -8,28 +8,16 @@ drawn by ``ui.figures.attention_heatmap``, the app's one builder for them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from attention_explorer.figures import category_ticks, token_label, token_labels
 from model_core.analysis.contexts import ContextComparison
 from model_core.analysis.masking import MaskingEffect
+from model_core.analysis.next_token import NextTokenEffect
 from model_core.analysis.norms import SpecialTokenMass
-from ui.figures import category_ticks, token_labels
-
-FIGURE_FORMATS = ("png", "svg")
-
-
-def plotly_config(filename: str, fmt: str = "png") -> dict[str, Any]:
-    """The modebar configuration that makes the camera button download ``filename``.png/.svg."""
-    if fmt not in FIGURE_FORMATS:
-        raise ValueError(f"fmt must be one of {FIGURE_FORMATS}, not {fmt!r}.")
-    return {
-        "displaylogo": False,
-        "toImageButtonOptions": {"format": fmt, "filename": filename, "scale": 2 if fmt == "png" else 1},
-    }
 
 
 def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
@@ -75,11 +63,12 @@ def relevance_figure(tokens: Sequence[str], series: Mapping[str, np.ndarray], ti
 
 
 def special_mass_figure(mass: SpecialTokenMass) -> go.Figure:
-    """Per layer, the share of raw and of norm-weighted attention on [CLS] and on [SEP]."""
+    """Per layer, the share of raw and of norm-weighted attention on [CLS] and on [SEP] (a decoder's first token
+    and other special tokens: the legend names them from ``mass``)."""
     fig = go.Figure()
     styles = {"raw": "solid", "norm-weighted": "dash"}
     for name, values in mass.per_layer().items():
-        kind = name.rsplit(" ", 1)[0]
+        kind = "raw" if name.startswith("raw ") else "norm-weighted"  # the labels may be several words
         fig.add_trace(
             go.Scatter(
                 name=name, x=list(range(len(values))), y=values, mode="lines+markers", line={"dash": styles[kind]}
@@ -91,14 +80,33 @@ def special_mass_figure(mass: SpecialTokenMass) -> go.Figure:
 
 
 def masking_hidden_figure(effect: MaskingEffect) -> go.Figure:
-    """Cosine and L2 distance of the [CLS] hidden state, baseline vs masked, per layer."""
+    """Cosine and L2 distance of the read-out token's hidden state ([CLS], or a decoder's last token), baseline
+    vs masked, per layer."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("cosine similarity", "L2 distance"))
     x = list(range(len(effect.cls_cosine)))
     fig.add_trace(go.Scatter(x=x, y=effect.cls_cosine, mode="lines+markers", name="cosine"), row=1, col=1)
     fig.add_trace(go.Scatter(x=x, y=effect.cls_l2, mode="lines+markers", name="L2"), row=1, col=2)
     fig.update_xaxes(title="hidden state after layer (0 = embeddings)", tickmode="linear", dtick=1)
     fig.update_layout(showlegend=False)
-    return _layout(fig, "[CLS] hidden state: baseline vs heads switched off", height=340)
+    name = effect.position_label
+    name = name[0].upper() + name[1:]
+    return _layout(fig, f"{name}'s hidden state (position {effect.position}): baseline vs heads switched off",
+                   height=340)
+
+
+def next_token_figure(effect: NextTokenEffect) -> go.Figure:
+    """A decoder's top next-token predictions with all heads on and with some switched off, as paired bars."""
+    # repr shows a line break as \n; the rank keeps two tokens that print alike apart.
+    labels = [f"{i + 1}. {token_label(repr(s)[1:-1])}" for i, s in enumerate(effect.strings)]
+    fig = go.Figure([
+        go.Bar(name="all heads on", x=labels, y=effect.baseline, hovertemplate="%{x}<br>p = %{y:.4f}<extra></extra>"),
+        go.Bar(name="heads switched off", x=labels, y=effect.masked,
+               hovertemplate="%{x}<br>p = %{y:.4f}<extra></extra>"),
+    ])
+    fig.update_xaxes(tickangle=-45)
+    fig.update_yaxes(title="probability", rangemode="tozero")
+    return _layout(fig, f"Next-token prediction after position {effect.position}: TV "
+                        f"{effect.total_variation:.3f}, KL {effect.kl_bits:.3f} bits", height=360)
 
 
 def logits_figure(effect: MaskingEffect) -> go.Figure:

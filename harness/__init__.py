@@ -1,0 +1,1 @@
+"""Development harness shared by the tests, the benches and scripts/image_test.py (not shipped in the wheel)."""

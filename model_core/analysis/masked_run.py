@@ -1,0 +1,104 @@
+"""The second run of head masking, kept lean: the same tokens with some heads switched off, keeping only what the
+comparison reads (every layer's weights, the residual stream, and the output at the read-out token).
+
+The baseline is a full trace; the masked run needs no queries, keys, values, value norms or predictions at every
+position, and a decoder's vocabulary is unembedded at its last token only. It goes through the one forward route
+(``Family.forward``) with the same head gate as a trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from model_core.forward import head_gate
+from model_core.request import Models, TraceRequest, _resolve
+from model_core.settings import Settings
+from model_core.trace import AttentionTrace
+from model_core.walkthrough import encoded_from_trace
+
+TOP_K = 10
+
+
+@dataclass(frozen=True, eq=False)
+class MaskedRun:
+    """What ``compare_masking`` and ``next_token_effect`` read of a run with some heads switched off.
+
+    Attributes:
+        tokens: the baseline's tokens.
+        head_mask: True where a head was on. Shape: (layer, head) bool.
+        attentions: Shape: (layer, head, q_pos, k_pos).
+        hidden_states: the residual stream, embeddings first. Shape: (layer + 1, pos, hidden).
+        logits: the custom encoder's classifier logits, or None. Shape: (num_labels,).
+        next_token_probs: a decoder's whole next-token distribution at its last token, or None. Shape: (vocab,).
+        top_ids: its top ``TOP_K`` tokens, best first, or None. Shape: (k,). top_strings: their text.
+    """
+
+    tokens: tuple[str, ...]
+    head_mask: np.ndarray
+    attentions: np.ndarray
+    hidden_states: np.ndarray
+    logits: np.ndarray | None = None
+    next_token_probs: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_strings: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for value in self.__dict__.values():
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float32).numpy()
+
+
+@torch.no_grad()
+def run_masked(request: TraceRequest, baseline: AttentionTrace, head_mask: np.ndarray, *,
+               device: str | torch.device | None = None, settings: Settings | None = None,
+               models: Models | None = None) -> MaskedRun:
+    """Run the request's model on the baseline's tokens with the heads ``head_mask`` switches off.
+
+    Args:
+        request: the request ``baseline`` was traced from (its model).
+        baseline: the full trace with all heads on; its tokens are reused, not tokenised again.
+        head_mask: (layer, head) bools; False switches a head off.
+
+    Raises:
+        ValueError: the mask's shape is not the model's (layer, head).
+    """
+    dev, settings, models = _resolve(device, settings, models)
+    if request.model == "pretrained":
+        loaded = models.pretrained(request.model_id or settings.default_model, dev)
+        family, model, tokenizer = loaded.family, loaded.model, loaded.tokenizer
+    else:
+        model = models.custom(request.spec(settings.default_model), dev)
+        family, tokenizer = baseline.family, None
+    device_ = next(model.parameters()).device
+    config = model.config
+    gate = head_gate(head_mask, family.n_layers(config), family.n_heads(config), device_)
+    encoded = encoded_from_trace(baseline)
+    out = family.forward(model, encoded.input_ids.to(device_), encoded.token_type_ids.to(device_), None,
+                         head_mask=gate, vectors=False)
+    hidden = torch.stack([h[0] for h in out.hidden])  # (layer + 1, pos, hidden)
+    extra: dict = {}
+    if family.is_decoder:
+        logits = family.unembed(model, hidden[-1, -1:])[0]  # the last token's: (vocab,)
+        probs = torch.softmax(logits.double(), dim=-1)
+        top = probs.topk(TOP_K)
+        extra = {"next_token_probs": probs.cpu().numpy(), "top_ids": top.indices.cpu().numpy().astype(np.int64),
+                 "top_strings": tuple(tokenizer.decode([int(i)]) for i in top.indices)}
+    return MaskedRun(
+        tokens=baseline.tokens,
+        head_mask=np.asarray(head_mask, dtype=bool),
+        attentions=_np(torch.stack([w[0] for w in out.weights])),
+        hidden_states=_np(hidden),
+        logits=None if out.class_logits is None else _np(out.class_logits[0]),
+        **extra,
+    )

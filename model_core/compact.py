@@ -1,0 +1,345 @@
+"""Compact traces of long inputs: what any window of attention weights is made of, and no n x n weights.
+
+An attention weight is ``exp(score - lse)``, where ``score`` is ``q·k`` times the model's scaling (Gemma 2 caps
+it: ``cap·tanh(score / cap)``), masked, and ``lse`` is its row's log-sum-exp. A compact trace keeps, per layer and
+head, the queries (after the rotary embedding), the key/value heads' keys, each row's ``lse``, exact block means
+for an overview and the head statistics, computed as a stream over blocks of query rows. Any tile, row or column
+of the weights is then exact at the cost of that tile alone (``CompactTrace.weights``), the forward pass runs
+sdpa (no ``output_attentions``), and memory grows with the length, not its square. FlashAttention keeps the same
+``softmax_lse``; MadryLab's AT2 recomputes attention rows from cached states the same way.
+
+The file format (``save``/``load``) is an uncompressed NPZ; ``FIELDS`` documents every array in it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT = "attention-explorer-compact"
+VERSION = 1
+QUERY_BLOCK = 256
+"""Query rows per block: a block's scores are (head, QUERY_BLOCK, pos) floats, so the peak is O(pos), not O(pos²)."""
+OVERVIEW_CELLS = 64
+"""The overview has at most this many cells a side: ``pool`` = ceil(pos / OVERVIEW_CELLS) positions per cell."""
+STAT_NAMES = ("entropy", "to_first", "to_self", "to_prev", "to_next", "mean_distance", "max_weight")
+
+FIELDS = {
+    "meta": "JSON: format, version, model_kind, description, causal, score_scale, score_softcap, pool, stat_names",
+    "tokens": "(pos,) str: the tokens",
+    "token_ids": "(pos,) int64",
+    "queries": "(layer, head, pos, d_head) float32: after the rotary embedding where the model has one",
+    "keys": "(layer, kv_head, pos, d_head) float32: the key/value heads' keys, before grouped-query repetition",
+    "kv_heads": "(head,) int64: the key/value head each query head reads",
+    "lse": "(layer, head, pos) float64: each row's log-sum-exp of the masked scores",
+    "masks": "(mask, pos, ceil(pos / 8)) uint8: np.packbits of each distinct mask (True = may attend), axis -1",
+    "mask_of_layer": "(layer,) int64: which of `masks` each layer used (sliding-window layers differ)",
+    "overview": "(layer, head, m, m) float32: exact block means (rows averaged, keys summed: rows sum to 1)",
+    "stat_<name>": "(layer, head) float64: each head statistic, mean over the query rows (see STAT_NAMES)",
+    "next_token_ids/probs": "(pos, k): a decoder's top next-token predictions at every position (optional)",
+}
+
+
+class CompactFormatError(ValueError):
+    """A file that is not a compact trace of ours, or is truncated."""
+
+
+@dataclass(frozen=True, eq=False)
+class CompactTrace:
+    """Everything needed to compute any window of a long input's attention weights exactly.
+
+    Attributes:
+        tokens: the tokens. token_ids: Shape: (pos,).
+        queries: Shape: (layer, head, pos, d_head). keys: Shape: (layer, kv_head, pos, d_head).
+        kv_heads: Shape: (head,). lse: Shape: (layer, head, pos).
+        masks: distinct masks, True where a query may attend to a key. Shape: (mask, pos, pos) bool.
+        mask_of_layer: Shape: (layer,). overview: exact block means. Shape: (layer, head, m, m).
+        stats: name -> Shape: (layer, head).
+        pool: positions per overview cell.
+    """
+
+    tokens: tuple[str, ...]
+    token_ids: np.ndarray
+    queries: np.ndarray
+    keys: np.ndarray
+    kv_heads: np.ndarray
+    lse: np.ndarray
+    masks: np.ndarray
+    mask_of_layer: np.ndarray
+    overview: np.ndarray
+    stats: dict[str, np.ndarray]
+    pool: int
+    model_kind: str
+    description: str
+    causal: bool
+    score_scale: float
+    score_softcap: float | None = None
+    next_token_ids: np.ndarray | None = None
+    next_token_probs: np.ndarray | None = None
+    meta_extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n_layers, n_heads, n, _ = self.queries.shape
+        if len(self.tokens) != n or self.lse.shape != (n_layers, n_heads, n) or self.keys.shape[2] != n:
+            raise CompactFormatError("The compact trace's arrays disagree on the number of tokens or heads.")
+        if self.masks.shape[1:] != (n, n) or self.mask_of_layer.shape != (n_layers,):
+            raise CompactFormatError("The compact trace's masks do not match its tokens or layers.")
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.queries.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.queries.shape[1])
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def d_head(self) -> int:
+        return int(self.queries.shape[-1])
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(self.kv_heads.max()) + 1
+
+    @property
+    def family(self):
+        """This trace's family adapter (``model_core.families``)."""
+        from model_core.families import family_named
+
+        return family_named(self.model_kind)
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.family.is_decoder
+
+    sentence_b_start = None  # a long input is one text
+
+    def weights(self, layer: int, head: int, rows: slice = slice(None), cols: slice = slice(None)) -> np.ndarray:
+        """The exact attention weights of one head over a window: ``exp(score - lse)``, 0 where masked.
+
+        Raises:
+            ValueError: the layer, head or window is out of range (the message names the valid range).
+
+        Shape: -> (rows, cols) float32.
+        """
+        self._check(layer, head)
+        r0, r1 = _window(rows, self.n_tokens, "rows")
+        c0, c1 = _window(cols, self.n_tokens, "cols")
+        q = torch.from_numpy(np.ascontiguousarray(self.queries[layer, head, r0:r1]))
+        k = torch.from_numpy(np.ascontiguousarray(self.keys[layer, int(self.kv_heads[head]), c0:c1]))
+        allowed = torch.from_numpy(np.ascontiguousarray(self.masks[self.mask_of_layer[layer], r0:r1, c0:c1]))
+        scores = _scores(q, k, self.score_scale, self.score_softcap).masked_fill(~allowed, float("-inf"))
+        lse = torch.from_numpy(self.lse[layer, head, r0:r1])
+        return torch.exp(scores.double() - lse[:, None]).float().numpy()
+
+    def _check(self, layer: int, head: int) -> None:
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"Layer {layer} does not exist: this trace has layers 0-{self.n_layers - 1}.")
+        if not 0 <= head < self.n_heads:
+            raise ValueError(f"Head {head} does not exist: this trace has heads 0-{self.n_heads - 1}.")
+
+    def nbytes(self) -> int:
+        """Bytes held by the arrays (the n x n masks as bits would be an eighth)."""
+        return sum(a.nbytes for a in (self.queries, self.keys, self.lse, self.masks, self.overview))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the trace as an uncompressed NPZ (``FIELDS``)."""
+        path = Path(path)
+        meta = dict(format=FORMAT, version=VERSION, model_kind=self.model_kind, description=self.description,
+                    causal=self.causal, score_scale=self.score_scale, score_softcap=self.score_softcap,
+                    pool=self.pool, stat_names=list(self.stats), **self.meta_extra)
+        arrays = dict(meta=np.array(json.dumps(meta)), tokens=np.array(self.tokens, dtype=str),
+                      token_ids=self.token_ids, queries=self.queries, keys=self.keys, kv_heads=self.kv_heads,
+                      lse=self.lse, masks=np.packbits(self.masks, axis=-1), mask_of_layer=self.mask_of_layer,
+                      overview=self.overview, **{f"stat_{k}": v for k, v in self.stats.items()})
+        if self.next_token_ids is not None:
+            arrays |= {"next_token_ids": self.next_token_ids, "next_token_probs": self.next_token_probs}
+        with path.open("wb") as f:
+            np.savez(f, **arrays)
+        return path
+
+
+def _window(part: slice, n: int, name: str) -> tuple[int, int]:
+    if part.step not in (None, 1):
+        raise ValueError(f"{name}: a window is a contiguous range A:B; steps are not supported.")
+    start = 0 if part.start is None else int(part.start)
+    stop = n if part.stop is None else int(part.stop)
+    if not 0 <= start < stop <= n:
+        raise ValueError(f"{name} {start}:{stop} is out of range: pick A:B with 0 <= A < B <= {n}.")
+    return start, stop
+
+
+def parse_window(text: str | None, n: int, name: str) -> slice:
+    """``"A:B"`` (either end may be left out) as a slice checked against ``n`` positions.
+
+    Raises:
+        ValueError: not of the form A:B, or out of range.
+    """
+    if not text:
+        return slice(None)
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        start, stop = (int(p) if p.strip() else None for p in parts)
+    except ValueError:
+        raise ValueError(f"{name} must be A:B (positions, end excluded), got {text!r}.") from None
+    part = slice(start, stop)
+    _window(part, n, name)
+    return part
+
+
+def load_compact(path: str | Path) -> CompactTrace:
+    """Read a file written by ``CompactTrace.save``.
+
+    Raises:
+        CompactFormatError: the file is missing, not ours, of another version, or truncated.
+    """
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "meta" not in data.files:
+                raise CompactFormatError(f"{path} is not a compact trace of Attention Explorer (no meta record).")
+            meta = json.loads(str(data["meta"]))
+            if meta.get("format") != FORMAT:
+                raise CompactFormatError(f"{path} is not a compact trace (format {meta.get('format')!r}).")
+            if meta.get("version") != VERSION:
+                raise CompactFormatError(f"{path} is compact format version {meta.get('version')}; this reads "
+                                         f"version {VERSION}.")
+            arrays = {name: data[name] for name in data.files}
+    except FileNotFoundError:
+        raise CompactFormatError(f"{path} does not exist.") from None
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as exc:
+        if isinstance(exc, CompactFormatError):
+            raise
+        raise CompactFormatError(f"{path} is not a readable compact trace: it is truncated, or not an NPZ file "
+                                 "written by `export --compact`; export it again.") from None
+    n = len(arrays["tokens"])
+    masks = np.unpackbits(arrays["masks"], axis=-1, count=n).astype(bool)
+    return CompactTrace(
+        tokens=tuple(str(t) for t in arrays["tokens"]), token_ids=arrays["token_ids"], queries=arrays["queries"],
+        keys=arrays["keys"], kv_heads=arrays["kv_heads"], lse=arrays["lse"], masks=masks,
+        mask_of_layer=arrays["mask_of_layer"], overview=arrays["overview"],
+        stats={k: arrays[f"stat_{k}"] for k in meta["stat_names"]}, pool=int(meta["pool"]),
+        model_kind=meta["model_kind"], description=meta["description"], causal=bool(meta["causal"]),
+        score_scale=float(meta["score_scale"]), score_softcap=meta["score_softcap"],
+        next_token_ids=arrays.get("next_token_ids"), next_token_probs=arrays.get("next_token_probs"),
+    )
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+    """Scores as the model computes them: ``q·k`` times its scaling, capped where the model caps (Gemma 2).
+
+    Shape: q (..., q_pos, d_head), k (..., k_pos, d_head) -> (..., q_pos, k_pos) float32.
+    """
+    if softcap is None:  # the scale folded into the queries: one multiplication of (q_pos, d_head), not of the tile
+        return torch.matmul(q * scale, k.transpose(-1, -2))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    return softcap * torch.tanh(scores / softcap)
+
+
+@dataclass
+class LayerSummary:
+    """One layer's row log-sum-exps, overview block sums and statistic sums, from ``summarise_layer``."""
+
+    lse: torch.Tensor  # (head, pos) float64
+    overview: torch.Tensor  # (head, m, m)
+    stats: dict[str, torch.Tensor]  # name -> (head,)
+
+
+def summarise_layer(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float,
+                    softcap: float | None, pool: int, block: int = QUERY_BLOCK) -> LayerSummary:
+    """Log-sum-exps, exact overview block means and head statistics of one layer, streamed over query blocks.
+
+    A block of rows reads only the keys up to the last one any of its rows may see, so a causal layer costs
+    about half the square. The weights are the model's own float32 softmax; ``lse`` comes from it as
+    ``max(score) - log(max(weight))``, and the entropy as ``lse - Σ w·score`` (no logarithm of every weight).
+
+    Shape: q (head, pos, d_head) float32; k (head, pos, d_head), each query head's key; allowed (pos, pos) bool.
+    """
+    n_heads, n, _ = q.shape
+    m = math.ceil(n / pool)
+    lse = torch.empty(n_heads, n, dtype=torch.float64)
+    cell_sums = torch.zeros(n_heads, m, m, dtype=torch.float64)
+    sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STAT_NAMES if name != "max_weight"}
+    max_weight = torch.zeros(n_heads, dtype=torch.float64)
+    choosing = allowed.sum(1) > 1  # a causal model's first query has no choice (as head_stats)
+    if not choosing.any():
+        choosing[:] = True
+    f64 = torch.float64
+    # Whether any query may see a later key (an encoder; a decoder's layer never): the mean distance then needs
+    # the part past the diagonal too.
+    future = bool((allowed & ~torch.ones_like(allowed).tril()).any())
+    causal = not future and bool(torch.equal(allowed, torch.ones_like(allowed).tril()))
+    closed = ~allowed
+    for r0 in range(0, n, block):
+        r1 = min(r0 + block, n)
+        if causal:  # a causal block sees keys 0..r1-1 and is masked only in its square on the diagonal
+            width = r1
+        else:
+            seen = torch.nonzero(allowed[r0:r1].any(0))
+            width = int(seen[-1]) + 1 if len(seen) else 1
+        rows, cols = torch.arange(r0, r1), torch.arange(width)
+        q_blk, k_blk = q[:, r0:r1], k[:, :width]
+        s = _scores(q_blk, k_blk, scale, softcap)  # (head, rows, width), finite
+        if causal:
+            s[:, :, r0:r1].masked_fill_(closed[r0:r1, r0:r1], float("-inf"))
+        else:
+            s.masked_fill_(closed[r0:r1, :width], float("-inf"))
+        # The softmax in place: e = exp(s - max) has its largest entry exactly 1, so the largest weight is 1 / Σe
+        # and lse = max + log Σe, with no second pass for either.
+        top = s.amax(-1, keepdim=True)  # (head, rows, 1)
+        w = s.sub_(top).exp_()  # s is spent: w holds exp(s - max), 0 where masked
+        total = w.sum(-1, keepdim=True)
+        w.div_(total)
+        row_lse = top[..., 0].double() + torch.log(total[..., 0].double())
+        w_max = 1.0 / total[..., 0]  # (head, rows)
+        lse[:, r0:r1] = row_lse
+        mixed_k = torch.matmul(w, k_blk)  # Σ_j w_ij k_j: (head, rows, d_head)
+        if softcap is None:  # Σ_j w_ij s_ij = scale · q_i · Σ_j w_ij k_j: no elementwise pass over the block
+            w_s = scale * (q_blk * mixed_k).sum(-1)
+        else:  # capped scores are not linear in k: recompute them (a softcap model's layers cost one pass more)
+            capped = _scores(q_blk, k_blk, scale, softcap)
+            w_s = (w * capped).sum(-1)  # finite everywhere; w is 0 where masked
+        sums["entropy"] += (row_lse - w_s.double()).sum(-1) / math.log(2.0)
+        sums["to_first"] += w[..., 0].sum(-1).double()
+        sums["to_self"] += w[:, rows - r0, rows].sum(-1).double()
+        prev = rows[rows >= 1]
+        sums["to_prev"] += w[:, prev - r0, prev - 1].sum(-1).double()
+        nxt = rows[rows + 1 < width]
+        sums["to_next"] += w[:, nxt - r0, nxt + 1].sum(-1).double()
+        # Σ_j w_ij |i - j| = Σ_j w_ij (i - j) + 2 Σ_{j > i} w_ij (j - i); the first part is a product with j.
+        distance = rows.double() - torch.matmul(w, cols.float()).double()  # every row sums to 1
+        if future:
+            ahead = (cols[None, :] - rows[:, None]).clamp(min=0).float()
+            distance += 2 * (w * ahead).sum(-1).double()
+        sums["mean_distance"] += distance.sum(-1)
+        pick = choosing[r0:r1]
+        if pick.any():
+            max_weight = torch.maximum(max_weight, w_max[:, pick].amax(-1).double())
+        whole = width // pool  # key cells wholly inside the block's width; the last may be cut short
+        by_key = w[..., :whole * pool].reshape(n_heads, r1 - r0, whole, pool).sum(-1)  # (head, rows, key cell)
+        if whole * pool < width:
+            by_key = torch.cat([by_key, w[..., whole * pool:].sum(-1, keepdim=True)], dim=-1)
+        cell_sums[:, :, :by_key.shape[-1]].index_add_(1, rows // pool, by_key.double())
+    row_count = torch.bincount(torch.arange(n) // pool, minlength=m).double()
+    stats = {name: total / n for name, total in sums.items()}
+    stats["to_prev"] = sums["to_prev"] / max(n - 1, 1)
+    stats["to_next"] = sums["to_next"] / max(n - 1, 1)
+    stats["max_weight"] = max_weight
+    return LayerSummary(lse=lse, overview=cell_sums / row_count[None, :, None], stats=stats)
+
+
+Progress = Callable[[str, float], None]
+"""Called with a phase ("forward", "summary") and the fraction of it done."""

@@ -1,0 +1,60 @@
+"""What every transformers family shares (BERT and the decoders): one forward pass through the capturing attention
+function, with the residual stream from hooks on the layers. Each family says where its parts are."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from model_core.families.base import Family, ForwardOutput
+from model_core.families.capture import recording
+
+
+class TransformersFamily(Family):
+    """A transformers model whose attention layers call ``AttentionInterface`` (loaded by ``model_core.loading``)."""
+
+    uses_token_types: ClassVar[bool] = False
+
+    def base(self, model: Any) -> Any:
+        """The model without its language-model head."""
+        raise NotImplementedError
+
+    def layers(self, model: Any) -> list[Any]:
+        """The transformer blocks, in order."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def forward(self, model: Any, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, *, head_mask: torch.Tensor | None = None,
+                vectors: bool = True, hidden: bool = True, logits: bool = False) -> ForwardOutput:
+        """As ``Family.forward``; ``logits`` adds the next-token logits (the unembedding costs a pass of its own
+        over the vocabulary, so corpus batches leave it out)."""
+        layers = self.layers(model)
+        with recording(vectors=vectors, gate=head_mask, hidden=hidden) as rec:
+            net = model if logits else self.base(model)
+            extra = {"token_type_ids": token_type_ids} if self.uses_token_types else {"use_cache": False}
+            out = net(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        n_layers = len(layers)
+        if len(rec.weights) != n_layers:
+            raise RuntimeError(f"Recorded {len(rec.weights)} of {n_layers} attention layers: load the model with "
+                               "model_core.loading so its attention goes through the capturing function.")
+        pick = lambda d: [d[i] for i in range(n_layers)]  # noqa: E731
+        mask = rec.masks[0]
+        n = input_ids.shape[1]
+        if mask is None:
+            allowed = torch.ones(n, n, dtype=torch.bool, device=input_ids.device)
+            allowed = (allowed.tril() if self.is_decoder else allowed)[None].expand(len(input_ids), -1, -1)
+        else:
+            allowed = (mask[:, 0] > torch.finfo(mask.dtype).min / 2) if mask.dtype != torch.bool else mask[:, 0]
+        return ForwardOutput(
+            weights=pick(rec.weights),
+            queries=pick(rec.queries) if vectors else None,
+            keys=pick(rec.keys) if vectors else None,
+            values=pick(rec.values) if vectors else None,
+            hidden=rec.residual if hidden else None,
+            mask=allowed,
+            score_scale=rec.scaling[0],
+            score_softcap=rec.softcap.get(0),
+            lm_logits=out.logits if logits else None,
+        )

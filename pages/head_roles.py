@@ -1,0 +1,143 @@
+"""Head roles: which heads are previous-token, duplicate-token, induction, sink and retrieval heads; a click (or a
+link) opens the probe's own input in the heatmaps with that head in focus."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from model_core.roles import (
+    ENCODER_NOTES,
+    N_SEQUENCES,
+    PROBE_ROLES,
+    ROLE_TITLES,
+    SEQ_LEN,
+    TEXT_ROLES,
+)
+from model_core.roles.retrieval import DEPTHS
+from model_core.tables import rows_to_csv
+from ui.analysis_widgets import (
+    clicked_cell,
+    csv_button,
+    how_to_read,
+    show_figure,
+)
+from ui.context import require_trace
+from ui.roles import heatmaps_url, model_key, probe_scores, retrieval, text_scores
+from ui.roles_figures import role_grid
+from ui.state import open_page_if_requested, select_head
+
+HEATMAPS_PAGE = "pages/heatmaps.py"
+OPEN_FLAG = "_roles_open_heatmaps"
+TOP_K = 10
+
+
+def _open(layer: int, head: int, text: str) -> None:
+    # A callback: it runs before the sidebar is drawn, so it may set the text and the focused head.
+    st.session_state["ctl_text_a"], st.session_state["ctl_text_b"] = text, ""
+    select_head(layer, head)
+    st.session_state[OPEN_FLAG] = True
+
+
+def _open_clicked(text: str) -> None:
+    cell = clicked_cell("roles_grid")
+    if cell is not None:
+        _open(*cell, text)
+
+
+open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)
+
+st.header("Head roles")
+ctx = require_trace()
+trace, request = ctx.trace, ctx.request
+model = model_key(request)
+how_to_read(
+    "Each head gets a score between 0 and 1 per role, from inputs built to show that role. The probe: "
+    f"{N_SEQUENCES} sequences of {SEQ_LEN} distinct random words of the model's own vocabulary, each written "
+    "twice. **Previous-token**: the mean weight a token puts on the token just before it. **Duplicate-token**: "
+    "the mean weight a word puts on other copies of itself (a decoder sees the earlier ones). **Induction**: "
+    "the mean weight a word of the second copy puts on the word that *followed* it in the first copy, the "
+    "diagonal stripe an induction head draws. **Sink**: the mean weight on "
+    f"{ctx.markers.first} (position 0). **Retrieval** (decoders): while the model copies a password out of a long text, the "
+    "share of the password's tokens at which the head's strongest weight points at the token being copied. "
+    "**Click a cell**, or a link in the table, to open the probe's input in the heatmaps with that head in focus.",
+    "Olsson et al. (2022), In-context Learning and Induction Heads; TransformerLens's head_detector (previous- "
+    "and duplicate-token); Xiao et al. (2023), Attention Sinks; Wu et al. (2024), Retrieval Head "
+    "Mechanistically Explains Long-Context Factuality. Protocols: model_core/roles/.",
+)
+seed = int(st.number_input("Probe seed (draws the random words and the password)", 0, 9999, 0, key="roles_seed"))
+scores = probe_scores(model, seed)
+probe_text = scores.texts[0]
+
+
+def _top_table(grid: np.ndarray, role: str) -> None:
+    """The top heads of a role, each with a link that opens the probe input in the heatmaps (a new tab)."""
+    order = np.argsort(np.nan_to_num(grid, nan=-np.inf).ravel(), kind="stable")[::-1][:TOP_K]
+    n_heads = grid.shape[1]
+    rows = [{"layer": int(i // n_heads), "head": int(i % n_heads), "score": float(grid.ravel()[i]),
+             "open": heatmaps_url(request, probe_text, int(i // n_heads), int(i % n_heads))}
+            for i in order if np.isfinite(grid.ravel()[i])]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
+        "score": st.column_config.NumberColumn(format="%.3f"),
+        "open": st.column_config.LinkColumn("open the probe input in the heatmaps", display_text="open ↗")})
+
+
+@st.fragment
+def role_view() -> None:
+    """The role picker, its grid and its top heads: another role reruns only this part."""
+    open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)
+    role = st.radio("Role", PROBE_ROLES, format_func=ROLE_TITLES.get, horizontal=True, key="roles_role")
+    if role in scores.notes:
+        st.caption(scores.notes[role])
+    grid = scores.scores[role]
+    show_figure(role_grid(grid, role), f"{trace.model_kind}_{role}_heads", key="roles_grid",
+                on_select=lambda: _open_clicked(probe_text))
+    _top_table(grid, role)
+
+
+role_view()
+c1, c2, c3 = st.columns([1, 1, 2])
+layer = c1.selectbox("Layer", range(trace.n_layers), index=min(ctx.layer, trace.n_layers - 1), key="roles_layer")
+head = c2.selectbox("Head", range(trace.n_heads), index=min(ctx.head, trace.n_heads - 1), key="roles_head")
+c3.button("Open this head on the probe input", key="roles_open", on_click=_open, args=(layer, head, probe_text))
+
+st.subheader("Retrieval heads")
+result = None
+if not trace.is_decoder:
+    st.info(ENCODER_NOTES["retrieval"])
+else:
+    st.caption(f"Greedy decoding with the KV cache after a needle-in-a-haystack prompt of about 530 tokens, the "
+               f"needle at {', '.join(f'{d:.0%}' for d in DEPTHS)} of the text: short enough for a 2-core CPU "
+               "(about 10-60 s for SmolLM2-135M; once per model, then cached).")
+    if st.toggle("Score retrieval heads", key="roles_retrieval"):
+        result = retrieval(model, seed)
+        st.caption(f"Password “{result.secret}”; the model answered {', '.join(repr(a) for a in result.answers)}, "
+                   f"copying {sum(result.copied)} of {len(result.copied) * result.answer_tokens} password tokens.")
+        show_figure(role_grid(result.scores, "retrieval", clickable=False), f"{trace.model_kind}_retrieval_heads",
+                    key="roles_retrieval_grid")
+        _top_table(result.scores, "retrieval")
+
+st.subheader("On your text")
+if st.toggle("Score the sidebar's text", key="roles_text",
+             help="Previous-token, duplicate-token and sink apply to any text; induction needs a repeated "
+                  "sequence and retrieval a needle, so they stay on the probe."):
+    mine = text_scores(trace)
+    role = st.radio("Role on your text", TEXT_ROLES, format_func=ROLE_TITLES.get, horizontal=True,
+                    key="roles_text_role")
+    if not np.isfinite(mine[role]).any():
+        st.caption("No word of this text repeats, so no head has a duplicate-token score on it.")
+    else:
+        show_figure(role_grid(mine[role], role, title=f"{ROLE_TITLES[role]} score on your text", clickable=False),
+                    f"{trace.model_kind}_{role}_your_text", key="roles_text_grid")
+
+st.subheader("Download")
+final = scores if result is None else scores.with_role("retrieval", result.scores)
+left, right = st.columns(2)
+with left:
+    csv_button("Every head's role scores (CSV)", rows_to_csv(final.to_rows()), "head_roles.csv", "roles_csv")
+with right:
+    st.download_button("Scores, top heads and probe texts (JSON)", json.dumps(final.to_json()), file_name="head_roles.json",
+                       mime="application/json", key="roles_json", on_click="ignore")

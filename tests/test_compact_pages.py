@@ -1,0 +1,139 @@
+"""A long input in the app: past AE_FULL_TRACE_MB the sidebar's text is traced in compact form; the heatmaps page
+draws it (overview, focused head, exact window, sink, summary), the head statistics page reads it, and a page that
+needs every weight says its limit and where to go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+TEXT = ("The river rose in the night. The valley waited for the morning!\nChildren counted the stones on the bank. "
+        "Herons stood in the shallows below the weir.\n")
+
+
+@pytest.fixture
+def compact_env(monkeypatch):
+    # 0.2 MB: a tiny decoder's 2 x 4 heads pass it at about 79 tokens; the text below has more (under its 128 positions).
+    monkeypatch.setenv("AE_FULL_TRACE_MB", "0.2")
+
+
+def _open(folder: Path, page: str, text: str = TEXT) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    for name, value in {"model": "pretrained", "model_id": str(folder), "a": text}.items():
+        at.query_params[name] = value
+    at.run()
+    at.switch_page(page)
+    if "_app_context" in at.session_state:
+        del at.session_state["_app_context"]
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _context(at: AppTest):
+    return at.session_state["_app_context"]
+
+
+def test_a_long_input_is_traced_compact_and_drawn_on_the_heatmaps_page(compact_env, tiny_decoders):
+    at = _open(tiny_decoders["llama"], "pages/heatmaps.py")
+    ctx = _context(at)
+    assert ctx.trace is None and ctx.compact is not None, ctx.error
+    assert any("Compact form" in i.value for i in at.info)
+    keys = {c.key for c in at.get("plotly_chart") if hasattr(c, "key")} | {
+        c.proto.id for c in at.get("plotly_chart")}
+    assert len(at.get("plotly_chart")) >= 8, keys  # overview, pooled head, sink, window, four statistics
+    assert "compact form" in " ".join(c.value for c in at.sidebar.caption)
+
+
+def test_the_window_is_exact_and_can_leave_out_the_sink(compact_env, tiny_decoders):
+    at = _open(tiny_decoders["llama"], "pages/heatmaps.py")
+    n = _context(at).compact.n_tokens
+    at.slider(key="cw_rows").set_value((n - 20, n))
+    at.slider(key="cw_cols").set_value((0, 30))
+    at.toggle(key="compact_no_sink").set_value(True)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    titles = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any("renormalised without the first token" in s for s in titles)
+
+
+def test_grouping_by_sentence_draws_sentences(compact_env, tiny_decoders):
+    at = _open(tiny_decoders["gpt2"], "pages/heatmaps.py")
+    at.radio(key="compact_group").set_value("sentences")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("By sentence" in c.proto.spec for c in at.get("plotly_chart"))
+
+
+@pytest.mark.parametrize("page", ["pages/analysis_rollout.py", "pages/bertviz.py", "pages/inside.py"])
+def test_a_page_that_needs_every_weight_says_its_limit(compact_env, tiny_decoders, page):
+    at = _open(tiny_decoders["llama"], page)
+    info = " ".join(i.value for i in at.info)
+    assert "compact form" in info and "shows inputs of up to" in info
+    assert at.get("page_link"), "no link to the pages that read the compact form"
+
+
+def test_a_short_input_stays_full(compact_env, tiny_decoders):
+    at = _open(tiny_decoders["llama"], "pages/heatmaps.py", text="time flies like an arrow")
+    ctx = _context(at)
+    assert ctx.trace is not None and ctx.compact is None
+    np.testing.assert_allclose(ctx.trace.attentions.sum(-1), 1.0, atol=1e-5)
+
+
+def test_head_statistics_read_the_compact_form(compact_env, tiny_decoders):
+    at = _open(tiny_decoders["llama"], "pages/analysis_head_stats.py")
+    assert _context(at).compact is not None
+    specs = " ".join(c.proto.spec for c in at.get("plotly_chart"))
+    assert "Entropy (bits)" in specs and "Largest weight" in specs
+    assert len(at.get("plotly_chart")) == 7
+
+
+def test_a_text_file_is_read_in_its_encoding_or_refused_with_a_reason():
+    from ui.state import TEXT_MAX_CHARS, text_from_upload
+
+    notepad = "The river rose.\nThe valley waited.".encode("utf-16")  # with its byte-order mark, as Notepad saves it
+    assert text_from_upload(notepad, "notes.txt") == ("The river rose.\nThe valley waited.", None)
+    assert text_from_upload("plain é".encode(), "a.txt") == ("plain é", None)
+    text, note = text_from_upload(b"\x00\x01binary", "x.txt")
+    assert text is None and "binary" in note
+    text, note = text_from_upload(b"a" * (TEXT_MAX_CHARS + 5), "long.txt")
+    assert len(text) == TEXT_MAX_CHARS and "first" in note
+
+
+def test_the_sidebar_offers_a_text_file(tiny_decoders):
+    at = _open(tiny_decoders["llama"], "pages/heatmaps.py", text="time flies like an arrow")
+    assert any(getattr(e, "proto", None) is not None and "text file" in str(e.proto) for e in at.sidebar)
+
+
+def test_the_causal_page_shows_an_exact_window_of_a_long_input(compact_env, tiny_decoders):
+    at = _open(tiny_decoders["llama"], "pages/causal.py")
+    ctx = _context(at)
+    assert ctx.compact is not None
+    assert len(at.get("plotly_chart")) == 7
+    assert any("computed exactly from the compact trace" in c.value for c in at.caption)
+    at.slider(key="causal_long_window").set_value(0)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def test_window_steps_equal_the_full_traces_steps(tiny_decoders):
+    from model_core import TraceRequest, build_trace
+    from model_core.compact_build import build_compact
+    from model_core.compact_views import window_steps
+    from model_core.mask_steps import mask_steps
+
+    request = TraceRequest("pretrained", TEXT, model_id=str(tiny_decoders["llama"]))
+    full, compact = build_trace(request, device="cpu"), build_compact(request, device="cpu")
+    for apply in (None, False):
+        a, b = mask_steps(full, 1, 2, apply_causal=apply), window_steps(compact, 1, 2, 0, full.n_tokens, apply)
+        np.testing.assert_allclose(b.weights, a.weights, atol=1e-5)
+        np.testing.assert_array_equal(b.mask, a.mask)
+        np.testing.assert_allclose(b.scores, a.scores, atol=1e-4)
+        assert b.illustrative == a.illustrative and b.causal == a.causal
+    part = window_steps(compact, 1, 2, 10, 20)
+    np.testing.assert_allclose(part.weights, full.attentions[1, 2, 10:30, 10:30], atol=1e-5)

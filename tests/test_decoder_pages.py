@@ -1,0 +1,255 @@
+"""Every attention and analysis page opened on a tiny decoder (?model=pretrained&model_id=<folder>): no exception,
+and the page speaks the family's language (the first token, the last token, grouped-query heads), never [CLS].
+
+The bertviz adapter's decoder behaviour (a GPT-2 skeleton, kv-head labels, the score scale) is checked without
+Streamlit at the end.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from model_core import TraceRequest, build_trace
+from attention_explorer import views as bv
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+VENDOR_MISSING = bool(bv.vendor_missing(str(ROOT / "static")))
+
+# page -> what it is called on the screen (st.title or st.header)
+PAGES = {
+    "pages/heatmaps.py": "Attention heatmaps",
+    "pages/causal.py": "Causal mask & masked scores",
+    "pages/bertviz.py": "bertviz views",
+    "pages/inside.py": "Inside the encoder",
+    "pages/analysis_contexts.py": "One word, two contexts",
+    "pages/analysis_rollout.py": "Attention rollout and attention flow",
+    "pages/analysis_norms.py": "Norm-weighted attention",
+    "pages/analysis_head_stats.py": "Head statistics",
+    "pages/analysis_masking.py": "Head masking",
+    "pages/head_roles.py": "Head roles",
+}
+
+
+def _run(at: AppTest) -> AppTest:
+    """One run through app.py (see tests/test_pages.py: a stale context would skip the sidebar)."""
+    if "_app_context" in at.session_state:
+        del at.session_state["_app_context"]
+    at.run()
+    return at
+
+
+def _open(folder: Path, page: str, **state) -> AppTest:
+    """The app linked to the decoder in ``folder`` with the pair "time flies…" / "fruit flies…", on ``page``."""
+    at = AppTest.from_file(APP, default_timeout=180)
+    for name, value in {"model": "pretrained", "model_id": str(folder), "a": "time flies like an arrow",
+                        "b": "fruit flies like a banana"}.items():
+        at.query_params[name] = value
+    for key, value in state.items():
+        at.session_state[key] = value
+    _run(at)
+    _clean(at)
+    at.switch_page(page)
+    _run(at)
+    _clean(at)
+    trace = at.session_state["_app_context"].trace
+    assert trace is not None and trace.is_decoder, at.session_state["_app_context"].error
+    assert PAGES[page] in [*(t.value for t in at.title), *(h.value for h in at.header)]
+    return at
+
+
+def _clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def _text(at: AppTest) -> str:
+    """Everything the page (not the sidebar) wrote: markdown, captions, infos, labels, and the charts' titles and
+    legends."""
+    parts = [e.value for kind in ("markdown", "caption", "info", "subheader", "header", "title", "warning")
+             for e in at.main.get(kind)]
+    parts += [w.label for kind in ("toggle", "selectbox", "radio", "metric", "download_button", "expander")
+              for w in at.main.get(kind)]
+    parts += [json.dumps(json.loads(c.proto.spec).get("layout", {}).get("title", {})) for c in at.get("plotly_chart")]
+    parts += [json.dumps([d.get("name") for d in json.loads(c.proto.spec).get("data", [])])
+              for c in at.get("plotly_chart")]
+    return "\n".join(str(p) for p in parts)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_decoders) -> Path:
+    """The Llama-like tiny decoder: a BOS token, 4 query heads sharing 2 key/value heads."""
+    return tiny_decoders["llama"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_page_opens_on_a_decoder_and_never_says_cls(tiny_decoders, page, family):
+    at = _open(tiny_decoders[family], page, mask_off_heads=[(0, 1)])
+    text = _text(at)
+    if page != "pages/inside.py":  # the walk's note names the encoder it is about
+        assert "[CLS]" not in text and "[SEP]" not in text, [line for line in text.splitlines() if "CLS" in line]
+
+
+def _z(trace_spec: dict) -> np.ndarray:
+    """A heatmap's z as numbers (Plotly sends float32 as a base64 typed array)."""
+    z = trace_spec["z"]
+    if isinstance(z, dict):
+        shape = tuple(int(n) for n in str(z["shape"]).split(","))
+        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(shape)
+    return np.asarray(z, dtype=np.float64)
+
+
+@pytest.mark.slow
+def test_heatmaps_show_the_causal_triangle_and_the_first_token_sink(llama):
+    from attention_explorer.figures import MASKED_WEIGHT_COLOR
+
+    at = _open(llama, "pages/heatmaps.py")
+    text = _text(at)
+    assert "Hide the first token and other special tokens" in text
+    assert "Share to the first token" in text and "attention sink" in text and "lower triangle" in text
+    assert "Share to previous token" in text  # no later special tokens: the fourth grid says so and swaps
+    focus = [spec for spec in (json.loads(c.proto.spec) for c in at.get("plotly_chart"))
+             if spec["layout"].get("plot_bgcolor") == MASKED_WEIGHT_COLOR]
+    assert len(focus) == 1  # the focused head: masked cells are gaps on a grey ground
+    z = _z(focus[0]["data"][0])
+    n = at.session_state["_app_context"].trace.n_tokens
+    assert z.shape == (n, n)
+    above = np.triu(np.ones((n, n), dtype=bool), 1)
+    assert np.isnan(z[above]).all() and np.isfinite(z[~above]).all()
+
+    at.toggle(key="hide_special").set_value(True)
+    _run(at)
+    _clean(at)
+    focus = [spec for spec in (json.loads(c.proto.spec) for c in at.get("plotly_chart"))
+             if spec["layout"].get("plot_bgcolor") == MASKED_WEIGHT_COLOR]
+    labels = focus[0]["data"][0]["y"]
+    assert len(labels) == n - 1 and labels[0].startswith("1: ")  # the first token (a BOS here) is hidden
+
+
+@pytest.mark.slow
+def test_heatmaps_merge_bpe_pieces_into_words(llama):
+    at = _open(llama, "pages/heatmaps.py", ctl_words=True)
+    assert any("Words, not BPE pieces" in i.value for i in at.info), [i.value for i in at.info]
+    ctx = at.session_state["_app_context"]
+    assert "time" in ctx.words.words and ctx.words.n_words < ctx.trace.n_tokens
+
+
+@pytest.mark.slow
+def test_causal_page_shows_the_decoders_own_mask_and_derives_the_unmasked_row(llama):
+    at = _open(llama, "pages/causal.py")
+    text = _text(at)
+    assert "Causal (the Llama-like decoder's own mask)" in text
+    assert "Bidirectional — derived from this Llama-like decoder's scores" in text
+    assert "reads key/value head 0 (heads 0–1 share it)" in text  # the focused head 0, grouped-query attention
+    assert len(at.get("plotly_chart")) == 7  # the scores once (both rows share them), then 3 steps in each row
+    assert any("The scores are the same for both rows" in i.value for i in at.info)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(VENDOR_MISSING, reason="static/vendor/ missing: run scripts/install_assets.sh")
+@pytest.mark.parametrize("kind", bv.VIEW_KINDS)
+def test_bertviz_draws_each_view_of_a_decoder(llama, kind):
+    at = _open(llama, "pages/bertviz.py", bv_kind=kind)
+    assert len(at.get("iframe")) == 1
+    assert "causal" in _text(at)
+    if kind == "neuron":
+        assert any("Grouped-query attention" in i.value and "kv 1 ← heads 2–3" in i.value for i in at.info)
+
+
+@pytest.mark.slow
+def test_inside_says_plainly_that_the_walk_is_the_encoders(llama):
+    at = _open(llama, "pages/inside.py")
+    info = " ".join(i.value for i in at.info)
+    assert "Llama-like decoder" in info and "RMSNorm" in info and "rotary" in info and "SwiGLU" in info
+    assert not at.get("plotly_chart") and not at.main.expander  # no encoder steps on a decoder
+    assert at.sidebar.selectbox(key="sel_layer") is not None  # the head picker still works here
+
+
+@pytest.mark.slow
+def test_rollout_relevance_is_to_the_last_token(llama):
+    text = _text(_open(llama, "pages/analysis_rollout.py"))
+    assert "Relevance of each input token to the last token" in text
+    assert "Relevance to the last token (CSV)" in text
+
+
+@pytest.mark.slow
+def test_norms_name_the_first_token(llama):
+    text = _text(_open(llama, "pages/analysis_norms.py"))
+    assert "raw first token" in text and "Share on first token" in text
+    assert "no other special tokens" in text
+
+
+@pytest.mark.slow
+def test_head_stats_offer_the_first_token_and_say_why_special_tokens_are_missing(llama):
+    at = _open(llama, "pages/analysis_head_stats.py")
+    options = at.selectbox(key="stats_name").options
+    assert "Share to the first token" in options and "Share to other special tokens" not in options
+    assert "is left out: this input has none" in _text(at)
+
+
+@pytest.mark.slow
+def test_masking_shows_the_next_token_prediction(llama):
+    at = _open(llama, "pages/analysis_masking.py", mask_off_heads=[(0, 1), (1, 3)])
+    labels = [m.label for m in at.metric]
+    assert labels == ["Most likely next token", "Total variation", "KL divergence (bits)"]
+    assert float(at.metric[1].value) > 0
+    text = _text(at)
+    assert "Next-token prediction after position" in text and "The last token's hidden state" in text
+    assert len(at.dataframe) == 1
+
+
+@pytest.mark.slow
+def test_contexts_compare_bpe_words(llama):
+    at = _open(llama, "pages/analysis_contexts.py")
+    assert at.selectbox(key="ctx_word").options == ["flies", "like"]
+    assert "first token" in _text(at)
+
+
+# -- the bertviz adapter, without Streamlit ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama_trace(llama):
+    return build_trace(TraceRequest("pretrained", "time flies like an arrow", model_id=str(llama)), device="cpu")
+
+
+def test_neuron_view_of_a_decoder_uses_the_gpt2_skeleton_and_labels_kv_heads(llama_trace):
+    from bertviz_decode import decode_params
+
+    view = bv.view_html("neuron", llama_trace, layers=[1], heads=[2])
+    params = decode_params(view)
+    assert params["bidirectional"] is False and 'id="filter"' not in view.html  # one sentence: no A/B menu
+    assert '["0 · kv 0","1 · kv 0","2 · kv 1","3 · kv 1"]' in view.html.replace("\\u00b7", "·")
+    sent = np.asarray(params["attention"]["all"]["queries"])
+    np.testing.assert_allclose(sent[0], llama_trace.queries[1], atol=5e-4)  # the post-rotary queries
+    keys = np.asarray(params["attention"]["all"]["keys"])[0]
+    np.testing.assert_array_equal(keys[0], keys[1])  # heads 0 and 1 share key/value head 0
+
+
+def test_kv_legend_says_which_heads_share_each_key_value_head(llama_trace):
+    legend = "4 query heads share 2 key/value heads: kv 0 ← heads 0–1 · kv 1 ← heads 2–3"
+    assert bv.kv_legend(llama_trace) == legend
+
+
+def test_gpt2_has_no_kv_legend_and_its_menu_is_plain(tiny_decoders):
+    trace = build_trace(TraceRequest("pretrained", "time flies", model_id=str(tiny_decoders["gpt2"])), device="cpu")
+    assert bv.kv_legend(trace) is None
+    assert "· kv" not in bv.view_html("neuron", trace).html.replace("\\u00b7", "·")
+
+
+def test_the_neuron_view_draws_a_models_own_score_scale(tiny_decoders):
+    """bertviz draws q·k/√d: Gemma's other scale is folded into the queries so the drawn scores are its own."""
+    from dataclasses import replace
+
+    from bertviz_decode import decode_params
+
+    trace = build_trace(TraceRequest("pretrained", "time flies", model_id=str(tiny_decoders["gemma"])), device="cpu")
+    other = replace(trace, score_scale=trace.score_scale * 2)
+    q = np.asarray(decode_params(bv.view_html("neuron", other))["attention"]["all"]["queries"])[0]
+    np.testing.assert_allclose(q, trace.queries[0] * 2 * trace.score_scale * np.sqrt(trace.d_head), atol=2e-3)

@@ -1,0 +1,118 @@
+"""The sidebar's fields, derived once from the request's (``model_core.request.REQUEST_FIELDS``): each field's
+query parameter (its own name; older links' names still read), session key (``ctl_<field>``) and parser, and a
+request written as query parameters or session state. No streamlit: the benches and links use it too."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, get_args, get_origin, get_type_hints
+
+from model_core import TraceRequest
+from model_core.request import REQUEST_FIELDS
+
+MODEL_LABELS = {"pretrained": "Pretrained model", "custom": "Custom encoder"}
+OLD_MODEL_NAMES = {"bert": "pretrained"}
+"""Values of ``model`` older links carry: "bert" was the pretrained model when BERT was the only family."""
+MAX_SEED = 2**31 - 1
+
+
+# Query-parameter name -> (session key, parser). Parsers raise ValueError on bad values.
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if not lo <= value <= hi:
+            raise ValueError(f"{value} is outside {lo}-{hi}")
+        return value
+    return parse
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"{raw!r} is not one of {', '.join(options)}")
+        return raw
+    return parse
+
+
+def _model(raw: str) -> str:
+    value = OLD_MODEL_NAMES.get(raw, raw)
+    if value not in MODEL_LABELS:
+        raise ValueError(f"{raw!r} is not one of {', '.join(MODEL_LABELS)}; name a pretrained model with model_id")
+    return value
+
+
+def _flag(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{raw!r} is not true/false")
+
+
+def _positions(raw: str) -> list[int]:
+    values = [int(v) for v in raw.split(",") if v.strip()]
+    if any(not 0 <= v < 20_000 for v in values) or len(values) > 512:
+        raise ValueError("not a list of token positions")
+    return sorted(set(values))
+
+
+def _text(raw: str) -> str:
+    if len(raw) > 20_000:
+        raise ValueError("longer than 20,000 characters")
+    return raw
+
+
+def control_key(field: str) -> str:
+    """The session-state key of the sidebar control that sets the request's ``field``."""
+    return f"ctl_{field}"
+
+
+LIMITS = {"seed": (0, MAX_SEED), "num_hidden_layers": (1, 24), "num_attention_heads": (1, 16), "hidden_size": (16, 1024)}
+"""The sidebar's bounds for the request's whole-number fields (links are held to the same)."""
+OLD_PARAM_NAMES = {"a": "text_a", "b": "text_b", "norm": "norm_placement", "layers": "num_hidden_layers",
+                   "heads": "num_attention_heads", "hidden": "hidden_size"}
+"""Query parameters older links carry -> today's name (the request's field)."""
+
+
+def _field_parser(field: str) -> Callable[[str], Any]:
+    """A query parameter's parser, from the request field's type."""
+    if field == "model":
+        return _model  # also reads the old name "bert"
+    hint = get_type_hints(TraceRequest)[field]
+    if get_origin(hint) is Literal:
+        return _choice(*get_args(hint))
+    if hint is bool:
+        return _flag
+    if hint is int:
+        return _int_in(*LIMITS[field])
+    return _text
+
+
+QUERY_PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    **{field: (control_key(field), _field_parser(field)) for field in REQUEST_FIELDS},
+    "words": ("ctl_words", _flag),
+    "sel": ("sel_tokens", _positions),
+    "layer": ("sel_layer", _int_in(0, 23)),
+    "head": ("sel_head", _int_in(0, 15)),
+}
+"""Query-parameter name -> (session key, parser): the request's fields by their own names, then the view's."""
+
+
+def request_state(request: TraceRequest, names: tuple[str, ...] = REQUEST_FIELDS) -> dict[str, Any]:
+    """Session-state values that put the request's ``names`` into the sidebar."""
+    return {control_key(name): getattr(request, name) for name in names}
+
+
+def param_text(value: Any) -> str:
+    """A value as a query parameter writes it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def request_params(request: TraceRequest, names: tuple[str, ...] = REQUEST_FIELDS) -> dict[str, str]:
+    """The request's ``names`` as query parameters, leaving out those at their default (and an empty model id)."""
+    default = TraceRequest()
+    return {name: param_text(getattr(request, name)) for name in names
+            if getattr(request, name) is not None and (name == "model" or getattr(request, name) != getattr(default, name))}
