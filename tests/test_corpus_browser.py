@@ -60,7 +60,7 @@ def test_upload_shows_progress_and_cancel_keeps_a_partial_run_that_resumes(app_s
         wait_for_run(page, TIMEOUT_S)
         page.get_by_text("Upload a file").click()
         wait_for_run(page, TIMEOUT_S)
-        page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(upload))
+        page.locator('[data-testid="stMain"] [data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(upload))
         page.get_by_role("button", name="Run 4,000 texts").click()
         progress = page.locator('[data-testid="stProgress"]')
         page.get_by_text("texts/s").first.wait_for(timeout=60_000)  # count, rate and ETA

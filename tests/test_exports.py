@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from attention_explorer import views as bv
 from attention_explorer.figures import plotly_config
-from harness.browser import CHROMIUM, CHROMIUM_MISSING
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, wait_for_run
 from ui.downloads import FORMAT_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,7 +163,8 @@ def test_the_bertviz_page_downloads_a_view_that_draws_offline(app_url, browser, 
     visit = Visit(browser, app_url)
     try:
         visit.open_view(kind, {"a": "time flies like an arrow", "b": "fruit flies like a banana"})
-        with visit.page.expect_download(timeout=60_000) as download:
+        wait_for_run(visit.page, 120)  # the button is drawn after the view: a click mid-run is lost on a slow machine
+        with visit.page.expect_download(timeout=120_000) as download:
             visit.page.get_by_role("button", name="Download this view").click()
         name = download.value.suggested_filename
         path = tmp_path / name

@@ -156,7 +156,7 @@ def test_ten_concurrent_sessions_each_see_only_their_own_text(app_server, browse
         rss.append(app_server.rss_mb())
         # Every session now types a new sentence at once: ten reruns race on one process.
         for page, word in zip(pages, NEW_WORDS):
-            box = page.get_by_label("Sentence A")
+            box = page.get_by_label("Sentence A", exact=True)
             box.fill(f"a {word} waits")
             box.press("Control+Enter")
         for page, word in zip(pages, NEW_WORDS):

@@ -64,3 +64,26 @@ def test_a_link_with_the_old_parameter_names_opens_the_same_request_as_one_with_
                              norm_placement="post", text_a="the cat", text_b="")
     assert old == new == TraceRequest("custom", "the cat", norm_placement="post", num_hidden_layers=2,
                                       num_attention_heads=2, hidden_size=32)
+
+
+def test_a_link_may_name_any_layer_and_head_the_page_then_holds_them_to_the_model():
+    # SmolLM2 has 30 layers: a link to layer 29 must open it (links were once held to BERT-large's 24).
+    assert QUERY_PARAMS["layer"][1]("29") == 29 and QUERY_PARAMS["head"][1]("40") == 40
+    with pytest.raises(ValueError):
+        QUERY_PARAMS["layer"][1]("-1")
+    at = AppTest.from_file(APP, default_timeout=180)
+    for name, value in {"model": "custom", "num_hidden_layers": "2", "num_attention_heads": "2",
+                        "hidden_size": "32", "text_a": "the cat", "layer": "29", "head": "1"}.items():
+        at.query_params[name] = value
+    at.run()
+    assert not at.exception
+    assert (at.session_state["sel_layer"], at.session_state["sel_head"]) == (1, 1)  # clamped, with a toast
+    assert any("Layer 29 does not exist" in t.value for t in at.toast)
+
+
+def test_a_link_carries_as_much_text_as_the_text_box_takes():
+    from ui.state import TEXT_MAX_CHARS
+    text = "word " * (TEXT_MAX_CHARS // 5)
+    assert QUERY_PARAMS["text_a"][1](text) == text
+    with pytest.raises(ValueError, match="longer than"):
+        QUERY_PARAMS["text_a"][1](text + "x")

@@ -69,8 +69,8 @@ def test_too_many_tokens_gives_the_count_unless_truncating():
     tok = load_tokenizer()
     text = "word " * 600
     with pytest.raises(InputError, match=r"602 tokens; the limit is 512"):
-        encode(tok, text)
-    enc = encode(tok, text, truncate=True)
+        encode(tok, text, max_tokens=512)
+    enc = encode(tok, text, max_tokens=512, truncate=True)
     assert enc.input_ids.shape[1] == 512 and enc.truncated and enc.tokens[-1] == "[SEP]"
 
 

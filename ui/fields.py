@@ -48,6 +48,12 @@ def _flag(raw: str) -> bool:
     raise ValueError(f"{raw!r} is not true/false")
 
 
+MAX_INDEX = 9_999
+"""The largest layer or head a link may name; the page then clamps it to the model's own sizes."""
+LINK_TEXT_CHARS = 60_000
+"""The longest text a link may carry: as much as the sidebar's text boxes take (``ui.state.TEXT_MAX_CHARS``)."""
+
+
 def _positions(raw: str) -> list[int]:
     values = [int(v) for v in raw.split(",") if v.strip()]
     if any(not 0 <= v < 20_000 for v in values) or len(values) > 512:
@@ -56,8 +62,8 @@ def _positions(raw: str) -> list[int]:
 
 
 def _text(raw: str) -> str:
-    if len(raw) > 20_000:
-        raise ValueError("longer than 20,000 characters")
+    if len(raw) > LINK_TEXT_CHARS:
+        raise ValueError(f"longer than {LINK_TEXT_CHARS:,} characters")
     return raw
 
 
@@ -91,8 +97,8 @@ QUERY_PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     **{field: (control_key(field), _field_parser(field)) for field in REQUEST_FIELDS},
     "words": ("ctl_words", _flag),
     "sel": ("sel_tokens", _positions),
-    "layer": ("sel_layer", _int_in(0, 23)),
-    "head": ("sel_head", _int_in(0, 15)),
+    "layer": ("sel_layer", _int_in(0, MAX_INDEX)),
+    "head": ("sel_head", _int_in(0, MAX_INDEX)),
 }
 """Query-parameter name -> (session key, parser): the request's fields by their own names, then the view's."""
 

@@ -11,6 +11,7 @@ from model_core.request import REQUEST_FIELDS
 from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID, Settings, load_settings
 from model_core.words import RULE as WORD_RULE
 from ui.fields import (
+    LINK_TEXT_CHARS,
     MAX_SEED,
     MODEL_LABELS,
     OLD_MODEL_NAMES,
@@ -142,7 +143,7 @@ def model_summary(s: Any, settings: Settings | None = None) -> str:
     return f"Custom encoder · {shape} · seed {s['ctl_seed']}" + (" · causal" if s["ctl_causal"] else "")
 
 
-TEXT_MAX_CHARS = 60_000
+TEXT_MAX_CHARS = LINK_TEXT_CHARS
 """The most characters a text box takes: about 4,096 tokens of English is 18,000; code and other scripts run longer."""
 
 
@@ -184,8 +185,8 @@ def render_controls(settings: Settings | None = None) -> Any:
     _persist(*(key for key, _ in QUERY_PARAMS.values()))
     sb = st.sidebar
     sb.text_area("Sentence A", key="ctl_text_a", height=80, max_chars=TEXT_MAX_CHARS)
-    sb.file_uploader("…or a text file for sentence A", type=["txt", "md", "text", "log", "csv", "json", "py"],
-                     key="ctl_text_file", on_change=_read_text_file, help="A long prompt or a document: a decoder "
+    sb.file_uploader("…or open a text file", type=["txt", "md", "text", "log", "csv", "json", "py"],
+                     key="ctl_text_file", on_change=_read_text_file, help="Its text fills the box above. A long prompt or a document: a decoder "
                      "reads up to AE_MAX_TOKENS tokens (4,096 by default); past a few hundred, the trace is compact.")
     if st.session_state.get("_text_file_error"):
         sb.error(st.session_state["_text_file_error"])
