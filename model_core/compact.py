@@ -14,7 +14,6 @@ The file format (``save``/``load``) is an uncompressed NPZ; ``FIELDS`` documents
 from __future__ import annotations
 
 import json
-import math
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -247,98 +246,6 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | Non
         return torch.matmul(q * scale, k.transpose(-1, -2))
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     return softcap * torch.tanh(scores / softcap)
-
-
-@dataclass
-class LayerSummary:
-    """One layer's row log-sum-exps, overview block sums and statistic sums, from ``summarise_layer``."""
-
-    lse: torch.Tensor  # (head, pos) float64
-    overview: torch.Tensor  # (head, m, m)
-    stats: dict[str, torch.Tensor]  # name -> (head,)
-
-
-def summarise_layer(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float,
-                    softcap: float | None, pool: int, block: int = QUERY_BLOCK) -> LayerSummary:
-    """Log-sum-exps, exact overview block means and head statistics of one layer, streamed over query blocks.
-
-    A block of rows reads only the keys up to the last one any of its rows may see, so a causal layer costs
-    about half the square. The weights are the model's own float32 softmax; ``lse`` comes from it as
-    ``max(score) - log(max(weight))``, and the entropy as ``lse - Σ w·score`` (no logarithm of every weight).
-
-    Shape: q (head, pos, d_head) float32; k (head, pos, d_head), each query head's key; allowed (pos, pos) bool.
-    """
-    n_heads, n, _ = q.shape
-    m = math.ceil(n / pool)
-    lse = torch.empty(n_heads, n, dtype=torch.float64)
-    cell_sums = torch.zeros(n_heads, m, m, dtype=torch.float64)
-    sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STAT_NAMES if name != "max_weight"}
-    max_weight = torch.zeros(n_heads, dtype=torch.float64)
-    choosing = allowed.sum(1) > 1  # a causal model's first query has no choice (as head_stats)
-    if not choosing.any():
-        choosing[:] = True
-    f64 = torch.float64
-    # Whether any query may see a later key (an encoder; a decoder's layer never): the mean distance then needs
-    # the part past the diagonal too.
-    future = bool((allowed & ~torch.ones_like(allowed).tril()).any())
-    causal = not future and bool(torch.equal(allowed, torch.ones_like(allowed).tril()))
-    closed = ~allowed
-    for r0 in range(0, n, block):
-        r1 = min(r0 + block, n)
-        if causal:  # a causal block sees keys 0..r1-1 and is masked only in its square on the diagonal
-            width = r1
-        else:
-            seen = torch.nonzero(allowed[r0:r1].any(0))
-            width = int(seen[-1]) + 1 if len(seen) else 1
-        rows, cols = torch.arange(r0, r1), torch.arange(width)
-        q_blk, k_blk = q[:, r0:r1], k[:, :width]
-        s = _scores(q_blk, k_blk, scale, softcap)  # (head, rows, width), finite
-        if causal:
-            s[:, :, r0:r1].masked_fill_(closed[r0:r1, r0:r1], float("-inf"))
-        else:
-            s.masked_fill_(closed[r0:r1, :width], float("-inf"))
-        # The softmax in place: e = exp(s - max) has its largest entry exactly 1, so the largest weight is 1 / Σe
-        # and lse = max + log Σe, with no second pass for either.
-        top = s.amax(-1, keepdim=True)  # (head, rows, 1)
-        w = s.sub_(top).exp_()  # s is spent: w holds exp(s - max), 0 where masked
-        total = w.sum(-1, keepdim=True)
-        w.div_(total)
-        row_lse = top[..., 0].double() + torch.log(total[..., 0].double())
-        w_max = 1.0 / total[..., 0]  # (head, rows)
-        lse[:, r0:r1] = row_lse
-        mixed_k = torch.matmul(w, k_blk)  # Σ_j w_ij k_j: (head, rows, d_head)
-        if softcap is None:  # Σ_j w_ij s_ij = scale · q_i · Σ_j w_ij k_j: no elementwise pass over the block
-            w_s = scale * (q_blk * mixed_k).sum(-1)
-        else:  # capped scores are not linear in k: recompute them (a softcap model's layers cost one pass more)
-            capped = _scores(q_blk, k_blk, scale, softcap)
-            w_s = (w * capped).sum(-1)  # finite everywhere; w is 0 where masked
-        sums["entropy"] += (row_lse - w_s.double()).sum(-1) / math.log(2.0)
-        sums["to_first"] += w[..., 0].sum(-1).double()
-        sums["to_self"] += w[:, rows - r0, rows].sum(-1).double()
-        prev = rows[rows >= 1]
-        sums["to_prev"] += w[:, prev - r0, prev - 1].sum(-1).double()
-        nxt = rows[rows + 1 < width]
-        sums["to_next"] += w[:, nxt - r0, nxt + 1].sum(-1).double()
-        # Σ_j w_ij |i - j| = Σ_j w_ij (i - j) + 2 Σ_{j > i} w_ij (j - i); the first part is a product with j.
-        distance = rows.double() - torch.matmul(w, cols.float()).double()  # every row sums to 1
-        if future:
-            ahead = (cols[None, :] - rows[:, None]).clamp(min=0).float()
-            distance += 2 * (w * ahead).sum(-1).double()
-        sums["mean_distance"] += distance.sum(-1)
-        pick = choosing[r0:r1]
-        if pick.any():
-            max_weight = torch.maximum(max_weight, w_max[:, pick].amax(-1).double())
-        whole = width // pool  # key cells wholly inside the block's width; the last may be cut short
-        by_key = w[..., :whole * pool].reshape(n_heads, r1 - r0, whole, pool).sum(-1)  # (head, rows, key cell)
-        if whole * pool < width:
-            by_key = torch.cat([by_key, w[..., whole * pool:].sum(-1, keepdim=True)], dim=-1)
-        cell_sums[:, :, :by_key.shape[-1]].index_add_(1, rows // pool, by_key.double())
-    row_count = torch.bincount(torch.arange(n) // pool, minlength=m).double()
-    stats = {name: total / n for name, total in sums.items()}
-    stats["to_prev"] = sums["to_prev"] / max(n - 1, 1)
-    stats["to_next"] = sums["to_next"] / max(n - 1, 1)
-    stats["max_weight"] = max_weight
-    return LayerSummary(lse=lse, overview=cell_sums / row_count[None, :, None], stats=stats)
 
 
 Progress = Callable[[str, float], None]

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.compact import OVERVIEW_CELLS, CompactTrace, Progress, summarise_layer
+from model_core.compact import OVERVIEW_CELLS, CompactTrace, Progress
+from model_core.compact_summary import summarise_layer
 from model_core.compact_views import TraceForm, choose_form
 from model_core.families.capture import recording
 from model_core.request import TraceRequest, _resolve

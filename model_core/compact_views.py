@@ -218,11 +218,17 @@ def rollout_row(trace: CompactTrace, target: int = -1, residual: float = 0.5,
             r1 = min(r0 + QUERY_BLOCK, n)
             if not bool(v[r0:r1].any()):
                 continue  # rows the vector does not reach add nothing
+            reach = allowed[r0:r1].any(0).nonzero()  # a causal block reads no key past its last row
+            if not len(reach):
+                continue
+            width = int(reach[-1]) + 1
             q = torch.from_numpy(trace.queries[layer, :, r0:r1])
-            s = _scores(q, k_all, trace.score_scale, trace.score_softcap)  # (head, rows, pos)
-            s.masked_fill_(~allowed[r0:r1], float("-inf"))
-            w = torch.exp(s.double() - torch.from_numpy(trace.lse[layer, :, r0:r1])[..., None]).mean(0)  # (rows, pos)
-            mixed += v[r0:r1] @ w
+            s = _scores(q, k_all[:, :width], trace.score_scale, trace.score_softcap)  # (head, rows, width)
+            s.masked_fill_(~allowed[r0:r1, :width], float("-inf"))
+            lse = torch.from_numpy(trace.lse[layer, :, r0:r1])[..., None]
+            # float32 tiles (each weight within 1e-6 of float64's); the products summed in float64
+            w = torch.exp(s.sub_(lse.float())).mean(0)  # (rows, width)
+            mixed[:width] += (v[r0:r1].float() @ w).double()
         v = residual * v + (1.0 - residual) * mixed
         v /= v.sum()
         if progress is not None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
+from attention_explorer.analysis_figures import relevance_figure
+from attention_explorer.figures import attention_heatmap
 from model_core.analysis import FLOW_MAX_TOKENS, FLOW_MAX_TOKENS_ONE_ROW, normalize_rows
 from model_core.tables import matrix_to_csv, position_labels, token_matrix_to_csv
-from attention_explorer.analysis_figures import relevance_figure
 from ui.analysis_widgets import (
     bundle_buttons,
     csv_button,
@@ -16,10 +17,14 @@ from ui.analysis_widgets import (
 )
 from ui.context import require_trace
 from ui.derived import analysis_bundle, rollout_and_flow
-from attention_explorer.figures import attention_heatmap
 
 st.header("Attention rollout and attention flow")
-ctx = require_trace()
+ctx = require_trace(compact=True)
+if ctx.compact is not None:  # a long input: the rollout into one token, from the compact trace
+    from ui import compact_rollout
+
+    compact_rollout.draw(ctx)
+    st.stop()
 trace = ctx.trace
 target = ctx.markers.readout_label  # [CLS], or a decoder's last token
 why = ("the token a classifier reads" if not trace.is_decoder else

@@ -70,7 +70,7 @@ def test_grouping_by_sentence_draws_sentences(compact_env, tiny_decoders):
     assert any("By sentence" in c.proto.spec for c in at.get("plotly_chart"))
 
 
-@pytest.mark.parametrize("page", ["pages/analysis_rollout.py", "pages/bertviz.py", "pages/inside.py"])
+@pytest.mark.parametrize("page", ["pages/analysis_norms.py", "pages/bertviz.py", "pages/inside.py"])
 def test_a_page_that_needs_every_weight_says_its_limit(compact_env, tiny_decoders, page):
     at = _open(tiny_decoders["llama"], page)
     info = " ".join(i.value for i in at.info)
@@ -119,6 +119,30 @@ def test_the_causal_page_shows_an_exact_window_of_a_long_input(compact_env, tiny
     at.slider(key="causal_long_window").set_value(0)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
+
+
+def test_the_rollout_page_computes_the_row_into_a_token_of_a_long_input(compact_env, tiny_decoders, monkeypatch):
+    from model_core.analysis import attention_rollout
+    from model_core.compact_views import rollout_row
+
+    at = _open(tiny_decoders["llama"], "pages/analysis_rollout.py")
+    compact = _context(at).compact
+    assert compact is not None and not at.get("plotly_chart")  # nothing is computed before the click
+    at.number_input(key="compact_rollout_target").set_value(40)
+    at.button(key="compact_rollout_run").click()
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Relevance of each token" in at.get("plotly_chart")[0].proto.spec
+    table = at.dataframe[0].value
+    row = rollout_row(compact, 40)
+    assert table["position"].iloc[0] == int(np.argmax(row)) and abs(table["share"].iloc[0] - row.max()) < 1e-9
+    assert (row[41:] == 0).all() and abs(row.sum() - 1) < 1e-9  # causal: nothing from after the token
+    # against the full trace's rollout of the same text
+    from model_core import build_trace
+
+    monkeypatch.setenv("AE_FULL_TRACE_MB", "320")  # the same text traced in full, as a short input would be
+    full = build_trace(_context(at).request)
+    np.testing.assert_allclose(row, attention_rollout(full.attentions)[-1, 40], atol=1e-6)
 
 
 def test_window_steps_equal_the_full_traces_steps(tiny_decoders):

@@ -14,7 +14,9 @@ from ui.loaders import get_compact
 
 CANCELLED_KEY = "compact_cancelled"
 COMPACT_PAGES = (("pages/heatmaps.py", "Attention heatmaps", ":material/grid_view:"),
-                 ("pages/analysis_head_stats.py", "Head statistics", ":material/bar_chart:"))
+                 ("pages/analysis_head_stats.py", "Head statistics", ":material/bar_chart:"),
+                 ("pages/causal.py", "Causal mask & masked scores", ":material/change_history:"),
+                 ("pages/analysis_rollout.py", "Rollout & flow (rollout into one token)", ":material/waves:"))
 """The pages that read a compact trace."""
 _SHARE = {"forward": (0.0, 0.45), "summary": (0.45, 0.55)}  # each phase's part of the bar (about its time)
 

@@ -77,3 +77,15 @@ def first_token_figure(share: np.ndarray, title: str) -> go.Figure:
     fig.update_layout(title=dict(text=title, font=dict(size=14)), height=220, margin=dict(l=10, r=10, t=40, b=30),
                       xaxis=dict(title="query position"), yaxis=dict(range=[0, 1], title="weight"))
     return fig
+
+
+def relevance_line_figure(values: np.ndarray, tokens: tuple[str, ...], title: str) -> go.Figure:
+    """Each position's share (rollout relevance) as a line, the token on hover: bars for thousands of tokens would
+    be a wall. Shape: values (pos,)."""
+    text = [token_label(tok) for tok in tokens]
+    fig = go.Figure(go.Scattergl(x=np.arange(len(values)), y=np.asarray(values, dtype=np.float32), text=text,
+                                 mode="lines", line=dict(width=1, color="#4c78a8"),
+                                 hovertemplate="%{x} %{text}<br>share %{y:.5f}<extra></extra>"))
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=300, margin=dict(l=10, r=10, t=40, b=30),
+                      xaxis=dict(title="position"), yaxis=dict(title="share", type="log"))
+    return fig

@@ -1,0 +1,203 @@
+"""One layer of a compact trace summarised: each row's log-sum-exp, the overview's exact block means and the
+head statistics, without ever holding the layer's n x n weights.
+
+Two routes give the same numbers. Where the model's scores are plain ``q·k`` times a scale and no query sees a
+later key (every decoder but Gemma 2), one call of torch's fused CPU attention kernel, the one sdpa runs, does it:
+given values chosen for the purpose instead of the model's, it returns ``Σ_j w_ij v_j`` and the rows' ``lse``
+while keeping only a tile of scores in cache. Elsewhere (encoders, softcapped scores) blocks of query rows are
+scored, softmaxed and reduced in torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from model_core.compact import QUERY_BLOCK, STAT_NAMES, _scores
+
+_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+"""torch's fused CPU attention: (output, logsumexp) for given queries, keys and values."""
+HOT = 2.0 ** 20
+"""The inverse temperature that turns a row's log-sum-exp into its largest score: ``lse(HOT·s) / HOT`` lies
+between ``max(s)`` and ``max(s) + log(n) / HOT`` (8e-6 at 4,096 keys), so the largest weight is within 1e-5."""
+
+
+@dataclass
+class LayerSummary:
+    """One layer's row log-sum-exps, overview block sums and statistic sums, from ``summarise_layer``."""
+
+    lse: torch.Tensor  # (head, pos) float64
+    overview: torch.Tensor  # (head, m, m)
+    stats: dict[str, torch.Tensor]  # name -> (head,)
+
+
+def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float,
+                      softcap: float | None, pool: int, block: int = QUERY_BLOCK) -> LayerSummary:
+    """Log-sum-exps, exact overview block means and head statistics of one layer, streamed over query blocks.
+
+    A block of rows reads only the keys up to the last one any of its rows may see, so a causal layer costs
+    about half the square. The weights are the model's own float32 softmax; ``lse`` comes from it as
+    ``max(score) - log(max(weight))``, and the entropy as ``lse - Σ w·score`` (no logarithm of every weight).
+
+    Shape: q (head, pos, d_head) float32; k (head, pos, d_head), each query head's key; allowed (pos, pos) bool.
+    """
+    n_heads, n, _ = q.shape
+    m = math.ceil(n / pool)
+    lse = torch.empty(n_heads, n, dtype=torch.float64)
+    cell_sums = torch.zeros(n_heads, m, m, dtype=torch.float64)
+    sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STAT_NAMES if name != "max_weight"}
+    max_weight = torch.zeros(n_heads, dtype=torch.float64)
+    choosing = allowed.sum(1) > 1  # a causal model's first query has no choice (as head_stats)
+    if not choosing.any():
+        choosing[:] = True
+    # Whether any query may see a later key (an encoder; a decoder's layer never): the mean distance then needs
+    # the part past the diagonal too.
+    future = bool((allowed & ~torch.ones_like(allowed).tril()).any())
+    causal = not future and bool(torch.equal(allowed, torch.ones_like(allowed).tril()))
+    closed = ~allowed
+    for r0 in range(0, n, block):
+        r1 = min(r0 + block, n)
+        if causal:  # a causal block sees keys 0..r1-1 and is masked only in its square on the diagonal
+            width = r1
+        else:
+            seen = torch.nonzero(allowed[r0:r1].any(0))
+            width = int(seen[-1]) + 1 if len(seen) else 1
+        rows, cols = torch.arange(r0, r1), torch.arange(width)
+        q_blk, k_blk = q[:, r0:r1], k[:, :width]
+        s = _scores(q_blk, k_blk, scale, softcap)  # (head, rows, width), finite
+        if causal:
+            s[:, :, r0:r1].masked_fill_(closed[r0:r1, r0:r1], float("-inf"))
+        else:
+            s.masked_fill_(closed[r0:r1, :width], float("-inf"))
+        # The softmax in place: e = exp(s - max) has its largest entry exactly 1, so the largest weight is 1 / Σe
+        # and lse = max + log Σe, with no second pass for either.
+        top = s.amax(-1, keepdim=True)  # (head, rows, 1)
+        w = s.sub_(top).exp_()  # s is spent: w holds exp(s - max), 0 where masked
+        total = w.sum(-1, keepdim=True)
+        w.div_(total)
+        row_lse = top[..., 0].double() + torch.log(total[..., 0].double())
+        w_max = 1.0 / total[..., 0]  # (head, rows)
+        lse[:, r0:r1] = row_lse
+        mixed_k = torch.matmul(w, k_blk)  # Σ_j w_ij k_j: (head, rows, d_head)
+        if softcap is None:  # Σ_j w_ij s_ij = scale · q_i · Σ_j w_ij k_j: no elementwise pass over the block
+            w_s = scale * (q_blk * mixed_k).sum(-1)
+        else:  # capped scores are not linear in k: recompute them (a softcap model's layers cost one pass more)
+            capped = _scores(q_blk, k_blk, scale, softcap)
+            w_s = (w * capped).sum(-1)  # finite everywhere; w is 0 where masked
+        sums["entropy"] += (row_lse - w_s.double()).sum(-1) / math.log(2.0)
+        sums["to_first"] += w[..., 0].sum(-1).double()
+        sums["to_self"] += w[:, rows - r0, rows].sum(-1).double()
+        prev = rows[rows >= 1]
+        sums["to_prev"] += w[:, prev - r0, prev - 1].sum(-1).double()
+        nxt = rows[rows + 1 < width]
+        sums["to_next"] += w[:, nxt - r0, nxt + 1].sum(-1).double()
+        # Σ_j w_ij |i - j| = Σ_j w_ij (i - j) + 2 Σ_{j > i} w_ij (j - i); the first part is a product with j.
+        distance = rows.double() - torch.matmul(w, cols.float()).double()  # every row sums to 1
+        if future:
+            ahead = (cols[None, :] - rows[:, None]).clamp(min=0).float()
+            distance += 2 * (w * ahead).sum(-1).double()
+        sums["mean_distance"] += distance.sum(-1)
+        pick = choosing[r0:r1]
+        if pick.any():
+            max_weight = torch.maximum(max_weight, w_max[:, pick].amax(-1).double())
+        whole = width // pool  # key cells wholly inside the block's width; the last may be cut short
+        by_key = w[..., :whole * pool].reshape(n_heads, r1 - r0, whole, pool).sum(-1)  # (head, rows, key cell)
+        if whole * pool < width:
+            by_key = torch.cat([by_key, w[..., whole * pool:].sum(-1, keepdim=True)], dim=-1)
+        cell_sums[:, :, :by_key.shape[-1]].index_add_(1, rows // pool, by_key.double())
+    row_count = torch.bincount(torch.arange(n) // pool, minlength=m).double()
+    stats = {name: total / n for name, total in sums.items()}
+    stats["to_prev"] = sums["to_prev"] / max(n - 1, 1)
+    stats["to_next"] = sums["to_next"] / max(n - 1, 1)
+    stats["max_weight"] = max_weight
+    return LayerSummary(lse=lse, overview=cell_sums / row_count[None, :, None], stats=stats)
+
+
+
+
+def summarise_layer(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float,
+                    softcap: float | None, pool: int) -> LayerSummary:
+    """Log-sum-exps, exact overview block means and head statistics of one layer, with O(pos) memory.
+
+    Shape: q (head, pos, d_head) float32; k (head, pos, d_head), each query head's key; allowed (pos, pos) bool.
+    """
+    future = bool(allowed.triu(1).any())
+    if _FUSED is not None and softcap is None and not future and q.device.type == "cpu":
+        return _summarise_fused(q, k, allowed, scale, pool)
+    return _summarise_blocks(q, k, allowed, scale, softcap, pool)
+
+
+def _entries(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, allowed: torch.Tensor, scale: float,
+             offset: int) -> torch.Tensor:
+    """The weights ``w[i, i + offset]`` of every row that has that key, from ``exp(score - lse)``: O(pos · d_head).
+
+    Shape: q, k (head, pos, d_head); lse (head, pos) float64 -> (head, rows) float64.
+    """
+    n = q.shape[1]
+    rows = torch.arange(max(0, -offset), min(n, n - offset))
+    cols = rows + offset
+    scores = (q[:, rows] * k[:, cols]).sum(-1).double() * scale
+    return torch.exp(scores - lse[:, rows]) * allowed[rows, cols].double()
+
+
+def _summarise_fused(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float,
+                     pool: int) -> LayerSummary:
+    """``summarise_layer`` by torch's fused attention kernel, for scores ``scale·q·k`` with no key past the query.
+
+    One call, whose values are each key's vector, its position and a one-hot of its overview cell, returns per
+    row the log-sum-exp, ``Σ_j w_ij k_j`` (the entropy is ``lse - scale·q_i·Σ_j w_ij k_j``), ``Σ_j w_ij j`` (the
+    mean distance) and the row's weight in each key cell (the overview; the last cell is the rest of 1). Single
+    weights (first, self, previous, next) are ``exp(score - lse)`` at O(pos). A second call at inverse temperature
+    ``HOT`` gives each row's largest score, and so its largest weight.
+    """
+    n_heads, n, d = q.shape
+    m = math.ceil(n / pool)
+    cols = torch.arange(n)
+    cell = cols // pool
+    width = d + 1 + (m - 1)  # keys, position, every overview cell but the last
+    values = torch.zeros(n_heads, n, width, dtype=q.dtype)
+    values[..., :d] = k
+    values[..., d] = cols.to(q.dtype) / n  # positions scaled to [0, 1) to keep float32's digits
+    inner = cell < m - 1
+    values[:, cols[inner], d + 1 + cell[inner]] = 1.0
+    # The kernel wants one head size for queries, keys and values: zeros appended to q and k leave q·k as it is.
+    qp, kp = F.pad(q, (0, width - d)), F.pad(k, (0, width - d))
+    causal = bool(torch.equal(allowed, torch.ones_like(allowed).tril()))
+    # The kernel takes an additive mask of the queries' dtype (a bool one is refused): only sliding-window layers
+    # and the like pass one, as the plain causal mask is its flag.
+    mask = None if causal else torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
+    out, lse32 = _FUSED(qp[None], kp[None], values[None], 0.0, causal, attn_mask=mask, scale=scale)
+    out, lse = out[0], lse32[0].double()  # (head, pos, width), (head, pos)
+    by_cell = out[..., d + 1:].double()  # (head, pos, m - 1)
+    by_cell = torch.cat([by_cell, 1.0 - by_cell.sum(-1, keepdim=True)], dim=-1)  # (head, pos, m)
+    cell_sums = torch.zeros(n_heads, m, m, dtype=torch.float64).index_add_(1, cell, by_cell)
+    rows = cols.double()
+    sums = {
+        "entropy": (lse - scale * (q * out[..., :d]).sum(-1).double()).sum(-1) / math.log(2.0),
+        "mean_distance": (rows - out[..., d].double() * n).sum(-1),  # Σ_j w_ij (i - j), as no j > i is seen
+        "to_first": _first_key(q, k, lse, allowed, scale).sum(-1),
+    }
+    sums["to_self"] = _entries(q, k, lse, allowed, scale, 0).sum(-1)
+    sums["to_prev"] = _entries(q, k, lse, allowed, scale, -1).sum(-1)
+    sums["to_next"] = _entries(q, k, lse, allowed, scale, 1).sum(-1)
+    _, hot = _FUSED(q[None], k[None], k[None], 0.0, causal, attn_mask=mask, scale=scale * HOT)
+    w_max = torch.exp(hot[0].double() / HOT - lse)  # (head, pos)
+    choosing = allowed.sum(1) > 1  # a causal model's first query has no choice (as head_stats)
+    if not choosing.any():
+        choosing[:] = True
+    row_count = torch.bincount(cell, minlength=m).double()
+    stats = {name: total / n for name, total in sums.items()}
+    stats["to_prev"] = sums["to_prev"] / max(n - 1, 1)
+    stats["to_next"] = sums["to_next"] / max(n - 1, 1)
+    stats["max_weight"] = w_max[:, choosing].amax(-1).clamp(max=1.0)
+    return LayerSummary(lse=lse, overview=cell_sums / row_count[None, :, None], stats=stats)
+
+
+def _first_key(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, allowed: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    """Every row's weight on the first key. Shape: (head, pos, d_head) x 2, lse (head, pos) -> (head, pos) float64."""
+    scores = (q * k[:, :1]).sum(-1).double() * scale
+    return torch.exp(scores - lse) * allowed[:, 0].double()
