@@ -142,6 +142,21 @@ class CompactTrace:
         lse = torch.from_numpy(self.lse[layer, head, r0:r1])
         return torch.exp(scores.double() - lse[:, None]).float().numpy()
 
+    def pair_weights(self, layer: int, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
+        """The exact weights of every head at scattered (query, key) pairs: O(pairs · d_head), no window.
+
+        Shape: q_pos, k_pos (pairs,) int -> (head, pairs) float64, 0 where masked.
+        """
+        self._check(layer, 0)
+        qi, ki = torch.as_tensor(q_pos, dtype=torch.long), torch.as_tensor(k_pos, dtype=torch.long)
+        q = torch.from_numpy(self.queries[layer])[:, qi]  # (head, pairs, d_head)
+        k = torch.from_numpy(self.keys[layer]).index_select(0, torch.from_numpy(self.kv_heads))[:, ki]
+        scores = (q * k).sum(-1).double() * self.score_scale
+        if self.score_softcap is not None:
+            scores = self.score_softcap * torch.tanh(scores / self.score_softcap)
+        allowed = torch.from_numpy(self.masks[self.mask_of_layer[layer]])[qi, ki]
+        return (torch.exp(scores - torch.from_numpy(self.lse[layer])[:, qi]) * allowed).numpy()
+
     def _check(self, layer: int, head: int) -> None:
         if not 0 <= layer < self.n_layers:
             raise ValueError(f"Layer {layer} does not exist: this trace has layers 0-{self.n_layers - 1}.")

@@ -15,7 +15,6 @@ from model_core.roles import (
     PROBE_ROLES,
     ROLE_TITLES,
     SEQ_LEN,
-    TEXT_ROLES,
 )
 from model_core.roles.retrieval import DEPTHS
 from model_core.tables import rows_to_csv
@@ -26,7 +25,14 @@ from ui.analysis_widgets import (
     show_figure,
 )
 from ui.context import require_trace
-from ui.roles import heatmaps_url, model_key, probe_scores, retrieval, text_scores
+from ui.roles import (
+    heatmaps_url,
+    long_text_scores,
+    model_key,
+    probe_scores,
+    retrieval,
+    text_scores,
+)
 from ui.roles_figures import role_grid
 from ui.state import open_page_if_requested, select_head
 
@@ -51,8 +57,8 @@ def _open_clicked(text: str) -> None:
 open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)
 
 st.header("Head roles")
-ctx = require_trace()
-trace, request = ctx.trace, ctx.request
+ctx = require_trace(compact=True)  # the probe needs no trace of the sidebar's text; a long one is read compact
+trace, request = (ctx.trace if ctx.trace is not None else ctx.compact), ctx.request
 model = model_key(request)
 how_to_read(
     "Each head gets a score between 0 and 1 per role, from inputs built to show that role. The probe: "
@@ -122,13 +128,14 @@ else:
 
 st.subheader("On your text")
 if st.toggle("Score the sidebar's text", key="roles_text",
-             help="Previous-token, duplicate-token and sink apply to any text; induction needs a repeated "
-                  "sequence and retrieval a needle, so they stay on the probe."):
-    mine = text_scores(trace)
-    role = st.radio("Role on your text", TEXT_ROLES, format_func=ROLE_TITLES.get, horizontal=True,
+             help="Previous-token, duplicate-token and sink apply to any text. Induction needs a repeated "
+                  "sequence: a long text (compact form) is scored on its own repeats too. Retrieval needs a needle, "
+                  "so it stays on the probe."):
+    mine = text_scores(trace) if ctx.compact is None else long_text_scores(ctx.compact, request)
+    role = st.radio("Role on your text", tuple(mine), format_func=ROLE_TITLES.get, horizontal=True,
                     key="roles_text_role")
     if not np.isfinite(mine[role]).any():
-        st.caption("No word of this text repeats, so no head has a duplicate-token score on it.")
+        st.caption(f"No word of this text repeats, so no head has a {ROLE_TITLES[role].lower()} score on it.")
     else:
         show_figure(role_grid(mine[role], role, title=f"{ROLE_TITLES[role]} score on your text", clickable=False),
                     f"{trace.model_kind}_{role}_your_text", key="roles_text_grid")

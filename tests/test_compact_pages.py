@@ -161,3 +161,18 @@ def test_window_steps_equal_the_full_traces_steps(tiny_decoders):
         assert b.illustrative == a.illustrative and b.causal == a.causal
     part = window_steps(compact, 1, 2, 10, 20)
     np.testing.assert_allclose(part.weights, full.attentions[1, 2, 10:30, 10:30], atol=1e-5)
+
+
+def test_the_head_roles_page_scores_a_long_text_from_its_compact_trace(compact_env, tiny_decoders):
+    from model_core.roles import ROLE_TITLES, TEXT_ROLES
+
+    at = _open(tiny_decoders["llama"], "pages/head_roles.py")
+    assert _context(at).compact is not None and not at.info  # the probe needs no full trace of the sidebar's text
+    at.toggle(key="roles_text").set_value(True)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert set(at.radio(key="roles_text_role").options) == {ROLE_TITLES[r] for r in (*TEXT_ROLES, "induction")}
+    at.radio(key="roles_text_role").set_value("induction")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Induction score on your text" in c.proto.spec for c in at.get("plotly_chart"))

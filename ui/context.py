@@ -66,7 +66,7 @@ class AppContext:
     def markers(self) -> Markers:
         """What this trace's family calls its marker tokens ([CLS]/[SEP], or a decoder's first token) and the
         token it reads out ([CLS], or a decoder's last token)."""
-        return markers(self.trace)
+        return markers(self.trace if self.trace is not None else self.compact)
 
     @property
     def pieces(self) -> str:

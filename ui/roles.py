@@ -10,6 +10,7 @@ import numpy as np
 import streamlit as st
 
 from model_core import AttentionTrace, TraceRequest
+from model_core.compact import CompactTrace
 from model_core.request import MODEL_FIELDS
 from model_core.roles import (
     TEXT_ROLES,
@@ -19,6 +20,7 @@ from model_core.roles import (
     role_scores,
     score_roles,
 )
+from model_core.roles.long_text import compact_role_scores
 from ui.derived import per_trace
 from ui.fields import request_params
 
@@ -60,6 +62,26 @@ def retrieval(model: TraceRequest, seed: int) -> RetrievalResult:
 def text_scores(trace: AttentionTrace) -> dict[str, np.ndarray]:
     """The roles that apply to any text (previous-token, duplicate-token, sink) on the sidebar's trace."""
     return role_scores(trace, TEXT_ROLES)
+
+
+@st.cache_resource(max_entries=4, ttl=ROLES_TTL_S, show_spinner=False)
+def _long_text_scores(_trace: CompactTrace, key: str, special: tuple[bool, ...]) -> dict[str, np.ndarray]:
+    bar = st.progress(0.0, text="Scoring every head at the text's repeated words…")
+    scores = compact_role_scores(_trace, np.asarray(special, dtype=bool),
+                                 progress=lambda done: bar.progress(done, text=f"Scoring every head at the text's "
+                                                                          f"repeated words… {done:.0%}"))
+    bar.empty()
+    return scores
+
+
+def long_text_scores(trace: CompactTrace, request: TraceRequest) -> dict[str, np.ndarray]:
+    """The text roles and induction on a long input's compact trace (``roles.long_text``), cached per trace."""
+    from model_core.analysis._common import is_special
+    from ui.loaders import pretrained_for
+
+    specials = frozenset(pretrained_for(request).tokenizer.all_special_tokens)
+    special = tuple(is_special(t, specials) for t in trace.tokens)
+    return _long_text_scores(trace, f"{trace.description}|{trace.n_tokens}|{hash(trace.tokens)}", special)
 
 
 def heatmaps_query(request: TraceRequest, text: str, layer: int, head: int) -> dict[str, str]:

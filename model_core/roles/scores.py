@@ -67,15 +67,20 @@ def duplicate_pattern(x: RoleInput) -> np.ndarray:
 
 
 def induction_targets(x: RoleInput) -> tuple[np.ndarray, np.ndarray]:
+    """Olsson et al.'s (query, key) pairs of ``x`` (``induction_pairs``)."""
+    return induction_pairs(np.asarray(x.token_ids), np.asarray(x.special))
+
+
+def induction_pairs(token_ids: np.ndarray, special: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Olsson et al.'s (query, key) pairs: a word whose token occurred earlier, and the token just after that
     earlier occurrence (the most recent one), when that token is not the query itself.
 
-    Shape: two (pairs,) int64 arrays of query and key positions.
+    Shape: token_ids, special (pos,) -> two (pairs,) int64 arrays of query and key positions.
     """
-    ok = ~np.asarray(x.special)
+    ok = ~np.asarray(special)
     last_seen: dict[int, int] = {}
     queries, keys = [], []
-    for q, token in enumerate(np.asarray(x.token_ids).tolist()):
+    for q, token in enumerate(np.asarray(token_ids).tolist()):
         p = last_seen.get(token) if ok[q] else None
         if p is not None and p + 1 < q:
             queries.append(q)
