@@ -187,10 +187,10 @@ def test_link_opens_a_page_with_its_state():
 
 
 def test_out_of_range_layer_in_a_link_warns_and_uses_the_default():
-    at = _linked(layer="99", model="custom", layers="2", heads="2", hidden="32")
+    at = _linked(layer="10000", model="custom", layers="2", heads="2", hidden="32")
     _run(at)
     _clean(at)
-    assert [t.value for t in at.toast] == ["Ignored the link's `layer` (99 is outside 0-23); using the default."]
+    assert [t.value for t in at.toast] == ["Ignored the link's `layer` (10000 is outside 0-9999); using the default."]
     ctx = at.session_state["_app_context"]
     assert (ctx.trace.model_kind, ctx.layer) == ("custom", 0)
     assert "layer" not in at.query_params  # the bad value is dropped from the URL

@@ -181,8 +181,8 @@ def test_markdown_in_a_model_id_is_shown_as_text():
 # -- links (query parameters) --------------------------------------------------------------------
 
 def test_out_of_range_query_params_are_ignored_with_a_toast():
-    at = _run(query={"layer": "99", "head": "-1", "seed": "1e99", "layers": "0", "model": "gpt2", "causal": "maybe",
-                     "a": "x" * 20_001})
+    at = _run(query={"layer": "10000", "head": "-1", "seed": "1e99", "layers": "0", "model": "gpt2", "causal": "maybe",
+                     "a": "x" * 60_001})
     toasts = " ".join(t.value for t in at.toast)
     for name in ("layer", "head", "seed", "layers", "model", "causal", "a"):
         assert f"`{name}`" in toasts
@@ -191,7 +191,7 @@ def test_out_of_range_query_params_are_ignored_with_a_toast():
 
 
 def test_layer_and_head_past_the_model_size_are_clamped():
-    at = _run(query={"layer": "23", "head": "15"})  # valid in general, too big for MiniLM (6 x 12)
+    at = _run(query={"layer": "29", "head": "15"})  # valid in general (SmolLM2 has 30 layers), too big for MiniLM (6 x 12)
     ctx = _ctx(at)
     assert (ctx.layer, ctx.head) == (5, 11)
 
