@@ -1,8 +1,9 @@
 """Compact traces of long prompts (SmolLM2-135M): peak memory and time against the bare sdpa forward pass.
 
 Each measurement runs in a child process of its own: `compact N` builds a compact trace of N tokens (sampling the
-RSS every 5 ms), `sdpa N` times the same model's plain sdpa forward pass of the same tokens. Prints one table of
-ratios from one run. Usage: python bench/bench_compact.py [--sizes 1024 4096]
+RSS every 5 ms) as the app does (no next-token predictions; the largest weight left for the page that asks),
+`complete N` as `export --compact` does (both included), `sdpa N` times the same model's plain sdpa forward pass
+of the same tokens. Prints one table of ratios from one run. Usage: python bench/bench_compact.py [--sizes 1024 4096]
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def child(mode: str, n: int) -> dict:
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     t = time.perf_counter()
+    complete = mode == "complete"
     trace = build_compact(TraceRequest("pretrained", text, model_id=BUNDLED_DECODER_ID), models=models,
-                          device="cpu", max_tokens=8192)
+                          device="cpu", max_tokens=8192, predictions=complete, largest_weight=complete)
     seconds = time.perf_counter() - t
     stop.set()
     thread.join()
@@ -116,19 +118,21 @@ def main() -> None:
     for n in args.sizes:
         sdpa = run_child("sdpa", n)
         compact = run_child("compact", n)
-        rows.append((n, sdpa, compact))
-        print(f"  {n}: sdpa {sdpa['seconds']:.1f} s, compact {compact['seconds']:.1f} s, "
-              f"peak {compact['rss_peak_mb']:.0f} MB", flush=True)
-    print("\n| tokens | bare sdpa forward | compact trace | x sdpa | RSS loaded | peak RSS | above loaded | "
-          "trace arrays | eager weights alone would be |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n, sdpa, c in rows:
+        complete = run_child("complete", n)
+        rows.append((n, sdpa, compact, complete))
+        print(f"  {n}: sdpa {sdpa['seconds']:.1f} s, compact {compact['seconds']:.1f} s, complete "
+              f"{complete['seconds']:.1f} s, peak {compact['rss_peak_mb']:.0f} MB", flush=True)
+    print("\n| tokens | bare sdpa forward | compact trace (app) | x sdpa | complete (export) | x sdpa | RSS loaded | "
+          "peak RSS | above loaded | trace arrays | eager weights alone would be |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, sdpa, c, full in rows:
         eager_gb = 30 * 9 * n * n * 4 / 1e9
         print(f"| {n} | {sdpa['seconds']:.1f} s | {c['seconds']:.1f} s | {c['seconds'] / sdpa['seconds']:.2f} | "
+              f"{full['seconds']:.1f} s | {full['seconds'] / sdpa['seconds']:.2f} | "
               f"{c['rss_loaded_mb']:.0f} MB | {c['rss_peak_mb']:.0f} MB | {c['rss_peak_mb'] - c['rss_loaded_mb']:.0f} MB"
               f" | {c['trace_mb']:.0f} MB | {eager_gb:.1f} GB |")
     if len(rows) > 1:
-        (n0, _, c0), (n1, _, c1) = rows[0], rows[-1]
+        (n0, _, c0, _), (n1, _, c1, _) = rows[0], rows[-1]
         growth = (c1["rss_peak_mb"] - c1["rss_loaded_mb"]) / (c0["rss_peak_mb"] - c0["rss_loaded_mb"])
         print(f"\nmemory above the loaded model grows {growth:.1f}x from {n0} to {n1} tokens "
               f"(linear {n1 / n0:.0f}x, quadratic {(n1 / n0) ** 2:.0f}x)")

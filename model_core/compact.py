@@ -26,7 +26,7 @@ FORMAT = "attention-explorer-compact"
 VERSION = 1
 QUERY_BLOCK = 256
 """Query rows per block: a block's scores are (head, QUERY_BLOCK, pos) floats, so the peak is O(pos), not O(pos²)."""
-OVERVIEW_CELLS = 64
+OVERVIEW_CELLS = 32
 """The overview has at most this many cells a side: ``pool`` = ceil(pos / OVERVIEW_CELLS) positions per cell."""
 STAT_NAMES = ("entropy", "to_first", "to_self", "to_prev", "to_next", "mean_distance", "max_weight")
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from model_core.compact import OVERVIEW_CELLS, CompactTrace, Progress
-from model_core.compact_summary import summarise_layer
+from model_core.compact_summary import LayerMask, summarise_layer
 from model_core.compact_views import TraceForm, choose_form
 from model_core.families.capture import recording
 from model_core.request import TraceRequest, _resolve
@@ -52,13 +52,18 @@ def _top_predictions(model: Any, last_hidden: torch.Tensor, k: int) -> tuple[np.
 @torch.inference_mode()
 def build_compact(request: TraceRequest, *, device: str | torch.device | None = None,
                   settings: Settings | None = None, models: Any = None, max_tokens: int = COMPACT_MAX_TOKENS,
-                  top_k: int = 10, progress: Progress | None = None) -> CompactTrace:
+                  top_k: int = 10, progress: Progress | None = None, predictions: bool = True,
+                  largest_weight: bool = True) -> CompactTrace:
     """Run the request's pretrained model once with sdpa and summarise every layer into a ``CompactTrace``.
 
     Args:
         request: a pretrained model (any transformers family) and its text; no head mask.
         max_tokens: the longest input accepted (and the model's positions).
         progress: called with ("forward" | "summary", fraction done).
+        predictions: keep a decoder's top ``top_k`` next tokens at every position (about 2 s at 4,096 tokens on
+            a 2-core CPU: the unembedding is 49,152 x 576 per position for SmolLM2).
+        largest_weight: compute the ``max_weight`` statistic (a second pass over every layer; the app computes it
+            later, when a page shows it: ``compact_summary.largest_weights``).
 
     Raises:
         InputError: the text cannot be traced (empty, or over the limit: the message names it).
@@ -88,13 +93,14 @@ def build_compact(request: TraceRequest, *, device: str | torch.device | None = 
                    on_layer=lambda layer: report("forward", (layer + 1) / n_layers)) as rec:
         extra = {"token_type_ids": encoded.token_type_ids.to(dev)} if family.uses_token_types else {"use_cache": False}
         out = net(input_ids=encoded.input_ids.to(dev), **extra)
-    predictions = (_top_predictions(model, out.last_hidden_state[0], top_k) if family.is_decoder else (None, None))
+    predictions = (_top_predictions(model, out.last_hidden_state[0], top_k) if family.is_decoder and predictions
+                   else (None, None))
     del out
     n = encoded.input_ids.shape[1]
     kv = torch.as_tensor(family.kv_heads(config))
     pool = math.ceil(n / OVERVIEW_CELLS)
     mask_ids: dict[int, int] = {}
-    masks: list[torch.Tensor] = []
+    masks: list[LayerMask] = []
     mask_of_layer = np.empty(n_layers, dtype=np.int64)
     queries = keys = None
     lse = overview = None
@@ -104,12 +110,12 @@ def build_compact(request: TraceRequest, *, device: str | torch.device | None = 
         key = 0 if raw is None else raw.data_ptr()  # layers of one kind share one mask tensor
         if key not in mask_ids:
             mask_ids[key] = len(masks)
-            masks.append(_allowed(raw, n, family.is_decoder))
+            masks.append(LayerMask.of(_allowed(raw, n, family.is_decoder)))
         mask_of_layer[layer] = mask_ids[key]
         q = rec.queries.pop(layer)[0].float().cpu()  # (head, pos, d_head)
         k = rec.keys.pop(layer)[0].float().cpu()  # (kv_head, pos, d_head)
         summary = summarise_layer(q, k.index_select(0, kv), masks[mask_of_layer[layer]], rec.scaling[layer],
-                                  rec.softcap.get(layer), pool)
+                                  rec.softcap.get(layer), pool, largest=largest_weight)
         if queries is None:  # filled layer by layer, so the recorded tensors are freed as we go
             queries = np.empty((n_layers, *q.shape), dtype=np.float32)
             keys = np.empty((n_layers, *k.shape), dtype=np.float32)
@@ -123,7 +129,7 @@ def build_compact(request: TraceRequest, *, device: str | torch.device | None = 
     return CompactTrace(
         tokens=encoded.tokens, token_ids=encoded.input_ids[0].numpy().astype(np.int64),
         queries=queries, keys=keys, kv_heads=kv.numpy().astype(np.int64), lse=lse,
-        masks=torch.stack(masks).numpy(), mask_of_layer=mask_of_layer, overview=overview, stats=stats,
+        masks=torch.stack([m.allowed for m in masks]).numpy(), mask_of_layer=mask_of_layer, overview=overview, stats=stats,
         pool=pool, model_kind=family.name, description=loaded.description, causal=family.is_decoder,
         score_scale=rec.scaling[0], score_softcap=rec.softcap.get(0),
         next_token_ids=predictions[0], next_token_probs=predictions[1],

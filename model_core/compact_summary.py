@@ -11,8 +11,10 @@ scored, softmaxed and reduced in torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +27,22 @@ HOT = 2.0 ** 20
 between ``max(s)`` and ``max(s) + log(n) / HOT`` (8e-6 at 4,096 keys), so the largest weight is within 1e-5."""
 
 
+@dataclass(frozen=True, eq=False)
+class LayerMask:
+    """A layer's mask and what the summary asks of it, worked out once per distinct mask (layers of one kind share
+    one; each check is a pass over n x n booleans)."""
+
+    allowed: torch.Tensor  # (q_pos, k_pos) bool, True = may attend
+    future: bool  # some query may see a later key (an encoder)
+    causal: bool  # exactly the plain causal mask
+
+    @classmethod
+    def of(cls, allowed: torch.Tensor) -> LayerMask:
+        tril = torch.ones_like(allowed).tril()
+        future = bool((allowed & ~tril).any())
+        return cls(allowed, future, not future and bool(torch.equal(allowed, tril)))
+
+
 @dataclass
 class LayerSummary:
     """One layer's row log-sum-exps, overview block sums and statistic sums, from ``summarise_layer``."""
@@ -34,7 +52,7 @@ class LayerSummary:
     stats: dict[str, torch.Tensor]  # name -> (head,)
 
 
-def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float,
+def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: float,
                       softcap: float | None, pool: int, block: int = QUERY_BLOCK) -> LayerSummary:
     """Log-sum-exps, exact overview block means and head statistics of one layer, streamed over query blocks.
 
@@ -42,8 +60,9 @@ def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, s
     about half the square. The weights are the model's own float32 softmax; ``lse`` comes from it as
     ``max(score) - log(max(weight))``, and the entropy as ``lse - Σ w·score`` (no logarithm of every weight).
 
-    Shape: q (head, pos, d_head) float32; k (head, pos, d_head), each query head's key; allowed (pos, pos) bool.
+    Shape: q (head, pos, d_head) float32; k (head, pos, d_head), each query head's key.
     """
+    allowed, future, causal = mask.allowed, mask.future, mask.causal
     n_heads, n, _ = q.shape
     m = math.ceil(n / pool)
     lse = torch.empty(n_heads, n, dtype=torch.float64)
@@ -55,8 +74,6 @@ def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, s
         choosing[:] = True
     # Whether any query may see a later key (an encoder; a decoder's layer never): the mean distance then needs
     # the part past the diagonal too.
-    future = bool((allowed & ~torch.ones_like(allowed).tril()).any())
-    causal = not future and bool(torch.equal(allowed, torch.ones_like(allowed).tril()))
     closed = ~allowed
     for r0 in range(0, n, block):
         r1 = min(r0 + block, n)
@@ -118,16 +135,100 @@ def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, s
 
 
 
-def summarise_layer(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float,
-                    softcap: float | None, pool: int) -> LayerSummary:
+def _fusable(q: torch.Tensor, mask: LayerMask, softcap: float | None) -> bool:
+    """Whether torch's fused kernel computes this layer's weights: plain scores, no key past the query, CPU."""
+    return _FUSED is not None and softcap is None and q.device.type == "cpu" and not mask.future
+
+
+def summarise_layer(q: torch.Tensor, k: torch.Tensor, mask: LayerMask | torch.Tensor, scale: float,
+                    softcap: float | None, pool: int, largest: bool = True) -> LayerSummary:
     """Log-sum-exps, exact overview block means and head statistics of one layer, with O(pos) memory.
 
-    Shape: q (head, pos, d_head) float32; k (head, pos, d_head), each query head's key; allowed (pos, pos) bool.
+    ``mask`` is a ``LayerMask`` (made once per distinct mask) or the boolean mask itself. ``largest`` asks for the
+    ``max_weight`` statistic too: on the fused route a second pass over the layer (about a third of the summary's
+    time), so the app leaves it for the page that shows it (``largest_weights``).
+
+    Shape: q (head, pos, d_head) float32; k (head, pos, d_head), each query head's key; a mask (pos, pos) bool.
     """
-    future = bool(allowed.triu(1).any())
-    if _FUSED is not None and softcap is None and not future and q.device.type == "cpu":
-        return _summarise_fused(q, k, allowed, scale, pool)
-    return _summarise_blocks(q, k, allowed, scale, softcap, pool)
+    mask = mask if isinstance(mask, LayerMask) else LayerMask.of(mask)
+    if _fusable(q, mask, softcap):
+        return _summarise_fused(q, k, mask, scale, pool, largest)
+    summary = _summarise_blocks(q, k, mask, scale, softcap, pool)
+    if not largest:
+        del summary.stats["max_weight"]
+    return summary
+
+
+def _row_max_scores(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: float,
+                    softcap: float | None) -> torch.Tensor:
+    """Each row's largest allowed score. Shape: q, k (head, pos, d_head) -> (head, pos) float64."""
+    if _fusable(q, mask, softcap):
+        _, hot = _FUSED(q[None], k[None], k[None], 0.0, mask.causal, attn_mask=_additive(mask, q.dtype),
+                        scale=scale * HOT)
+        return hot[0].double() / HOT
+    out = torch.empty(q.shape[:2], dtype=torch.float64)
+    for r0 in range(0, q.shape[1], QUERY_BLOCK):
+        r1 = min(r0 + QUERY_BLOCK, q.shape[1])
+        s = _scores(q[:, r0:r1], k, scale, softcap).masked_fill_(~mask.allowed[r0:r1], float("-inf"))
+        out[:, r0:r1] = s.amax(-1).double()
+    return out
+
+
+def _largest(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, mask: LayerMask, scale: float,
+             softcap: float | None) -> torch.Tensor:
+    """Each head's largest weight over the queries that may see more than one key (as ``head_stats``).
+
+    Shape: q, k (head, pos, d_head); lse (head, pos) float64 -> (head,) float64."""
+    choosing = mask.allowed.sum(1) > 1  # a causal model's first query has no choice
+    if not choosing.any():
+        choosing[:] = True
+    w_max = torch.exp(_row_max_scores(q, k, mask, scale, softcap) - lse)
+    return w_max[:, choosing].amax(-1).clamp(max=1.0)
+
+
+def largest_weights(trace, progress: Callable[[float], None] | None = None) -> np.ndarray:
+    """The ``max_weight`` statistic of a compact trace built without it, from its queries, keys and lse: one
+    pass over each layer. Shape: -> (layer, head) float64."""
+    out = np.empty((trace.n_layers, trace.n_heads))
+    kv = torch.from_numpy(trace.kv_heads)
+    masks = [LayerMask.of(torch.from_numpy(m)) for m in trace.masks]
+    for layer in range(trace.n_layers):
+        q = torch.from_numpy(trace.queries[layer])
+        k = torch.from_numpy(trace.keys[layer]).index_select(0, kv)
+        out[layer] = _largest(q, k, torch.from_numpy(trace.lse[layer]), masks[trace.mask_of_layer[layer]],
+                              trace.score_scale, trace.score_softcap).numpy()
+        if progress is not None:
+            progress((layer + 1) / trace.n_layers)
+    return out
+
+
+def group_shares(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: float, softcap: float | None,
+                 group_of: torch.Tensor, n_groups: int) -> torch.Tensor | None:
+    """One head's weight from every row on each group of keys, by the fused kernel with one-hot values (the last
+    group is the rest of 1); None where the kernel does not apply (the caller then scores blocks of rows).
+
+    Shape: q, k (pos, d_head); group_of (pos,) int64 -> (pos, n_groups) float64.
+    """
+    if not _fusable(q, mask, softcap):
+        return None
+    n, d = q.shape
+    width = max(d, n_groups - 1)
+    values = torch.zeros(n, width, dtype=q.dtype)
+    inner = group_of < n_groups - 1
+    values[torch.arange(n)[inner], group_of[inner]] = 1.0
+    qp, kp = F.pad(q, (0, width - d)), F.pad(k, (0, width - d))
+    out, _ = _FUSED(qp[None, None], kp[None, None], values[None, None], 0.0, mask.causal,
+                    attn_mask=_additive(mask, q.dtype), scale=scale)
+    shares = out[0, 0, :, :n_groups - 1].double()
+    return torch.cat([shares, 1.0 - shares.sum(-1, keepdim=True)], dim=-1)
+
+
+def _additive(mask: LayerMask, dtype: torch.dtype) -> torch.Tensor | None:
+    """The fused kernel's ``attn_mask``: None for the plain causal mask (its ``is_causal`` flag does it), else an
+    additive mask of the queries' dtype (the kernel refuses a bool one): sliding-window layers and the like."""
+    if mask.causal:
+        return None
+    return torch.zeros(mask.allowed.shape, dtype=dtype).masked_fill_(~mask.allowed, float("-inf"))
 
 
 def _entries(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, allowed: torch.Tensor, scale: float,
@@ -143,8 +244,8 @@ def _entries(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, allowed: torch
     return torch.exp(scores - lse[:, rows]) * allowed[rows, cols].double()
 
 
-def _summarise_fused(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float,
-                     pool: int) -> LayerSummary:
+def _summarise_fused(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: float,
+                     pool: int, largest: bool = True) -> LayerSummary:
     """``summarise_layer`` by torch's fused attention kernel, for scores ``scale·q·k`` with no key past the query.
 
     One call, whose values are each key's vector, its position and a one-hot of its overview cell, returns per
@@ -165,11 +266,9 @@ def _summarise_fused(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, sc
     values[:, cols[inner], d + 1 + cell[inner]] = 1.0
     # The kernel wants one head size for queries, keys and values: zeros appended to q and k leave q·k as it is.
     qp, kp = F.pad(q, (0, width - d)), F.pad(k, (0, width - d))
-    causal = bool(torch.equal(allowed, torch.ones_like(allowed).tril()))
-    # The kernel takes an additive mask of the queries' dtype (a bool one is refused): only sliding-window layers
-    # and the like pass one, as the plain causal mask is its flag.
-    mask = None if causal else torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
-    out, lse32 = _FUSED(qp[None], kp[None], values[None], 0.0, causal, attn_mask=mask, scale=scale)
+    allowed = mask.allowed
+    out, lse32 = _FUSED(qp[None], kp[None], values[None], 0.0, mask.causal, attn_mask=_additive(mask, q.dtype),
+                        scale=scale)
     out, lse = out[0], lse32[0].double()  # (head, pos, width), (head, pos)
     by_cell = out[..., d + 1:].double()  # (head, pos, m - 1)
     by_cell = torch.cat([by_cell, 1.0 - by_cell.sum(-1, keepdim=True)], dim=-1)  # (head, pos, m)
@@ -183,16 +282,12 @@ def _summarise_fused(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, sc
     sums["to_self"] = _entries(q, k, lse, allowed, scale, 0).sum(-1)
     sums["to_prev"] = _entries(q, k, lse, allowed, scale, -1).sum(-1)
     sums["to_next"] = _entries(q, k, lse, allowed, scale, 1).sum(-1)
-    _, hot = _FUSED(q[None], k[None], k[None], 0.0, causal, attn_mask=mask, scale=scale * HOT)
-    w_max = torch.exp(hot[0].double() / HOT - lse)  # (head, pos)
-    choosing = allowed.sum(1) > 1  # a causal model's first query has no choice (as head_stats)
-    if not choosing.any():
-        choosing[:] = True
     row_count = torch.bincount(cell, minlength=m).double()
     stats = {name: total / n for name, total in sums.items()}
     stats["to_prev"] = sums["to_prev"] / max(n - 1, 1)
     stats["to_next"] = sums["to_next"] / max(n - 1, 1)
-    stats["max_weight"] = w_max[:, choosing].amax(-1).clamp(max=1.0)
+    if largest:
+        stats["max_weight"] = _largest(q, k, lse, mask, scale, None)
     return LayerSummary(lse=lse, overview=cell_sums / row_count[None, :, None], stats=stats)
 
 

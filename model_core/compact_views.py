@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from model_core.compact import QUERY_BLOCK, CompactTrace, _scores
+from model_core.compact_summary import LayerMask, group_shares
 
 MAX_GROUPS = 256
 """Most sentence or line groups a grouped view has: past it, neighbouring groups are merged."""
@@ -110,6 +111,10 @@ def group_means(trace: CompactTrace, layer: int, head: int, starts: np.ndarray) 
     q = torch.from_numpy(trace.queries[layer, head])
     k = torch.from_numpy(trace.keys[layer, int(trace.kv_heads[head])])
     allowed = torch.from_numpy(trace.masks[trace.mask_of_layer[layer]])
+    counts = torch.bincount(group_of, minlength=g).double()
+    shares = group_shares(q, k, LayerMask.of(allowed), trace.score_scale, trace.score_softcap, group_of, g)
+    if shares is not None:  # one pass of the fused kernel: tens of ms for 4,096 tokens
+        return (torch.zeros(g, g, dtype=torch.float64).index_add_(0, group_of, shares) / counts[:, None]).numpy()
     lse = torch.from_numpy(trace.lse[layer, head])
     out = torch.zeros(g, g, dtype=torch.float64)
     for r0 in range(0, n, QUERY_BLOCK):
@@ -118,8 +123,16 @@ def group_means(trace: CompactTrace, layer: int, head: int, starts: np.ndarray) 
         w = torch.exp(s.double() - lse[r0:r1, None])  # (rows, pos)
         by_key = torch.zeros(r1 - r0, g, dtype=torch.float64).index_add_(1, group_of, w)
         out.index_add_(0, group_of[r0:r1], by_key)
-    counts = torch.bincount(group_of, minlength=g).double()
     return (out / counts[:, None]).numpy()
+
+
+def pooled_head(trace: CompactTrace, layer: int, head: int, cells: int = 64) -> tuple[np.ndarray, int]:
+    """One head's exact block means at ``cells`` a side (finer than the stored overview) and the block width.
+
+    Shape: -> (m, m), m = ceil(pos / pool) <= cells.
+    """
+    pool = math.ceil(trace.n_tokens / cells)
+    return group_means(trace, layer, head, np.arange(0, trace.n_tokens, pool)), pool
 
 
 def first_token_share(trace: CompactTrace, layer: int, head: int) -> np.ndarray:

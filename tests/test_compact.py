@@ -15,6 +15,7 @@ from model_core import TraceRequest, build_trace
 from model_core.analysis.per_head import head_stats
 from model_core.compact import CompactFormatError, load_compact, parse_window
 from model_core.compact_build import build_compact
+from model_core.compact_summary import largest_weights
 from tiny_models import build_tiny_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +57,8 @@ def _check_equal(full, compact) -> None:
     for ours, theirs in [("entropy", "entropy"), ("to_first", "to_cls"), ("to_self", "to_self"),
                          ("to_prev", "to_prev"), ("to_next", "to_next"), ("max_weight", "max_weight")]:
         np.testing.assert_allclose(compact.stats[ours], getattr(stats, theirs), atol=1e-5, err_msg=ours)
+    # the app's traces leave the largest weight out and compute it on request, from the queries, keys and lse
+    np.testing.assert_allclose(largest_weights(compact), stats.max_weight, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "gemma2", "phi3"])
@@ -72,6 +75,15 @@ def test_sliding_window_layers_keep_their_own_mask(sliding, family):
     assert not compact.masks[compact.mask_of_layer[0]][20, 5]  # 15 tokens back: outside the window of 8
 
 
+def test_a_trace_built_without_predictions_and_largest_weight_has_the_same_numbers(llama):
+    request = TraceRequest("pretrained", TEXT, model_id=str(llama))
+    full, lean = build_compact(request, device="cpu"), build_compact(request, device="cpu", predictions=False,
+                                                                    largest_weight=False)
+    assert lean.next_token_ids is None and "max_weight" not in lean.stats
+    np.testing.assert_array_equal(lean.lse, full.lse)
+    np.testing.assert_allclose(largest_weights(lean), full.stats["max_weight"], atol=1e-6)
+
+
 def test_overview_cells_are_exact_block_means_and_rows_sum_to_one(llama):
     full, compact = _pair(llama)
     p, n = compact.pool, full.n_tokens
@@ -83,6 +95,29 @@ def test_overview_cells_are_exact_block_means_and_rows_sum_to_one(llama):
             block = w[r * p:(r + 1) * p, c * p:(c + 1) * p]
             assert compact.overview[1, 3, r, c] == pytest.approx(block.sum(1).mean(), abs=1e-6)
     np.testing.assert_allclose(compact.overview.sum(-1), 1.0, atol=1e-5)
+
+
+def _group_means_from_full(w: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    n = len(w)
+    group_of = np.searchsorted(starts, np.arange(n), side="right") - 1
+    member = np.eye(len(starts))[group_of]  # (pos, group)
+    return (member.T @ w.astype(np.float64) @ member) / member.sum(0)[:, None]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])  # the fused kernel, and Gemma 2's capped scores in blocks
+def test_grouped_and_pooled_heads_equal_the_full_weights_grouped(tiny_decoders, family):
+    from model_core.compact_views import group_means, pooled_head
+
+    full, compact = _pair(tiny_decoders[family])
+    starts = np.array([0, 5, 6, 30, 31, 60])
+    for layer, head in ((0, 0), (1, 3)):
+        np.testing.assert_allclose(group_means(compact, layer, head, starts),
+                                   _group_means_from_full(full.attentions[layer, head], starts), atol=1e-6)
+    cells, pool = pooled_head(compact, 1, 2, cells=16)
+    assert cells.shape[0] == -(-full.n_tokens // pool) <= 16
+    np.testing.assert_allclose(cells, _group_means_from_full(full.attentions[1, 2], np.arange(0, full.n_tokens, pool)),
+                               atol=1e-6)
+    np.testing.assert_allclose(cells.sum(-1), 1.0, atol=1e-6)
 
 
 def test_a_saved_trace_reads_back_the_same(llama, tmp_path):

@@ -89,8 +89,13 @@ def test_head_statistics_read_the_compact_form(compact_env, tiny_decoders):
     at = _open(tiny_decoders["llama"], "pages/analysis_head_stats.py")
     assert _context(at).compact is not None
     specs = " ".join(c.proto.spec for c in at.get("plotly_chart"))
-    assert "Entropy (bits)" in specs and "Largest weight" in specs
+    assert "Entropy (bits)" in specs and "Largest weight" not in specs  # a second pass, on request
+    assert len(at.get("plotly_chart")) == 6
+    at.toggle(key="compact_largest").set_value(True)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
     assert len(at.get("plotly_chart")) == 7
+    assert "Largest weight" in " ".join(c.proto.spec for c in at.get("plotly_chart"))
 
 
 def test_a_text_file_is_read_in_its_encoding_or_refused_with_a_reason():

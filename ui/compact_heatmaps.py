@@ -9,11 +9,13 @@ import streamlit as st
 
 from attention_explorer.figures import layer_head_figure, overview_mosaic
 from model_core.compact import CompactTrace
+from model_core.compact_summary import largest_weights
 from model_core.compact_views import (
     coarser_overview,
     first_token_share,
     group_labels,
     group_means,
+    pooled_head,
     segment_starts,
     window_without_first,
 )
@@ -30,6 +32,8 @@ from ui.guard import view_guard
 from ui.state import head_fragment, select_head
 
 WINDOW = 128
+FOCUS_CELLS = 64
+"""The focused head's cells a side: twice the stored overview's, computed exactly for that head on demand."""
 """The widest exact window, in positions: 128 x 128 weights with a hover each."""
 ROWS, COLS = "cw_rows", "cw_cols"
 FOCUS = "compact_focus"
@@ -40,6 +44,11 @@ STAT_TITLES = {"entropy": "Entropy (bits)", "to_first": "Share to the first toke
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _mosaic(_trace: CompactTrace, key: str, cells: int) -> np.ndarray:
     return coarser_overview(_trace, cells)
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def _pooled(_trace: CompactTrace, key: str, layer: int, head: int) -> tuple[np.ndarray, int]:
+    return pooled_head(_trace, layer, head, FOCUS_CELLS)
 
 
 @st.cache_resource(max_entries=16, show_spinner="Grouping the head's attention…")
@@ -102,8 +111,8 @@ def _focused(ctx: AppContext, layer: int, head: int) -> None:
                          "line, as SAVIS and LIT do. Every cell is an exact mean.")
     with view_guard("focused head"):
         if view == "equal blocks":
-            fig = pooled_head_figure(t.overview[layer, head], t.pool, n,
-                                     f"Pooled at full extent: {t.pool} positions a cell (exact block means)")
+            cells, pool = _pooled(t, _key(t), layer, head)
+            fig = pooled_head_figure(cells, pool, n, f"Pooled at full extent: {pool} positions a cell (exact block means)")
             st.plotly_chart(fig, config=figure_config(f"compact_L{layer}_H{head}"), key="compact_pooled",
                             on_select=lambda: _box_to_window(n), selection_mode="box")
             st.caption("Drag a box on it to draw that window exactly below.")
@@ -154,11 +163,31 @@ ALL_STATS = {**STAT_TITLES, "to_self": "Share to self", "to_next": "Share to the
              "max_weight": "Largest weight"}
 
 
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _largest(_trace: CompactTrace, key: str) -> np.ndarray:
+    bar = st.progress(0.0, text="Largest weight of every head: one pass over each layer…")
+    values = largest_weights(_trace, lambda done: bar.progress(done, text=f"Largest weight of every head… {done:.0%}"))
+    bar.empty()
+    return values
+
+
+def _stats(t: CompactTrace, every: bool) -> dict[str, np.ndarray]:
+    """The statistics to draw; the largest weight, which the app's trace leaves out, once asked for."""
+    stats = dict(t.stats)
+    if every and "max_weight" not in stats:
+        if st.toggle("Largest weight of every head too", key="compact_largest",
+                     help="One more pass over every layer (about 5 s at 4,096 tokens of SmolLM2 on a 2-core CPU); "
+                          "computed once per text."):
+            stats["max_weight"] = _largest(t, _key(t))
+    return stats
+
+
 def draw_stats(ctx: AppContext, every: bool = False) -> None:
     """Layer x head grids of the compact trace's statistics (``every``: all of them, else the four main ones),
     with CSVs."""
     t = ctx.compact
-    shown = ALL_STATS if every else STAT_TITLES
+    stats = _stats(t, every)
+    shown = {name: title for name, title in (ALL_STATS if every else STAT_TITLES).items() if name in stats}
     st.subheader("Per-head summary")
     st.caption(f"{t.n_tokens:,} tokens in compact form. Each statistic is averaged over every query row, computed as "
                "a stream over blocks of rows while tracing (no n × n array was held)."
@@ -167,12 +196,12 @@ def draw_stats(ctx: AppContext, every: bool = False) -> None:
     cols = st.columns(2)
     for i, (name, title) in enumerate(shown.items()):
         with cols[i % 2], view_guard(title):
-            st.plotly_chart(layer_head_figure(t.stats[name], title), config=figure_config(f"compact_{name}"),
+            st.plotly_chart(layer_head_figure(stats[name], title), config=figure_config(f"compact_{name}"),
                             key=f"compact_stat_{name}")
     labels = [f"layer {layer}" for layer in range(t.n_layers)]
     heads = [f"head {h}" for h in range(t.n_heads)]
     for name, title in shown.items():
-        st.download_button(f"{title} (CSV)", lambda name=name: matrix_to_csv(t.stats[name], labels, heads),
+        st.download_button(f"{title} (CSV)", lambda name=name: matrix_to_csv(stats[name], labels, heads),
                            file_name=f"compact_{name}.csv", mime="text/csv", on_click="ignore",
                            key=f"compact_csv_{name}")
 
