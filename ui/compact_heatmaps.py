@@ -127,7 +127,10 @@ def _focused(ctx: AppContext, layer: int, head: int) -> None:
     _window(ctx, layer, head, share)
 
 
+@st.fragment
 def _window(ctx: AppContext, layer: int, head: int, share: np.ndarray) -> None:
+    """The exact window and its controls: a fragment of its own inside the head's, so moving a range redraws the
+    window alone, not the pooled head and the sink line above it."""
     t = ctx.compact
     n = t.n_tokens
     st.markdown(f"**Exact window** — at most {WINDOW} × {WINDOW} positions; every hover is the model's weight.")
