@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model_core.trace_shape import TraceShape
+
 FORMAT = "attention-explorer-compact"
 VERSION = 1
 QUERY_BLOCK = 256
@@ -51,7 +53,7 @@ class CompactFormatError(ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class CompactTrace:
+class CompactTrace(TraceShape):
     """Everything needed to compute any window of a long input's attention weights exactly.
 
     Attributes:
@@ -98,29 +100,6 @@ class CompactTrace:
     @property
     def n_heads(self) -> int:
         return int(self.queries.shape[1])
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def d_head(self) -> int:
-        return int(self.queries.shape[-1])
-
-    @property
-    def n_kv_heads(self) -> int:
-        return int(self.kv_heads.max()) + 1
-
-    @property
-    def family(self):
-        """This trace's family adapter (``model_core.families``)."""
-        from model_core.families import family_named
-
-        return family_named(self.model_kind)
-
-    @property
-    def is_decoder(self) -> bool:
-        return self.family.is_decoder
 
     sentence_b_start = None  # a long input is one text
 

@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from model_core.trace_shape import TraceShape, freeze_arrays
+
 NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True, eq=False)
-class AttentionTrace:
+class AttentionTrace(TraceShape):
     """Everything one forward pass shows, for every family alike (the chapter-3 encoder, BERT, the decoders).
 
     The arrays are read-only numpy arrays (float32 unless said), batch dimension dropped.
@@ -90,9 +92,7 @@ class AttentionTrace:
             object.__setattr__(self, "score_scale", 1.0 / math.sqrt(self.queries.shape[-1]))
         assert self.kv_heads.shape == (n_heads,)
         assert self.next_token_ids is None or self.next_token_ids.shape[0] == n
-        for value in self.__dict__.values():
-            if isinstance(value, np.ndarray):
-                value.setflags(write=False)
+        freeze_arrays(self)
 
     # -- sizes ---------------------------------------------------------------------------
     @property
@@ -103,35 +103,11 @@ class AttentionTrace:
     def n_heads(self) -> int:
         return int(self.attentions.shape[1])
 
-    @property
-    def family(self):
-        """This trace's family adapter (``model_core.families``)."""
-        from model_core.families import family_named
-
-        return family_named(self.model_kind)
-
-    @property
-    def is_decoder(self) -> bool:
-        """Whether a causal language model produced this trace."""
-        return self.family.is_decoder
-
-    @property
-    def n_kv_heads(self) -> int:
-        return int(self.kv_heads.max()) + 1
-
     def words(self):
         """The words of the tokens, joined by this family's rule (``model_core.words.WordSpans``)."""
         from model_core.words import WordSpans
 
         return WordSpans.from_tokens(self.tokens, rule=self.family.word_rule, specials=self.special_tokens)
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def d_head(self) -> int:
-        return int(self.queries.shape[-1])
 
     @property
     def hidden_size(self) -> int:

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from model_core.encoder import TransformerForSequenceClassification
-from model_core.trace import AttentionTrace
 from model_core.encoding import EncodedInput
+from model_core.trace import AttentionTrace
+from model_core.trace_shape import freeze_arrays
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,9 +104,7 @@ class Walkthrough:
         assert self.weights.shape == (n_heads, n, n), self.weights.shape
         assert self.concat.shape == (n, hidden) and n_heads * d_head == hidden
         assert self.norm_placement in ("pre", "post")
-        for value in self.__dict__.values():
-            if isinstance(value, np.ndarray):
-                value.setflags(write=False)
+        freeze_arrays(self)
 
     @property
     def n_tokens(self) -> int:

@@ -17,6 +17,7 @@ from model_core.forward import head_gate
 from model_core.request import Models, TraceRequest, _resolve
 from model_core.settings import Settings
 from model_core.trace import AttentionTrace
+from model_core.trace_shape import freeze_arrays
 from model_core.walkthrough import encoded_from_trace
 
 TOP_K = 10
@@ -46,9 +47,7 @@ class MaskedRun:
     top_strings: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for value in self.__dict__.values():
-            if isinstance(value, np.ndarray):
-                value.setflags(write=False)
+        freeze_arrays(self)
 
     @property
     def n_tokens(self) -> int:

@@ -1,0 +1,41 @@
+"""What a full trace (``model_core.trace``) and a compact one (``model_core.compact``) say alike about their shape
+and family, from their ``tokens``, ``queries``, ``kv_heads`` and ``model_kind``."""
+
+from __future__ import annotations
+
+
+class TraceShape:
+    """Sizes and family shared by both trace kinds (a mixin: the dataclasses hold the fields)."""
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def d_head(self) -> int:
+        return int(self.queries.shape[-1])
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(self.kv_heads.max()) + 1
+
+    @property
+    def family(self):
+        """This trace's family adapter (``model_core.families``)."""
+        from model_core.families import family_named
+
+        return family_named(self.model_kind)
+
+    @property
+    def is_decoder(self) -> bool:
+        """Whether a causal language model produced this trace."""
+        return self.family.is_decoder
+
+
+def freeze_arrays(result: object) -> None:
+    """Mark every numpy array a result holds read-only: results are cached and shared by every page and session."""
+    import numpy as np
+
+    for value in vars(result).values():
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)
