@@ -93,14 +93,6 @@ class CompactTrace(TraceShape):
         if self.masks.shape[1:] != (n, n) or self.mask_of_layer.shape != (n_layers,):
             raise CompactFormatError("The compact trace's masks do not match its tokens or layers.")
 
-    @property
-    def n_layers(self) -> int:
-        return int(self.queries.shape[0])
-
-    @property
-    def n_heads(self) -> int:
-        return int(self.queries.shape[1])
-
     sentence_b_start = None  # a long input is one text
 
     def weights(self, layer: int, head: int, rows: slice = slice(None), cols: slice = slice(None)) -> np.ndarray:

@@ -291,13 +291,8 @@ class TransformerForSequenceClassification(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        head_mask: torch.Tensor | None = None,
-    ) -> ClassifierOutput:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, head_mask: torch.Tensor | None = None) -> ClassifierOutput:
         encoded = self.encoder(input_ids, token_type_ids, attention_mask, head_mask)
         cls = encoded.last_hidden_state[:, 0, :]  # (B, hidden)
         return ClassifierOutput(self.classifier(self.dropout(cls)), encoded)

@@ -17,6 +17,8 @@ import torch
 
 from model_core.loading import LoadedModel
 from model_core.trace import AttentionTrace
+from model_core.trace_shape import freeze_arrays
+
 
 def unembed_residual(family: Any, model: Any, trace: AttentionTrace, position: int,
                      layers: slice = slice(None)) -> torch.Tensor:
@@ -114,8 +116,7 @@ class LogitLens:
         rows, k = self.top_ids.shape
         assert self.top_probs.shape == (rows, k) and len(self.top_strings) == rows
         assert self.final_probs.shape == (rows,) == self.final_ranks.shape
-        for array in (self.top_ids, self.top_probs, self.final_probs, self.final_ranks):
-            array.setflags(write=False)
+        freeze_arrays(self)
 
     @property
     def n_rows(self) -> int:

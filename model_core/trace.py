@@ -95,14 +95,6 @@ class AttentionTrace(TraceShape):
         freeze_arrays(self)
 
     # -- sizes ---------------------------------------------------------------------------
-    @property
-    def n_layers(self) -> int:
-        return int(self.attentions.shape[0])
-
-    @property
-    def n_heads(self) -> int:
-        return int(self.attentions.shape[1])
-
     def words(self):
         """The words of the tokens, joined by this family's rule (``model_core.words.WordSpans``)."""
         from model_core.words import WordSpans

@@ -8,6 +8,14 @@ class TraceShape:
     """Sizes and family shared by both trace kinds (a mixin: the dataclasses hold the fields)."""
 
     @property
+    def n_layers(self) -> int:
+        return int(self.queries.shape[0])  # (layer, head, pos, d_head) in both kinds
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.queries.shape[1])
+
+    @property
     def n_tokens(self) -> int:
         return len(self.tokens)
 

@@ -192,18 +192,22 @@ def _split_heads(x: torch.Tensor, d_head: int) -> torch.Tensor:
     return x.view(*x.shape[:2], -1, d_head).transpose(1, 2)  # (1, pos, n * d_head) -> (1, n, pos, d_head)
 
 
-def _gpt2_qkv(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
-    """(q, k, v) per layer from c_attn's output, split in three and into heads."""
-    _, _, d_head = _shape(model)
-    outputs: list[torch.Tensor] = []
-    handles = [block.attn.c_attn.register_forward_hook(lambda m, a, out: outputs.append(out.detach().clone()))
-               for block in model.transformer.h]
+def _run_hooked(model, ids: torch.Tensor, handles: list) -> None:
+    """One forward pass with the hooks, removed after it whatever happens."""
     try:
         with torch.no_grad():
             model(input_ids=ids)
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _gpt2_qkv(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """(q, k, v) per layer from c_attn's output, split in three and into heads."""
+    _, _, d_head = _shape(model)
+    outputs: list[torch.Tensor] = []
+    _run_hooked(model, ids, [block.attn.c_attn.register_forward_hook(lambda m, a, out: outputs.append(out.detach().clone()))
+                             for block in model.transformer.h])
     hidden = model.config.hidden_size
     return [tuple(_split_heads(part, d_head) for part in out.split(hidden, dim=2)) for out in outputs]
 
@@ -228,13 +232,7 @@ def _rope_qkv(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
         else:
             for name in ("q_proj", "k_proj", "v_proj"):
                 handles.append(getattr(attn, name).register_forward_hook(keep(name)))
-    try:
-        with torch.no_grad():
-            model(input_ids=ids)
-    finally:
-        for handle in handles:
-            handle.remove()
-
+    _run_hooked(model, ids, handles)
     result = []
     for layer, store in zip(model.model.layers, per_layer):
         attn = layer.self_attn

@@ -4,15 +4,15 @@ import networkx as nx
 import numpy as np
 import pytest
 
+from model_core.analysis import rollout as ro
 from model_core.analysis.rollout import (
     FLOW_MAX_TOKENS,
     attention_flow,
     attention_rollout,
     check_flow_size,
-    mixed_attention,
-    normalize_rows,
-    rollout_and_flow,
 )
+
+mixed_attention, normalize_rows, rollout_and_flow = ro.mixed_attention, ro.normalize_rows, ro.rollout_and_flow
 from synthetic import synthetic_trace
 
 

@@ -4,18 +4,13 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
+from test_decoder_pages import PAGES as ALL_PAGES
 
 pytestmark = pytest.mark.slow
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = {
-    "pages/analysis_contexts.py": "One word, two contexts",
-    "pages/analysis_rollout.py": "Attention rollout and attention flow",
-    "pages/analysis_norms.py": "Norm-weighted attention",
-    "pages/analysis_head_stats.py": "Head statistics",
-    "pages/analysis_masking.py": "Head masking",
-    "pages/head_roles.py": "Head roles",
-}
+# The analysis pages, titled as the decoder test names every page.
+PAGES = {page: title for page, title in ALL_PAGES.items() if page.startswith(("pages/analysis_", "pages/head_roles"))}
 
 
 def _open(page: str, model: str = "bert", **state) -> AppTest:

@@ -58,17 +58,11 @@ __all__ = [
 ]
 
 
-def view_html(
-    kind: str,
-    trace: AttentionTrace,
-    layers: list[int] | None = None,
-    heads: list[int] | None = None,
-    token_window: tuple[int, int] | None = None,
-    asset_base: str | None = DEFAULT_ASSET_BASE,
-) -> BertvizView:
-    """One of the three views by name; for "neuron" the first of ``layers`` and ``heads`` is shown.
-
-    ``asset_base=None`` inlines require.js, d3 and jQuery (a notebook, a downloaded file).
+def view_html(kind: str, trace: AttentionTrace, layers: list[int] | None = None, heads: list[int] | None = None,
+              token_window: tuple[int, int] | None = None, asset_base: str | None = DEFAULT_ASSET_BASE) -> BertvizView:
+    """One of the three views by name, with ``attention_view_html``'s arguments; for "neuron" the first of
+    ``layers`` and ``heads`` is shown. ``asset_base=None`` inlines require.js, d3 and jQuery (a notebook, a
+    downloaded file).
     """
     if kind in ("head", "model"):
         return attention_view_html(kind, trace, layers, heads, token_window, asset_base)
