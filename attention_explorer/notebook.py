@@ -156,6 +156,17 @@ class Trace:
 
         return head_stats(self.core)
 
+    def roles(self) -> dict[str, np.ndarray]:
+        """The head roles that this text can show (``model_core.roles``): previous-token, duplicate-token, sink and
+        induction scores of every head on it; NaN where the text has no repeat. ``head_roles(model)`` scores the
+        model on its own probe instead.
+
+        Shape: each (layer, head).
+        """
+        from model_core.roles import role_scores
+
+        return role_scores(self.core, ("previous_token", "duplicate_token", "sink", "induction"))
+
     # -- tables and files ------------------------------------------------------------------------
     def to_pandas(self, *, words: bool = False) -> pd.DataFrame:
         """Every weight as one row: layer, head, q_pos, k_pos, q_token, k_token, weight (masked pairs left out)."""
@@ -223,6 +234,24 @@ def trace(text: str, text_b: str = "", *, model: str | None = None, truncate: bo
     """
     request = TraceRequest("pretrained", text, text_b or "", model_id=model, truncate=truncate)
     return Trace(build_trace(request, device=device))
+
+
+def head_roles(model: str | None = None, *, seed: int = 0, retrieval: bool = False, device: str | None = None):
+    """What each head of a model does (``model_core.roles``): previous-token, duplicate-token, induction and sink
+    scores on the probe of repeated random words (a few seconds), and with ``retrieval=True`` a decoder's
+    retrieval scores from needle-in-a-haystack decoding (about 10-60 s on a CPU).
+
+    Returns:
+        ``model_core.roles.RoleScores``: ``scores`` (role -> (layer, head)), ``notes``, the probe's ``texts``;
+        ``to_rows()`` and ``to_json()`` for tables and files.
+    """
+    from model_core.roles import retrieval_scores, score_roles
+
+    request = TraceRequest("pretrained", "", model_id=model)
+    scores = score_roles(request, seed, device=device)
+    if retrieval and scores.is_decoder:
+        scores = scores.with_role("retrieval", retrieval_scores(request, seed, device=device).scores)
+    return scores
 
 
 def load(path: str | Path) -> Trace:

@@ -179,3 +179,17 @@ def test_smollm2_has_an_induction_head_above_one_half():
     layer, head, score = scores.top_heads("induction", 1)[0]
     assert score > 0.5, (layer, head, score)
     assert scores.shape == (30, 9)
+
+
+def test_the_notebook_api_scores_roles_on_a_text_and_on_the_models_probe():
+    import attention_explorer as ae
+
+    t = ae.trace("the cat sat on the mat and the cat sat on the rug")
+    roles = t.roles()
+    assert set(roles) == {"previous_token", "duplicate_token", "sink", "induction"}
+    expected = role_scores(t.core, tuple(roles))
+    for role, grid in roles.items():
+        assert grid.shape == (6, 12) and np.isfinite(grid).all(), role  # the text repeats: every role applies
+        np.testing.assert_array_equal(grid, expected[role])
+    probe = ae.head_roles(seed=1)  # the bundled MiniLM: an encoder, so retrieval is not asked for
+    assert probe.scores["induction"].shape == (6, 12) and probe.seed == 1 and "retrieval" not in probe.scores
