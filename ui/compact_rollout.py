@@ -69,7 +69,7 @@ def draw(ctx: AppContext) -> None:
     top = np.argsort(-row)[:TOP]
     st.dataframe(pd.DataFrame({"position": top, "token": [t.tokens[i] for i in top], "share": row[top]}),
                  hide_index=True, height=min(36 * (TOP + 1), 400),
-                 column_config={"share": st.column_config.NumberColumn(format="%.4f")})
+                 column_config={"share": st.column_config.NumberColumn(format="%.3e")})
     st.download_button("Relevance of every token (CSV)",
                        lambda: matrix_to_csv(row[:, None], position_labels(t.tokens), ["rollout"]),
                        file_name=f"{name}.csv", mime="text/csv", on_click="ignore", key="compact_rollout_csv")
