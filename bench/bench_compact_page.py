@@ -77,14 +77,24 @@ def settled(page, n_figures: int, timeout_s: float) -> float:
 
 
 def change(page, bytes_: Bytes, act, expect_text: str) -> tuple[float, int]:
-    """Seconds from ``act()`` until ``expect_text`` shows and the page is quiet again; bytes received."""
+    """Seconds from ``act()`` until ``expect_text`` shows and nothing has run since; bytes received.
+
+    The change ends at the later of the text showing and the start of the half second of quiet that confirms it
+    (not counted), so the next change starts on a still page: a change's tail is never timed as the next one's.
+    """
     bytes_.n = 0
     t0 = time.perf_counter()
     act()
     page.get_by_text(expect_text).first.wait_for(timeout=120_000)
-    while page.locator(BUSY).count() > 0:
+    shown = time.perf_counter()
+    quiet = None
+    while quiet is None or time.perf_counter() - quiet < 0.5:
+        if page.locator(BUSY).count() > 0:
+            quiet = None
+        elif quiet is None:
+            quiet = time.perf_counter()
         page.wait_for_timeout(20)
-    return time.perf_counter() - t0, bytes_.n
+    return max(shown, quiet) - t0, bytes_.n
 
 
 def shoot(page, path: Path) -> None:

@@ -191,11 +191,10 @@ def largest_weights(trace, progress: Callable[[float], None] | None = None) -> n
     pass over each layer. Shape: -> (layer, head) float64."""
     out = np.empty((trace.n_layers, trace.n_heads))
     kv = torch.from_numpy(trace.kv_heads)
-    masks = [LayerMask.of(torch.from_numpy(m)) for m in trace.masks]
     for layer in range(trace.n_layers):
         q = torch.from_numpy(trace.queries[layer])
         k = torch.from_numpy(trace.keys[layer]).index_select(0, kv)
-        out[layer] = _largest(q, k, torch.from_numpy(trace.lse[layer]), masks[trace.mask_of_layer[layer]],
+        out[layer] = _largest(q, k, torch.from_numpy(trace.lse[layer]), trace.layer_mask(layer),
                               trace.score_scale, trace.score_softcap).numpy()
         if progress is not None:
             progress((layer + 1) / trace.n_layers)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from model_core.compact import QUERY_BLOCK, CompactTrace, _scores
-from model_core.compact_summary import LayerMask, group_shares
+from model_core.compact_summary import group_shares
 
 MAX_GROUPS = 256
 """Most sentence or line groups a grouped view has: past it, neighbouring groups are merged."""
@@ -112,7 +112,7 @@ def group_means(trace: CompactTrace, layer: int, head: int, starts: np.ndarray) 
     k = torch.from_numpy(trace.keys[layer, int(trace.kv_heads[head])])
     allowed = torch.from_numpy(trace.masks[trace.mask_of_layer[layer]])
     counts = torch.bincount(group_of, minlength=g).double()
-    shares = group_shares(q, k, LayerMask.of(allowed), trace.score_scale, trace.score_softcap, group_of, g)
+    shares = group_shares(q, k, trace.layer_mask(layer), trace.score_scale, trace.score_softcap, group_of, g)
     if shares is not None:  # one pass of the fused kernel: tens of ms for 4,096 tokens
         return (torch.zeros(g, g, dtype=torch.float64).index_add_(0, group_of, shares) / counts[:, None]).numpy()
     lse = torch.from_numpy(trace.lse[layer, head])
