@@ -20,6 +20,7 @@ from model_core.compact_views import (
     window_without_first,
 )
 from model_core.tables import matrix_to_csv, token_matrix_to_csv
+from ui.compact import compact_key
 from ui.compact_figures import (
     first_token_figure,
     grouped_head_figure,
@@ -57,10 +58,6 @@ def _grouped(_trace: CompactTrace, key: str, layer: int, head: int, by: str) -> 
     return group_means(_trace, layer, head, starts), group_labels(_trace.tokens, starts)
 
 
-def _key(trace: CompactTrace) -> str:
-    return f"{trace.description}|{trace.n_tokens}|{hash(trace.tokens)}"
-
-
 def _clamp(lo: int, hi: int, n: int) -> tuple[int, int]:
     lo, hi = max(0, min(lo, n - 1)), max(1, min(hi, n))
     if hi <= lo:
@@ -83,7 +80,7 @@ def _box_to_window(n: int) -> None:
 def _overview(ctx: AppContext) -> None:
     t = ctx.compact
     cells = 16 if t.n_layers * t.n_heads > 150 else 32
-    mosaic_cells = _mosaic(t, _key(t), cells)
+    mosaic_cells = _mosaic(t, compact_key(t), cells)
 
     def clicked() -> None:
         points = st.session_state["compact_overview"].get("selection", {}).get("points", [])
@@ -111,14 +108,14 @@ def _focused(ctx: AppContext, layer: int, head: int) -> None:
                          "line, as SAVIS and LIT do. Every cell is an exact mean.")
     with view_guard("focused head"):
         if view == "equal blocks":
-            cells, pool = _pooled(t, _key(t), layer, head)
+            cells, pool = _pooled(t, compact_key(t), layer, head)
             fig = pooled_head_figure(cells, pool, n, f"Pooled at full extent: {pool} positions a cell (exact block means)")
             st.plotly_chart(fig, config=figure_config(f"compact_L{layer}_H{head}"), key="compact_pooled",
                             on_select=lambda: _box_to_window(n), selection_mode="box")
             st.caption("Drag a box on it to draw that window exactly below.")
         else:
             by = "sentence" if view == "sentences" else "line"
-            cells, labels = _grouped(t, _key(t), layer, head, by)
+            cells, labels = _grouped(t, compact_key(t), layer, head, by)
             st.plotly_chart(grouped_head_figure(cells, labels, f"By {by}: {len(labels)} groups"),
                             config=figure_config(f"compact_L{layer}_H{head}_{by}"), key="compact_grouped")
     share = first_token_share(t, layer, head)
@@ -181,7 +178,7 @@ def _stats(t: CompactTrace, every: bool) -> dict[str, np.ndarray]:
         if st.toggle("Largest weight of every head too", key="compact_largest",
                      help="One more pass over every layer (about 5 s at 4,096 tokens of SmolLM2 on a 2-core CPU); "
                           "computed once per text."):
-            stats["max_weight"] = _largest(t, _key(t))
+            stats["max_weight"] = _largest(t, compact_key(t))
     return stats
 
 

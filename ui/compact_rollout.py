@@ -12,6 +12,7 @@ from model_core.analysis import FLOW_MAX_TOKENS_ONE_ROW
 from model_core.compact import CompactTrace
 from model_core.compact_views import rollout_row
 from model_core.tables import matrix_to_csv, position_labels
+from ui.compact import compact_key
 from ui.compact_figures import relevance_line_figure
 from ui.context import AppContext
 from ui.downloads import figure_config
@@ -19,10 +20,6 @@ from ui.downloads import figure_config
 RESULTS = "_compact_rollout"
 """Session key: {(trace key, target): relevance row}, so a rerun shows a computed row again at once."""
 TOP = 20
-
-
-def _trace_key(trace: CompactTrace) -> str:
-    return f"{trace.description}|{trace.n_tokens}|{hash(trace.tokens)}"
 
 
 def _compute(trace: CompactTrace, target: int) -> np.ndarray:
@@ -50,7 +47,7 @@ def draw(ctx: AppContext) -> None:
                                  key="compact_rollout_target",
                                  help="The last token by default: the one that predicts the next token."))
     results = st.session_state.setdefault(RESULTS, {})
-    key = (_trace_key(t), target)
+    key = (compact_key(t), target)
     if key not in results:
         st.caption(f"Each of the {t.n_layers} layers recomputes every head's weights in blocks: tens of seconds at "
                    "4,096 tokens on a CPU.")

@@ -77,11 +77,12 @@ def _long_text_scores(_trace: CompactTrace, key: str, special: tuple[bool, ...])
 def long_text_scores(trace: CompactTrace, request: TraceRequest) -> dict[str, np.ndarray]:
     """The text roles and induction on a long input's compact trace (``roles.long_text``), cached per trace."""
     from model_core.analysis._common import is_special
+    from ui.compact import compact_key
     from ui.loaders import pretrained_for
 
     specials = frozenset(pretrained_for(request).tokenizer.all_special_tokens)
     special = tuple(is_special(t, specials) for t in trace.tokens)
-    return _long_text_scores(trace, f"{trace.description}|{trace.n_tokens}|{hash(trace.tokens)}", special)
+    return _long_text_scores(trace, compact_key(trace), special)
 
 
 def heatmaps_query(request: TraceRequest, text: str, layer: int, head: int) -> dict[str, str]:
