@@ -35,12 +35,16 @@ class LayerMask:
     allowed: torch.Tensor  # (q_pos, k_pos) bool, True = may attend
     future: bool  # some query may see a later key (an encoder)
     causal: bool  # exactly the plain causal mask
+    choosing: torch.Tensor  # (q_pos,) bool: the queries the largest weight is taken over (as head_stats)
 
     @classmethod
     def of(cls, allowed: torch.Tensor) -> LayerMask:
         tril = torch.ones_like(allowed).tril()
         future = bool((allowed & ~tril).any())
-        return cls(allowed, future, not future and bool(torch.equal(allowed, tril)))
+        choosing = allowed.sum(1) > 1  # a causal model's first query has no choice
+        if not choosing.any():
+            choosing[:] = True
+        return cls(allowed, future, not future and bool(torch.equal(allowed, tril)), choosing)
 
 
 @dataclass
@@ -69,9 +73,7 @@ def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: 
     cell_sums = torch.zeros(n_heads, m, m, dtype=torch.float64)
     sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STAT_NAMES if name != "max_weight"}
     max_weight = torch.zeros(n_heads, dtype=torch.float64)
-    choosing = allowed.sum(1) > 1  # a causal model's first query has no choice (as head_stats)
-    if not choosing.any():
-        choosing[:] = True
+    choosing = mask.choosing
     # Whether any query may see a later key (an encoder; a decoder's layer never): the mean distance then needs
     # the part past the diagonal too.
     closed = ~allowed
@@ -179,11 +181,8 @@ def _largest(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, mask: LayerMas
     """Each head's largest weight over the queries that may see more than one key (as ``head_stats``).
 
     Shape: q, k (head, pos, d_head); lse (head, pos) float64 -> (head,) float64."""
-    choosing = mask.allowed.sum(1) > 1  # a causal model's first query has no choice
-    if not choosing.any():
-        choosing[:] = True
     w_max = torch.exp(_row_max_scores(q, k, mask, scale, softcap) - lse)
-    return w_max[:, choosing].amax(-1).clamp(max=1.0)
+    return w_max[:, mask.choosing].amax(-1).clamp(max=1.0)
 
 
 def largest_weights(trace, progress: Callable[[float], None] | None = None) -> np.ndarray:
