@@ -21,7 +21,8 @@ TOP_K = 10
 """How many next-token predictions a decoder's trace keeps per position."""
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor as a float32 numpy array on the CPU (what traces and runs keep)."""
     return t.detach().to("cpu", torch.float32).numpy()
 
 
@@ -78,7 +79,7 @@ def _predictions(lm_logits: torch.Tensor, tokenizer: Any, k: int) -> dict:
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)
     ids = top.indices.cpu().numpy().astype(np.int64)
     strings = tuple(tuple(tokenizer.decode([int(i)]) for i in row) for row in ids)
-    return dict(next_token_ids=ids, next_token_probs=_np(top.values), next_token_strings=strings)
+    return dict(next_token_ids=ids, next_token_probs=to_numpy(top.values), next_token_strings=strings)
 
 
 @torch.no_grad()
@@ -109,17 +110,17 @@ def trace_model(family: Family, model: Any, encoded: EncodedInput, description: 
     predictions = _predictions(out.lm_logits, tokenizer, top_k) if out.lm_logits is not None else {}
     return AttentionTrace(
         **_input_fields(encoded),
-        attentions=_np(torch.stack([w[0] for w in out.weights])),  # (layer, head, q_pos, k_pos)
-        mask=_np(out.mask[0]) > 0.5,
-        queries=_np(torch.stack([q[0] for q in out.queries])),
-        keys=_np(_per_query_head(out.keys, kv)),
-        values=_np(values),
-        value_norms=_np(norms),
-        hidden_states=_np(torch.stack([h[0] for h in out.hidden])),
+        attentions=to_numpy(torch.stack([w[0] for w in out.weights])),  # (layer, head, q_pos, k_pos)
+        mask=to_numpy(out.mask[0]) > 0.5,
+        queries=to_numpy(torch.stack([q[0] for q in out.queries])),
+        keys=to_numpy(_per_query_head(out.keys, kv)),
+        values=to_numpy(values),
+        value_norms=to_numpy(norms),
+        hidden_states=to_numpy(torch.stack([h[0] for h in out.hidden])),
         model_kind=family.name,
         causal=bool(getattr(config, "causal", False)) or family.is_decoder,
         description=description,
-        logits=None if out.class_logits is None else _np(out.class_logits[0]),
+        logits=None if out.class_logits is None else to_numpy(out.class_logits[0]),
         head_mask=None if head_mask is None else np.asarray(head_mask, dtype=bool),
         kv_heads=kv.cpu().numpy().astype(np.int64),
         score_scale=out.score_scale,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model_core.forward import head_gate
+from model_core.forward import head_gate, to_numpy
 from model_core.request import Models, TraceRequest, _resolve
 from model_core.settings import Settings
 from model_core.trace import AttentionTrace
@@ -54,10 +54,6 @@ class MaskedRun:
         return len(self.tokens)
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu", torch.float32).numpy()
-
-
 @torch.no_grad()
 def run_masked(request: TraceRequest, baseline: AttentionTrace, head_mask: np.ndarray, *,
                device: str | torch.device | None = None, settings: Settings | None = None,
@@ -96,8 +92,8 @@ def run_masked(request: TraceRequest, baseline: AttentionTrace, head_mask: np.nd
     return MaskedRun(
         tokens=baseline.tokens,
         head_mask=np.asarray(head_mask, dtype=bool),
-        attentions=_np(torch.stack([w[0] for w in out.weights])),
-        hidden_states=_np(hidden),
-        logits=None if out.class_logits is None else _np(out.class_logits[0]),
+        attentions=to_numpy(torch.stack([w[0] for w in out.weights])),
+        hidden_states=to_numpy(hidden),
+        logits=None if out.class_logits is None else to_numpy(out.class_logits[0]),
         **extra,
     )
