@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import textwrap
 
 import numpy as np
 import plotly.graph_objects as go
@@ -15,8 +16,10 @@ MASKED_COLOR = "#3b3b3b"
 MASKED_WEIGHT_COLOR = "#d9d9d9"  # cells a mask forbids, in a weights heatmap: the plot background shows through
 MAX_TICKS = 64
 # Above this many tokens a heatmap's margins are fixed from its longest tick label instead of measured
-# by Plotly (automargin lays the figure out twice: about 70 ms of a 512-token redraw in the browser).
-FIXED_MARGIN_TOKENS = 128
+# by Plotly (automargin lays the figure out twice: about 70 ms of a 512-token redraw in the browser; the
+# causal page's 128-token windows, six figures, took 0.51-0.66 s a head change with it and 0.40-0.43 s without).
+FIXED_MARGIN_TOKENS = 64
+COLORBAR_TITLE_CHARS = 12  # a longer colour-bar title wraps, so it does not take the width of the plot
 TICK_CHAR_PX = 6.5  # width of one character of a 10 px tick label, a little generous
 FIGURE_FORMATS = ("png", "svg")
 """What the camera button of a figure's toolbar can download (in the browser, with no server round trip)."""
@@ -93,12 +96,13 @@ def attention_heatmap(
         zmin = float(finite.min()) if finite.size else 0.0
     if zmax is None:
         zmax = float(finite.max()) if finite.size else 1.0
+    colorbar_lines = textwrap.wrap(value_name, COLORBAR_TITLE_CHARS) or [""]
     # The axes are categories named "i: token", so the hover reads the exact labels from x and y:
     # no (n, n, 2) customdata of strings, which at 512 tokens was 9 MB of JSON.
     fig = go.Figure(go.Heatmap(
         z=shown, x=labels, y=labels, colorscale=colorscale, zmin=zmin, zmax=zmax,
         hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
-        colorbar=dict(title=dict(text=value_name), thickness=12), hoverongaps=False,
+        colorbar=dict(title=dict(text="<br>".join(colorbar_lines)), thickness=12), hoverongaps=False,
     ))
     if neg_inf.any():
         # A separate grey layer, so -inf can never be read as a value of the colour scale.
@@ -124,7 +128,7 @@ def attention_heatmap(
         label_px = int(TICK_CHAR_PX * max(len(html.unescape(t)) for t in x_ticks["ticktext"])) + 8
         x_ticks.update(tickangle=-90, automargin=False)
         y_ticks.update(automargin=False)
-        colorbar_px = max(90, 40 + int(TICK_CHAR_PX * 1.2 * len(value_name)))  # its title is 12 px
+        colorbar_px = max(90, 40 + int(TICK_CHAR_PX * 1.2 * max(map(len, colorbar_lines))))  # its title is 12 px
         margin = dict(l=label_px + 28, r=colorbar_px, t=label_px + 28 + (30 if title else 0), b=10,
                       autoexpand=False)
     fig.update_layout(

@@ -93,6 +93,9 @@ def main() -> None:
     parser.add_argument("--pages-only", action="store_true",
                         help="only every page opened from a link and its own picker (with the forward pass)")
     parser.add_argument("--no-pages", action="store_true", help="skip the every-page run")
+    parser.add_argument("--page", nargs="+", metavar="PAGE",
+                        help="with --pages-only: only these pages (and heatmaps, the base of the ratios), e.g. causal home")
+    parser.add_argument("--changes", type=int, default=1, help="picker changes per page in the every-page run (median)")
     args = parser.parse_args()
     if args.quick:
         args.repeat = 1
@@ -105,7 +108,8 @@ def main() -> None:
         try:
             if args.profile:
                 server.start_profile(args.profile)
-            page_rows = [] if args.no_pages else bench_every_page(browser, server, args.sizes, args.models)
+            page_rows = [] if args.no_pages else bench_every_page(browser, server, args.sizes, args.models,
+                                                                             args.page, args.changes)
             if args.pages_only:
                 print("\n" + every_page_table(page_rows))
                 return

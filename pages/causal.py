@@ -139,6 +139,12 @@ def _steps(layer: int, head: int) -> None:
                          icon=":material/equal:")
             continue
         for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
+            if step == 2 and steps.mask.all():
+                # Nothing masked: these masked scores are step 1's scores, drawn once above (one figure fewer to
+                # send and draw on every head change).
+                col.info("Nothing is masked in this row, so its masked scores are the scores of step 1, cell for "
+                         "cell: no −∞ anywhere. The softmax below runs over every key.", icon=":material/equal:")
+                continue
             with col, view_guard(f"{step_title} ({'causal' if steps.causal else 'bidirectional'})"):
                 st.plotly_chart(panel(step, steps, hide, labels), config=figure_config(f"causal_step{step}_{'causal' if steps.causal else 'bidirectional'}"),
                                 key=f"step{step}_row{i}")

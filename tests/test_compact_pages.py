@@ -119,7 +119,7 @@ def test_the_causal_page_shows_an_exact_window_of_a_long_input(compact_env, tiny
     at = _open(tiny_decoders["llama"], "pages/causal.py")
     ctx = _context(at)
     assert ctx.compact is not None
-    assert len(at.get("plotly_chart")) == 7
+    assert len(at.get("plotly_chart")) == 6  # the unmasked row's masked scores are the scores: said, not drawn
     assert any("computed exactly from the compact trace" in c.value for c in at.caption)
     at.slider(key="causal_long_window").set_value(0)
     at.run()

@@ -149,8 +149,11 @@ def test_causal_page_shows_the_decoders_own_mask_and_derives_the_unmasked_row(ll
     assert "Causal (the Llama-like decoder's own mask)" in text
     assert "Bidirectional — derived from this Llama-like decoder's scores" in text
     assert "reads key/value head 0 (heads 0–1 share it)" in text  # the focused head 0, grouped-query attention
-    assert len(at.get("plotly_chart")) == 7  # the scores once (both rows share them), then 3 steps in each row
+    # The scores once (both rows share them), the mask and weights in each row, and the causal row's masked
+    # scores: the unmasked row's masked scores are the scores, said in words instead of drawn twice.
+    assert len(at.get("plotly_chart")) == 6
     assert any("The scores are the same for both rows" in i.value for i in at.info)
+    assert any("Nothing is masked in this row" in i.value for i in at.info)
 
 
 @pytest.mark.slow
