@@ -14,11 +14,11 @@ import torch
 
 from model_core.compact import QUERY_BLOCK, CompactTrace, _scores
 from model_core.compact_summary import group_shares
+from model_core.words import piece_text
 
 MAX_GROUPS = 256
 """Most sentence or line groups a grouped view has: past it, neighbouring groups are merged."""
 _SENTENCE_END = re.compile(r"[.!?。！？]['\"”’)\]]*$")
-_MARKS = str.maketrans({"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"})
 
 
 def full_trace_bytes(n_layers: int, n_heads: int, n_tokens: int) -> int:
@@ -68,10 +68,6 @@ def coarser_overview(trace: CompactTrace, cells: int) -> np.ndarray:
     return (out / row_counts[None, None, :, None]).astype(np.float32)
 
 
-def _token_text(token: str) -> str:
-    return token.translate(_MARKS)
-
-
 def segment_starts(tokens: tuple[str, ...], by: str) -> np.ndarray:
     """Where each sentence (``by="sentence"``) or line (``"line"``) starts, as token positions; at most
     ``MAX_GROUPS`` groups (neighbours merged past it). Shape: -> (group,) int64, starting with 0."""
@@ -79,12 +75,12 @@ def segment_starts(tokens: tuple[str, ...], by: str) -> np.ndarray:
         raise ValueError(f"Group tokens by 'sentence' or 'line', not {by!r}.")
     starts = [0]
     for i, token in enumerate(tokens[:-1]):
-        text = _token_text(token)
+        text = piece_text(token)
         ends = "\n" in text if by == "line" else ("\n" in text or bool(_SENTENCE_END.search(text.strip())))
         if ends:
             # a sentence's closing line break or space belongs to it, not to a group of its own
             nxt = i + 1
-            while nxt < len(tokens) - 1 and not _token_text(tokens[nxt]).strip() and by == "sentence":
+            while nxt < len(tokens) - 1 and not piece_text(tokens[nxt]).strip() and by == "sentence":
                 nxt += 1
             starts.append(nxt)
     starts = np.unique(np.array(starts, dtype=np.int64))
@@ -156,7 +152,7 @@ def group_labels(tokens: tuple[str, ...], starts: np.ndarray, width: int = 28) -
     ends = [*starts[1:], len(tokens)]
     labels = []
     for i, (a, b) in enumerate(zip(starts, ends)):
-        text = "".join(_token_text(t) for t in tokens[a:b]).strip().replace("\n", " ")
+        text = "".join(piece_text(t) for t in tokens[a:b]).strip().replace("\n", " ")
         labels.append(f"{i}: [{a}–{b - 1}] {text[:width]}{'…' if len(text) > width else ''}")
     return labels
 

@@ -21,6 +21,7 @@ CLS_TOKENS = frozenset({"[CLS]", "<s>"})
 SEP_TOKENS = frozenset({"[SEP]", "</s>"})
 CONTINUATION = "##"
 WORD_STARTS = ("Ġ", "▁", "Ċ", "ĉ")  # byte-level BPE's space / newline / tab, SentencePiece's space
+_MARK_TEXT = str.maketrans({"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"})
 RULE = ("Attention to a word is the sum over its pieces; attention from a word is the mean over its pieces, so "
         "each row still sums to 1 (Clark et al., 2019). [CLS] and [SEP] stay as they are.")
 
@@ -176,3 +177,17 @@ def word_level_trace(trace, words: WordSpans, attentions: np.ndarray | None = No
         queries=rows(trace.queries, 2), keys=rows(trace.keys, 2), values=rows(trace.values, 2),
         value_norms=rows(trace.value_norms, 2), hidden_states=rows(trace.hidden_states, 1),
         description=trace.description + " · words")
+
+
+def piece_text(token: str) -> str:
+    """A piece as it reads in the text: byte-level BPE's and SentencePiece's space, newline and tab marks
+    (``Ġ``, ``▁``, ``Ċ``, ``ĉ``) as those characters; WordPiece pieces are unchanged."""
+    return token.translate(_MARK_TEXT)
+
+
+def span_text(tokens: tuple[str, ...] | list[str]) -> str:
+    """A run of pieces as text: BPE pieces joined as the text reads (their marks carry the spaces), WordPiece
+    pieces spaced with each ``##`` continuation joined to the piece before it."""
+    if any(t.startswith(WORD_STARTS) for t in tokens):
+        return "".join(piece_text(t) for t in tokens).strip()
+    return " ".join(tokens).replace(f" {CONTINUATION}", "")

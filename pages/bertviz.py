@@ -6,7 +6,7 @@ import streamlit as st
 
 from attention_explorer import views as bv
 from attention_explorer.views.size import check_size
-from model_core.words import word_level_trace
+from model_core.words import span_text, word_level_trace
 from ui.context import require_trace
 from ui.guard import view_guard
 
@@ -84,18 +84,20 @@ else:
 size = check_size(kind, t, layers, heads)
 window = None
 if not size.ok:
-    st.warning(size.message, icon=":material/speed:")
+    first = (f" It starts with the first {size.default_tokens}, which redraw in a few tenths of a second when the "
+             "layer changes; widen the window below." if size.default_tokens < size.max_tokens else "")
+    st.warning(size.message + first, icon=":material/speed:")
     st.page_link(HEATMAPS_PAGE, label="Open the heatmaps instead", icon=":material/grid_view:")
 if not size.ok or st.toggle("Show only a span of tokens", key="bv_use_window"):
     lo, hi = st.slider("Token window (positions, end excluded)", 0, t.n_tokens,
-                       (0, min(size.max_tokens, t.n_tokens)), key="bv_window")
+                       (0, min(size.default_tokens, t.n_tokens)), key="bv_window")
     if hi - lo > size.max_tokens:
         hi = lo + size.max_tokens
         st.caption(f"Shortened to {size.max_tokens} tokens, the most this view draws without freezing the browser.")
     if hi <= lo:
         lo, hi = (lo, lo + 1) if lo < t.n_tokens else (lo - 1, lo)
     window = (lo, hi)
-    st.caption(f"Tokens {lo}–{hi - 1}: {' '.join(t.tokens[lo:hi])}. The lines are the full model's weights "
+    st.caption(f"Tokens {lo}–{hi - 1}: “{span_text(t.tokens[lo:hi])}”. The lines are the full model's weights "
                "between these tokens; rows need not sum to 1 here, because weights to tokens outside the "
                "window are not drawn.")
 

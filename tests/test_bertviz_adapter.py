@@ -242,6 +242,20 @@ def test_size_check_max_tokens_is_the_longest_input_within_the_limit():
         assert not size.check_size(kind, trace, token_window=(0, check.max_tokens + 1), limit=50_000).ok
 
 
+def test_the_first_window_of_a_view_the_sidebar_redraws_is_a_quick_one():
+    """The head and neuron views redraw on a layer (or head) change: they start within DEFAULT_ELEMENTS, and the
+    slider may widen them to max_tokens; the model view redraws on no sidebar change and starts at its most."""
+    trace = synthetic_trace(300, 300, n_layers=2, n_heads=9, d_head=4)
+    for kind in bv.VIEW_KINDS:
+        check = size.check_size(kind, trace)
+        count = lambda n: size.count_elements(kind, n, 2, 9, 4)  # noqa: E731
+        quick = min(size.DEFAULT_ELEMENTS[kind], size.MAX_ELEMENTS)
+        assert count(check.default_tokens) <= quick < count(check.default_tokens + 1)
+        assert check.default_tokens <= check.max_tokens
+    assert size.check_size("head", trace).default_tokens < size.check_size("head", trace).max_tokens
+    assert size.check_size("model", trace).default_tokens == size.check_size("model", trace).max_tokens
+
+
 def test_element_count_matches_what_the_browser_drew_for_the_head_view():
     # bench/bench_bertviz.py counted 2630 SVG elements for the 13-token head view of 12 heads.
     assert abs(size.count_elements("head", 13, 1, 12, 32) - 2630) / 2630 < 0.15

@@ -142,6 +142,8 @@ def test_the_rollout_page_computes_the_row_into_a_token_of_a_long_input(compact_
     row = rollout_row(compact, 40)
     assert table["position"].iloc[0] == int(np.argmax(row)) and abs(table["share"].iloc[0] - row.max()) < 1e-9
     assert (row[41:] == 0).all() and abs(row.sum() - 1) < 1e-9  # causal: nothing from after the token
+    assert not [b for b in at.button if b.key == "compact_rollout_run"]  # the button goes once the row is there
+    assert not any(mark in token for token in table["token"] for mark in "ĠĊ▁")  # tokens as the text reads
     # against the full trace's rollout of the same text
     from model_core import build_trace
 

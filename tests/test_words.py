@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from model_core import TraceRequest, build_trace
-from model_core.words import WordSpans, word_spans
+from model_core.words import WordSpans, piece_text, span_text, word_spans
 
 SPLIT = "the embeddings of unaffordable tokenizers"
 
@@ -50,6 +50,13 @@ def test_a_text_without_split_words_changes_only_in_its_labels():
     words = word_spans(trace.tokens)
     assert not words.any_split and words.words == trace.tokens
     np.testing.assert_allclose(words.merge(trace.attentions), trace.attentions, atol=1e-6)
+
+
+def test_pieces_read_as_the_text_reads():
+    assert span_text(["The", "Ġriver", "Ġrose", ".", "Ċ", "It", "Ġfell"]) == "The river rose.\nIt fell"
+    assert span_text(["▁time", "▁flies"]) == "time flies"
+    assert span_text(["[CLS]", "un", "##believ", "##able", "weir", "##fish"]) == "[CLS] unbelievable weirfish"
+    assert piece_text("Ġthe") == " the" and piece_text("##ing") == "##ing"
 
 
 def test_word_spans_reject_gaps():

@@ -12,6 +12,7 @@ from model_core.analysis import FLOW_MAX_TOKENS_ONE_ROW
 from model_core.compact import CompactTrace
 from model_core.compact_views import rollout_row
 from model_core.tables import matrix_to_csv, position_labels
+from model_core.words import piece_text
 from ui.compact import compact_key
 from ui.compact_figures import relevance_line_figure
 from ui.context import AppContext
@@ -48,23 +49,28 @@ def draw(ctx: AppContext) -> None:
                                  help="The last token by default: the one that predicts the next token."))
     results = st.session_state.setdefault(RESULTS, {})
     key = (compact_key(t), target)
+    word = piece_text(t.tokens[target]).strip() or t.tokens[target]
     if key not in results:
-        st.caption(f"Each of the {t.n_layers} layers recomputes every head's weights in blocks: tens of seconds at "
-                   "4,096 tokens on a CPU.")
-        if not st.button(f"Compute rollout into “{t.tokens[target]}” (position {target})", type="primary",
-                         key="compact_rollout_run", icon=":material/play_arrow:"):
+        ask = st.empty()  # the note and button, cleared once the row is computed (not left over in that run)
+        with ask.container():
+            st.caption(f"Each of the {t.n_layers} layers recomputes every head's weights in blocks: tens of seconds "
+                       "at 4,096 tokens on a CPU.")
+            clicked = st.button(f"Compute rollout into “{word}” (position {target})", type="primary",
+                                key="compact_rollout_run", icon=":material/play_arrow:")
+        if not clicked:
             return
         results[key] = _compute(t, target)
+        ask.empty()
     row = results[key]
     name = f"rollout_into_{target}"
-    st.plotly_chart(relevance_line_figure(row, t.tokens, f"Relevance of each token to “{t.tokens[target]}” "
+    st.plotly_chart(relevance_line_figure(row, t.tokens, f"Relevance of each token to “{word}” "
                                           f"(position {target}), after the last layer"),
                     config=figure_config(name), key="compact_rollout_line")
     if t.is_decoder:
         st.caption(f"Over many layers a decoder's rollout piles up on the first token ({row[0]:.1%} here): every "
                    "layer sends much of its attention to that sink, and the products compound.")
     top = np.argsort(-row)[:TOP]
-    st.dataframe(pd.DataFrame({"position": top, "token": [t.tokens[i] for i in top], "share": row[top]}),
+    st.dataframe(pd.DataFrame({"position": top, "token": [piece_text(t.tokens[i]) for i in top], "share": row[top]}),
                  hide_index=True, height=min(36 * (TOP + 1), 400),
                  column_config={"share": st.column_config.NumberColumn(format="%.3e")})
     st.download_button("Relevance of every token (CSV)",

@@ -18,6 +18,11 @@ VIEW_KINDS = ("head", "model", "neuron")
 # it in one JavaScript task that freezes the tab). Past this, the page offers a token window,
 # fewer heads, or the heatmaps instead.
 MAX_ELEMENTS = 100_000
+# What a view shows first when the whole input is over MAX_ELEMENTS: for the views that the sidebar's layer or
+# head redraws, a window the browser draws in a few tenths of a second (SmolLM2's head view of a 512-token input,
+# layer change: 1.4-2.0 s at 100k elements, 0.38-0.55 s at 20k, 0.28-0.38 s at 10k); the slider widens it up to
+# MAX_ELEMENTS. The model view shows every layer and head, so no sidebar change redraws it: it starts at its most.
+DEFAULT_ELEMENTS = {"head": 15_000, "neuron": 15_000, "model": MAX_ELEMENTS}
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class SizeCheck:
         n_elements: SVG elements the view would draw.
         limit: the most elements a view may draw (``MAX_ELEMENTS``).
         max_tokens: the longest input (or token window) that fits within ``limit``.
+        default_tokens: the window to show first when the input does not fit: at most ``max_tokens``, and
+            within the kind's ``DEFAULT_ELEMENTS`` (a quick redraw).
         message: what to tell the user when not ok; empty when ok.
     """
 
@@ -36,6 +43,7 @@ class SizeCheck:
     n_elements: int
     limit: int
     max_tokens: int
+    default_tokens: int
     message: str = field(default="")
 
 
@@ -96,6 +104,14 @@ def count_elements(kind: str, n_tokens: int, n_layers: int, n_heads: int, d_head
     raise ValueError(f"kind {kind!r} is not one of {', '.join(VIEW_KINDS)}.")
 
 
+def _most_tokens(kind: str, n_tokens: int, n_layers: int, n_heads: int, d_head: int, limit: int) -> int:
+    """The longest window of at most ``n_tokens`` whose view draws at most ``limit`` elements (at least 1)."""
+    most = 1
+    while most < n_tokens and count_elements(kind, most + 1, n_layers, n_heads, d_head) <= limit:
+        most += 1
+    return most
+
+
 def check_size(
     kind: str,
     trace: AttentionTrace,
@@ -114,15 +130,14 @@ def check_size(
     # The head view draws every head sent (ticked or not), the neuron view one head.
     n_heads = len(check_indices("head", heads, trace.n_heads))
     n_elements = count_elements(kind, stop - start, n_layers, n_heads, trace.d_head)
-    max_tokens = 1
-    while max_tokens < trace.n_tokens and count_elements(kind, max_tokens + 1, n_layers, n_heads, trace.d_head) <= limit:
-        max_tokens += 1
+    max_tokens = _most_tokens(kind, trace.n_tokens, n_layers, n_heads, trace.d_head, limit)
+    default_tokens = _most_tokens(kind, max_tokens, n_layers, n_heads, trace.d_head, min(limit, DEFAULT_ELEMENTS[kind]))
     if n_elements <= limit:
-        return SizeCheck(True, n_elements, limit, max_tokens)
+        return SizeCheck(True, n_elements, limit, max_tokens, default_tokens)
     message = (
         f"bertviz's {kind} view of {stop - start} tokens would draw about {n_elements:,} SVG elements; "
         f"past {limit:,} the browser stops responding. Show a token window of at most {max_tokens} tokens"
         + {"model": ", fewer layers or heads,", "head": ", fewer heads,"}.get(kind, "")
         + " or use the heatmaps, which have no such limit."
     )
-    return SizeCheck(False, n_elements, limit, max_tokens, message)
+    return SizeCheck(False, n_elements, limit, max_tokens, default_tokens, message)
