@@ -144,3 +144,20 @@ def test_container_start_check_refuses_a_bad_variable_by_name():
     done = _check({"AE_DEVICE": "gpu"})
     assert done.returncode == 2
     assert "AE_DEVICE" in done.stderr
+
+
+def test_the_server_holds_numpys_blas_to_the_threads_it_gives_torch():
+    """OpenBLAS starts a thread per core; with a core taken (the browser, another session) its threads spin on
+    each other, and the heatmaps page's statistics took 5x longer. ui.loaders holds BLAS to torch's threads."""
+    import json
+    import os
+
+    code = ("import json, torch, ui.loaders; from threadpoolctl import threadpool_info; "
+            "print(json.dumps([torch.get_num_threads(), [i['num_threads'] for i in threadpool_info() "
+            "if i['user_api'] == 'blas']]))")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "AE_TORCH_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    torch_threads, blas = json.loads(out.stdout.strip().splitlines()[-1])
+    assert torch_threads == 1 and blas and set(blas) == {1}
