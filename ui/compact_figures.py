@@ -71,7 +71,8 @@ def window_figure(weights: np.ndarray, tokens: tuple[str, ...], rows: tuple[int,
 
 def first_token_figure(share: np.ndarray, title: str) -> go.Figure:
     """Each query's weight on the first token (the attention sink). Shape: share (pos,)."""
-    fig = go.Figure(go.Scattergl(x=np.arange(len(share)), y=np.round(share, 5).astype(np.float32), mode="lines",
+    # One SVG path, not WebGL: a WebGL context per redraw cost more than the line (Chromium without a GPU).
+    fig = go.Figure(go.Scatter(x=np.arange(len(share)), y=np.round(share, 5).astype(np.float32), mode="lines",
                                  line=dict(width=1, color="#4c78a8"),
                                  hovertemplate="query %{x}<br>weight on the first token %{y:.4f}<extra></extra>"))
     fig.update_layout(title=dict(text=title, font=dict(size=14)), height=220, margin=dict(l=10, r=10, t=40, b=30),
@@ -83,7 +84,7 @@ def relevance_line_figure(values: np.ndarray, tokens: tuple[str, ...], title: st
     """Each position's share (rollout relevance) as a line, the token on hover: bars for thousands of tokens would
     be a wall. Shape: values (pos,)."""
     text = [token_label(tok) for tok in tokens]
-    fig = go.Figure(go.Scattergl(x=np.arange(len(values)), y=np.asarray(values, dtype=np.float32), text=text,
+    fig = go.Figure(go.Scatter(x=np.arange(len(values)), y=np.asarray(values, dtype=np.float32), text=text,
                                  mode="lines", line=dict(width=1, color="#4c78a8"),
                                  hovertemplate="%{x} %{text}<br>share %{y:.5f}<extra></extra>"))
     fig.update_layout(title=dict(text=title, font=dict(size=14)), height=300, margin=dict(l=10, r=10, t=40, b=30),
