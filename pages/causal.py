@@ -23,7 +23,9 @@ from ui.state import head_fragment
 ctx = require_trace(compact=True)
 long = ctx.compact is not None  # a long input: every panel is one exact window of its compact trace
 t = ctx.compact if long else ctx.trace
-LONG_WINDOW = 128
+# Tokens a panel shows at a time, of a full trace or of a long input's compact one. Six panels redraw on every head
+# change: at 128 tokens (3 px cells) a SmolLM2 head change took 0.44-0.63 s, at 64 (6 px cells) 0.36-0.48 s.
+WINDOW = 64
 st.title("Causal mask & masked scores")
 
 model = t.family.label  # "chapter-3 encoder", "BERT-like encoder", "GPT-2 decoder", "Llama-like decoder"
@@ -108,7 +110,7 @@ def _steps(layer: int, head: int) -> None:
     if t.n_kv_heads < t.n_heads:
         st.caption(ctx.kv_sharing(head) + " Its keys are the same as theirs; only the queries differ.")
     if long:
-        size = min(LONG_WINDOW, t.n_tokens // 2)  # a long input has far more; a window always has room to move
+        size = min(WINDOW, t.n_tokens // 2)  # a long input has far more; a window always has room to move
         lo = st.slider(f"First token shown ({size} at a time)", 0, t.n_tokens - size, t.n_tokens - size,
                        key="causal_long_window")
         st.caption(f"Tokens {lo}–{lo + size - 1} of {t.n_tokens:,}, computed exactly from the compact trace's queries, "
@@ -118,7 +120,7 @@ def _steps(layer: int, head: int) -> None:
         hide, labels = [], tuple(t.tokens[lo:lo + size])
     else:
         rows = [(title, mask_steps(t, layer, head, apply_causal=apply)) for title, apply in variants]
-        hide = positions_outside_window(t.n_tokens, "causal_window")  # 8 panels of 512 x 512 took 2 s per head
+        hide = positions_outside_window(t.n_tokens, "causal_window", size=WINDOW)
         labels = tokens
     headers = st.columns(2)
     for col, (title, steps) in zip(headers, rows):
@@ -154,7 +156,7 @@ def _steps(layer: int, head: int) -> None:
         cols = st.columns(2)
         for i, (col, (title, steps)) in enumerate(zip(cols, rows)):
             merged, words, word_b = ctx.shown(steps.weights)
-            word_hide = positions_outside_window(len(words), f"causal_word_window{i}", "merged weights")
+            word_hide = positions_outside_window(len(words), f"causal_word_window{i}", "merged weights", size=WINDOW)
             with col, view_guard(f"weights in words ({'causal' if steps.causal else 'bidirectional'})"):
                 fig = attention_heatmap(merged, words, sentence_b_start=word_b, height=height, hide=word_hide,
                                         zmin=0, zmax=1, value_name="weight")

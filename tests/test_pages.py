@@ -217,8 +217,8 @@ def test_layer_beyond_the_models_depth_is_clamped_to_its_last_layer():
 
 
 def test_causal_page_shows_a_window_of_a_long_input_with_true_positions():
-    """Past 128 tokens the eight panels show 128 tokens at a time (8 x 512² took 2 s per head in the browser),
-    labelled with their real positions; the window moves with the slider."""
+    """Past 64 tokens the panels show 64 tokens at a time (8 x 512² took 2 s per head in the browser, 6 x 128²
+    about half a second), labelled with their real positions; the window moves with the slider."""
     import json
 
     at = _app(ctl_text_a=" ".join(["word"] * 180), ctl_text_b="")
@@ -228,12 +228,12 @@ def test_causal_page_shows_a_window_of_a_long_input_with_true_positions():
     assert at.slider(key="causal_window").value == 0
     spec = json.loads(at.get("plotly_chart")[-1].proto.spec)
     labels = spec["data"][0]["y"]
-    assert len(labels) == 128 and labels[0] == "0: [CLS]" and labels[-1] == "127: word"
+    assert len(labels) == 64 and labels[0] == "0: [CLS]" and labels[-1] == "63: word"
     at.slider(key="causal_window").set_value(54)
     _run(at)
     _clean(at)
     labels = json.loads(at.get("plotly_chart")[-1].proto.spec)["data"][0]["y"]
-    assert (labels[0], labels[-1]) == ("54: word", "181: [SEP]")
+    assert (labels[0], labels[-1]) == ("54: word", "117: word")
 
 
 def test_a_page_listed_in_app_py_whose_file_is_missing_fails_loudly(tmp_path):

@@ -39,19 +39,19 @@ def clicked_cell(chart_key: str) -> tuple[int, int] | None:
 WINDOW = 128  # tokens a readable matrix shows at a time: 512 x 512 in 760 px is 1.5 px a cell
 
 
-def positions_outside_window(n_tokens: int, key: str, what: str = "panels") -> list[int]:
-    """Past ``WINDOW`` tokens, a slider picks which ``WINDOW`` positions the matrices show.
+def positions_outside_window(n_tokens: int, key: str, what: str = "panels", size: int = WINDOW) -> list[int]:
+    """Past ``size`` tokens (``WINDOW`` by default), a slider picks which ``size`` positions the matrices show.
 
     Returns the positions to leave out (for ``attention_heatmap(hide=...)``): none for short inputs. Nothing is
     renormalised, and the CSV downloads keep every token.
     """
-    if n_tokens <= WINDOW:
+    if n_tokens <= size:
         return []
-    start = st.slider(f"First token shown ({WINDOW} at a time)", 0, n_tokens - WINDOW, 0, key=key,
+    start = st.slider(f"First token shown ({size} at a time)", 0, n_tokens - size, 0, key=key,
                       help=f"The {what} show one window of queries and keys; the CSV downloads have every token.")
-    st.caption(f"Tokens {start}–{start + WINDOW - 1} of {n_tokens}. Weights are the model's own, not renormalised "
+    st.caption(f"Tokens {start}–{start + size - 1} of {n_tokens}. Weights are the model's own, not renormalised "
                "to the window, so a row sums to 1 only with the keys outside it.")
-    return [*range(start), *range(start + WINDOW, n_tokens)]
+    return [*range(start), *range(start + size, n_tokens)]
 
 
 def csv_button(label: str, text: str | Callable[[], str], file_name: str, key: str) -> None:
