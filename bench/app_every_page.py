@@ -26,7 +26,7 @@ EVERY_PAGE = {
     "analysis_norms": (4, ("sidebar", "Head")),
     "analysis_head_stats": (1, ("select", "Statistic")),
     "analysis_masking": (3, ("select", "…or a whole layer")),
-    "predictions": (2, ("sidebar", "Head")),  # decoders only; its figures do not follow the head
+    "predictions": (2, ("select", "Position")),  # decoders only; its figures follow the logit lens's position
 }
 NOT_FOR = {"inside": "decoder", "predictions": "encoder"}  # pages that only say they do not apply
 PAGE_READY_JS = """([minFigures, mustText]) => {
@@ -162,10 +162,12 @@ def bench_every_page(browser, server: AppServer, sizes: list[int], models: list[
                     change, change_bytes = float("nan"), 0
                 page.close()
                 row = {"model": label, "n": n, "page": path, "open_s": seconds, "bytes": size, "tallest_px": tallest,
-                       "picker": picker[1], "change_s": change, "change_bytes": change_bytes, "forward_s": forward}
+                       "picker": picker[1], "change_s": change, "change_bytes": change_bytes, "forward_s": forward,
+                       "rss_mb": server.rss_mb()}
                 rows.append(row)
                 print(f"  {label} {n:>3} {path or 'home':20s} open {seconds:5.2f} s {mb(size):>9} tallest {tallest:>5.0f} px · "
-                      f"{picker[1]} {change:5.2f} s {mb(change_bytes):>9} · forward {forward:.2f} s", flush=True)
+                      f"{picker[1]} {change:5.2f} s {mb(change_bytes):>9} · forward {forward:.2f} s · server RSS "
+                      f"{row['rss_mb']:.0f} MB", flush=True)
     context.close()
     return rows
 
@@ -173,10 +175,10 @@ def bench_every_page(browser, server: AppServer, sizes: list[int], models: list[
 def every_page_table(rows: list[dict]) -> str:
     """One markdown table: every page, with its open time as a ratio to the heatmaps page's in the same run."""
     lines = ["| model | tokens | page | open from a link | × heatmaps page | × forward pass | bytes | tallest figure |"
-             " picker | change |", "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+             " picker | change | server RSS after |", "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         base = next(x for x in rows if x["model"] == r["model"] and x["n"] == r["n"] and x["page"] == "heatmaps")
         lines.append(f"| {r['model']} | {r['n']} | {r['page'] or 'home'} | {r['open_s']:.2f} s | {r['open_s'] / base['open_s']:.2f} | "
                      f"{r['open_s'] / r['forward_s']:.1f} | {mb(r['bytes'])} | {r['tallest_px']:.0f} px | {r['picker']} | "
-                     f"{r['change_s']:.2f} s |")
+                     f"{r['change_s']:.2f} s | {r['rss_mb']:.0f} MB |")
     return "\n".join(lines)
