@@ -149,12 +149,20 @@ def test_long_input_offers_a_token_window_instead_of_freezing(app_url, browser):
         assert 0 < n_lines <= size.MAX_ELEMENTS
         SHOTS.mkdir(exist_ok=True)
         page.screenshot(path=str(SHOTS / "long-model-window.png"), full_page=True)
-        # The head view of all 123 tokens is ~2,000 px of bertviz's layout: the frame stops at 1,000 px and
-        # the view scrolls inside it.
+        # The head view starts on a window that redraws quickly (size.DEFAULT_ELEMENTS) and fits its frame.
         page.get_by_text("Head view", exact=True).click()
+        page.get_by_text("It starts with the first").wait_for(timeout=60_000)
         head = page.locator('iframe[title="bertviz head view"]')
         head.wait_for(timeout=60_000)
         page.wait_for_timeout(1000)
+        inner = _frame_of(head).evaluate("document.documentElement.scrollHeight")
+        assert inner <= head.evaluate("e => e.clientHeight") <= 1000
+        # Widened to its most (90 tokens of 12 heads), the view is ~2,000 px of bertviz's layout: the frame stops
+        # at 1,000 px and the view scrolls inside it.
+        page.get_by_role("slider").nth(1).press("End")
+        page.get_by_text("Shortened to").wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)
+        head = page.locator('iframe[title="bertviz head view"]')
         inner = _frame_of(head).evaluate("document.documentElement.scrollHeight")
         assert head.evaluate("e => e.clientHeight") <= 1000 < inner
         assert visit.errors == [] and visit.outside == []
