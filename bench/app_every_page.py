@@ -101,7 +101,7 @@ def use_picker(page, meter: Meter, picker: tuple[str, str], min_figures: int, op
     if kind == "slider":
         thumb = page.get_by_role("slider", name=label)
         thumb.focus()
-        armed = page.evaluate(ARM_INPUT_JS)
+        page.evaluate(ARM_INPUT_JS)  # the listener that records the input's time
         thumb.press("ArrowLeft")
     else:
         scope = page.locator('section[data-testid="stSidebar"]') if kind == "sidebar" else page.locator(
@@ -111,7 +111,7 @@ def use_picker(page, meter: Meter, picker: tuple[str, str], min_figures: int, op
         combo.press("ArrowDown")
         option = page.locator('[role="listbox"] [role="option"]').nth(option_index)
         option.wait_for()
-        armed = page.evaluate(ARM_INPUT_JS)
+        page.evaluate(ARM_INPUT_JS)  # the listener that records the input's time
         option.click()
     page.wait_for_function(
         f"""() => {{ const before = {json.dumps(before[0])}, frames = {json.dumps(before[1])};

@@ -14,7 +14,7 @@ import torch
 
 from model_core.compact import QUERY_BLOCK, CompactTrace, _scores
 from model_core.compact_summary import group_shares
-from model_core.words import piece_text
+from model_core.words import piece_text, span_text
 
 MAX_GROUPS = 256
 """Most sentence or line groups a grouped view has: past it, neighbouring groups are merged."""
@@ -152,7 +152,7 @@ def group_labels(tokens: tuple[str, ...], starts: np.ndarray, width: int = 28) -
     ends = [*starts[1:], len(tokens)]
     labels = []
     for i, (a, b) in enumerate(zip(starts, ends)):
-        text = "".join(piece_text(t) for t in tokens[a:b]).strip().replace("\n", " ")
+        text = span_text(tokens[a:b]).replace("\n", " ")
         labels.append(f"{i}: [{a}–{b - 1}] {text[:width]}{'…' if len(text) > width else ''}")
     return labels
 

@@ -85,7 +85,7 @@ size = check_size(kind, t, layers, heads)
 window = None
 if not size.ok:
     first = (f" It starts with the first {size.default_tokens}, which redraw in a few tenths of a second when the "
-             "layer changes; widen the window below." if size.default_tokens < size.max_tokens else "")
+             "sidebar's layer or head changes; widen the window below." if size.default_tokens < size.max_tokens else "")
     st.warning(size.message + first, icon=":material/speed:")
     st.page_link(HEATMAPS_PAGE, label="Open the heatmaps instead", icon=":material/grid_view:")
 if not size.ok or st.toggle("Show only a span of tokens", key="bv_use_window"):

@@ -63,11 +63,12 @@ def cpu_threads() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-torch.set_num_threads(cpu_threads())
+CPU_THREADS = cpu_threads()
+torch.set_num_threads(CPU_THREADS)
 # numpy's BLAS (OpenBLAS) starts a thread per core of its own. When the browser or another session holds a core,
 # its threads spin waiting for each other: the heatmaps page's per-head statistics (30 small matrix products) took
 # 2.7 s instead of 0.5 s with SmolLM2 at 512 tokens. Hold it to torch's threads.
-_BLAS_LIMIT = threadpool_limits(cpu_threads(), user_api="blas")
+_BLAS_LIMIT = threadpool_limits(CPU_THREADS, user_api="blas")
 
 
 def device() -> torch.device:
