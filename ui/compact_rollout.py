@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from attention_explorer.prediction_figures import shown_text
 from model_core.analysis import FLOW_MAX_TOKENS_ONE_ROW
 from model_core.compact import CompactTrace
 from model_core.compact_views import rollout_row
@@ -70,7 +71,7 @@ def draw(ctx: AppContext) -> None:
         st.caption(f"Over many layers a decoder's rollout piles up on the first token ({row[0]:.1%} here): every "
                    "layer sends much of its attention to that sink, and the products compound.")
     top = np.argsort(-row)[:TOP]
-    st.dataframe(pd.DataFrame({"position": top, "token": [piece_text(t.tokens[i]) for i in top], "share": row[top]}),
+    st.dataframe(pd.DataFrame({"position": top, "token": [shown_text(piece_text(t.tokens[i])) for i in top], "share": row[top]}),
                  hide_index=True, height=min(36 * (TOP + 1), 400),
                  column_config={"share": st.column_config.NumberColumn(format="%.3e")})
     st.download_button("Relevance of every token (CSV)",
