@@ -21,6 +21,11 @@ DEFAULT_FULL_TRACE_MB = 320
 """The largest full trace by default, in MB of float32 weights (layer x head x n²): SmolLM2 (270 heads) up to 544
 tokens, MiniLM (72 heads) to its 512 positions. Past it, the app traces a transformers model in compact form."""
 
+DEFAULT_TRACE_CACHE_MB = 512
+"""What the server keeps of finished traces by default, in MB (their arrays): one 512-token SmolLM2 trace (404 MB)
+or a 4,096-token compact one, or several smaller ones; the latest always stays. With the model and the libraries,
+the server stays within 1.5 GB."""
+
 DEFAULT_MAX_PARAMS = 1_500_000_000
 """The largest model the default deployment loads: 1.5 B parameters is 6 GB in float32, which fits a 24 GB machine
 beside its traces."""
@@ -33,6 +38,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_DEVICE": ("auto", "Device for the models: auto (cuda, then mps, then cpu), cpu, cuda or mps."),
     "AE_MAX_TOKENS": (str(DEFAULT_MAX_TOKENS), "Largest input, in tokens, that the server accepts (at most 8192; a model's own positions may allow fewer: BERT's 512)."),
     "AE_FULL_TRACE_MB": (str(DEFAULT_FULL_TRACE_MB), "Largest full trace (every layer x head x n² weights, float32) in MB; a longer input is traced in compact form (queries, keys, row log-sum-exps, exact block means)."),
+    "AE_TRACE_CACHE_MB": (str(DEFAULT_TRACE_CACHE_MB), "Memory, in MB, the server keeps finished traces in (shared by every session; least recently used first out, the latest always kept). Raise it for many users at once: a 512-token SmolLM2 trace is about 400 MB."),
     "AE_MAX_PARAMS": (str(DEFAULT_MAX_PARAMS), "Largest model, in parameters counted from its config, that the server loads; a larger one is refused before any download."),
     "AE_MODEL_CACHE": ("", "Folder of the bundled decoder converted from its GGUF file (done once); empty uses ~/.cache/attention-explorer/models."),
     "AE_ALLOWED_MODELS": ("", "Comma-separated model ids a deployment allows; empty allows any. The bundled model and the default are always allowed."),
@@ -61,6 +67,7 @@ class Settings:
         device: "auto", "cpu", "cuda" or "mps".
         max_tokens: the longest input accepted, in tokens.
         full_trace_mb: the largest full trace, in MB of weights; past it a trace is compact.
+        trace_cache_mb: the memory the server keeps finished traces in, in MB.
         max_params: the largest model loaded, in parameters.
         allowed_models: ids a public deployment allows; empty means any id.
         allow_local_models: whether a local folder may be loaded (a model, or a run folder on the Corpus page).
@@ -72,6 +79,7 @@ class Settings:
     device: str = "auto"
     max_tokens: int = DEFAULT_MAX_TOKENS
     full_trace_mb: float = DEFAULT_FULL_TRACE_MB
+    trace_cache_mb: float = DEFAULT_TRACE_CACHE_MB
     max_params: int = DEFAULT_MAX_PARAMS
     allowed_models: tuple[str, ...] = ()
     allow_local_models: bool = True
@@ -87,6 +95,8 @@ class Settings:
             raise ValueError(f"AE_MAX_TOKENS={self.max_tokens} must be between 2 and {HARD_MAX_TOKENS}.")
         if not 0.01 <= self.full_trace_mb <= 1_000_000:
             raise ValueError(f"AE_FULL_TRACE_MB={self.full_trace_mb} must be between 0.01 and 1,000,000 (MB).")
+        if not 0 <= self.trace_cache_mb <= 10_000_000:
+            raise ValueError(f"AE_TRACE_CACHE_MB={self.trace_cache_mb} must be between 0 and 10,000,000 (MB).")
         if self.max_params < 1:
             raise ValueError(f"AE_MAX_PARAMS={self.max_params} must be a positive whole number of parameters.")
         if not self.default_model.strip():
@@ -122,6 +132,11 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         full_trace_mb = float(raw_full)
     except ValueError:
         raise ValueError(f"AE_FULL_TRACE_MB={raw_full!r} is not a number of MB; use one such as 320.") from None
+    raw_cache = get("AE_TRACE_CACHE_MB")
+    try:
+        trace_cache_mb = float(raw_cache)
+    except ValueError:
+        raise ValueError(f"AE_TRACE_CACHE_MB={raw_cache!r} is not a number of MB; use one such as 512.") from None
     raw_params = get("AE_MAX_PARAMS").replace("_", "").replace(",", "")
     try:
         max_params = int(float(raw_params))
@@ -138,6 +153,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         device=get("AE_DEVICE").strip().lower(),
         max_tokens=max_tokens,
         full_trace_mb=full_trace_mb,
+        trace_cache_mb=trace_cache_mb,
         max_params=max_params,
         allowed_models=allowed,
         allow_local_models=_parse_bool("AE_ALLOW_LOCAL_MODELS", get("AE_ALLOW_LOCAL_MODELS")),

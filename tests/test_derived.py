@@ -13,8 +13,7 @@ def test_each_derived_result_is_computed_once_per_trace_and_functions_do_not_col
     trace = synthetic_trace(40, 2, 3, seed=1)
     stats = derived.cached_head_stats(trace)
     assert derived.cached_head_stats(trace) is stats
-    # A trace with the same tokens and model but different weights is another trace only if its key
-    # differs; a head mask makes the key differ.
+    # Results live with the trace object: another trace (here with a head switched off) has its own.
     other = type(trace)(**{**trace.__dict__, "head_mask": np.array([[True, False, True], [True, True, True]])})
     assert derived.cached_head_stats(other) is not stats
     mosaic = derived.overview_mosaic_cells(trace, False, 32)
@@ -33,3 +32,19 @@ def test_derived_results_equal_the_model_core_functions_and_are_read_only():
     np.testing.assert_array_equal(merged, word_spans(trace.tokens).merge(trace.attentions))
     assert not merged.flags.writeable and merged.shape[-1] == 4  # [CLS] embeddings rock [SEP]
     np.testing.assert_array_equal(derived.overview_mosaic_cells(trace, True, 32), head_mosaic(merged, 32))
+
+
+def test_derived_results_go_with_their_trace():
+    """Nothing derived keeps a trace alive, and what was derived from a trace is freed with it."""
+    import gc
+    import weakref
+
+    trace = synthetic_trace(30, 2, 3, seed=4)
+    results = [derived.cached_head_stats(trace), derived.word_attentions(trace),
+               derived.overview_mosaic_cells(trace, False, 16), derived.rollout_and_flow(trace)]
+    gone = weakref.ref(trace)
+    kept = weakref.ref(results[1])
+    assert derived._DERIVED.get(trace)
+    del trace, results
+    gc.collect()
+    assert gone() is None and kept() is None

@@ -9,6 +9,7 @@ import torch
 from model_core import TraceRequest, build_trace
 from model_core.analysis import compare_masking, head_mask_from_off, next_token_effect, next_token_probs
 from model_core.analysis.masked_run import run_masked
+from model_core.analysis.masking import attention_change
 from model_core.request import Models
 
 TEXT = "the old tree near the river, and the children who play there every day"
@@ -28,7 +29,12 @@ def test_a_masked_run_compares_as_a_masked_trace_does(tiny_decoders, kind):
     full = build_trace(TraceRequest(**{**request.__dict__, "head_mask": tuple(map(tuple, mask.tolist()))}),
                        device="cpu")
     lean = run_masked(request, baseline, mask, device="cpu")
-    np.testing.assert_allclose(lean.attentions, full.attentions, atol=1e-6)
+    assert not hasattr(lean, "attentions")  # compared as it ran, not kept
+    tv, js = attention_change(baseline.attentions, full.attentions, baseline.mask)
+    np.testing.assert_allclose(lean.attention_tv, tv, atol=1e-6)
+    np.testing.assert_allclose(lean.attention_js, js, atol=1e-6)
+    # layer 1 moved; in layer 0 only the switched-off head did (its weights are zeroed, blanked by compare_masking)
+    assert (lean.attention_tv[1] > 1e-4).any() and not lean.attention_tv[0, [0, 2, 3]].any()
     a, b = compare_masking(baseline, full), compare_masking(baseline, lean)
     for name in ("cls_cosine", "cls_l2", "attention_tv", "attention_js"):
         np.testing.assert_allclose(getattr(b, name), getattr(a, name), atol=1e-6, equal_nan=True, err_msg=name)

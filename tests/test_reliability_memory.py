@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 200
 RUNS_PER_SESSION = 10
-MAX_GROWTH_MB = 150  # by run 50 the trace cache (ui.loaders.TRACE_CACHE_ENTRIES = 12) is full
+MAX_GROWTH_MB = 150  # by run 50 the trace cache (ui.loaders.TRACES: 12 entries at most, AE_TRACE_CACHE_MB) is full
 
 DRIVER = textwrap.dedent('''
     import gc, json, os, random, sys, time

@@ -2,16 +2,20 @@
 
 A derived result (head statistics, the overview's mosaic, rollout and flow, the words' merged attention, the
 next-token distribution, an export bundle, the corpus contexts nearest at every layer) depends on the trace and
-a few hashable arguments only. ``per_trace`` caches it in ``st.cache_resource`` under ``trace_key`` (everything
-of the request that changes the numbers: the model's description with its weights, shape, causal flag and
-LayerNorm placement, the tokens, the pair's split and the head mask), so a rerun that only changes the focused
-head reuses it, every session shares it, and Streamlit's bounded cache frees it. Results are read-only: never
-mutate what these return.
+a few hashable arguments only. ``per_trace`` keeps it with the trace object itself (a weak-keyed table): a rerun
+that only changes the focused head reuses it, every session shares it (they share the trace, ``ui.loaders.TRACES``),
+and it is freed when the trace leaves that cache, so derived results never outlive their trace (the words'
+merged attention of a 512-token SmolLM2 trace is as large as its weights). Results are read-only: never mutate what
+these return. ``trace_key`` names a trace by its content, for a page that remembers which trace it last showed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+import weakref
+from collections import OrderedDict
 from typing import Any, Callable, TypeVar
 
 import numpy as np
@@ -22,7 +26,6 @@ from model_core.analysis import HeadStats
 from model_core.analysis import head_stats
 
 R = TypeVar("R")
-DERIVED_TTL_S = 3600
 
 
 def trace_key(trace: AttentionTrace) -> str:
@@ -32,25 +35,45 @@ def trace_key(trace: AttentionTrace) -> str:
     return f"{trace.description}|{trace.causal}|{'␟'.join(trace.tokens)}|{trace.sentence_b_start}|{mask}"
 
 
-def per_trace(*, spinner: str | bool = False, max_entries: int = 16) -> Callable[[Callable[..., R]], Callable[..., R]]:
-    """Decorate ``fn(trace, *args)`` so it runs once per (trace, args) and is shared from then on.
+_DERIVED: "weakref.WeakKeyDictionary[AttentionTrace, OrderedDict]" = weakref.WeakKeyDictionary()
+_DERIVED_LOCK = threading.Lock()
 
-    ``args`` must be hashable by Streamlit (numbers, strings, tuples); the trace is keyed by ``trace_key``.
+
+def per_trace(*, spinner: str | bool = False, max_entries: int = 16) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Decorate ``fn(trace, *args)`` so it runs once per (trace, args) and is shared from then on, while the trace
+    lives: at most ``max_entries`` argument tuples of ``fn`` per trace, the least recently used out first.
+
+    ``args`` must be hashable (numbers, strings, tuples); ``spinner`` is shown while a result is computed.
     """
 
     def decorate(fn: Callable[..., R]) -> Callable[..., R]:
-        def cached(key: str, args: tuple, _trace: AttentionTrace) -> R:
-            return fn(_trace, *args)
-
-        # Streamlit tells cached functions apart by module and qualified name: give each its own.
-        cached.__module__, cached.__qualname__ = fn.__module__, f"{fn.__qualname__}.per_trace"
-        cached = st.cache_resource(max_entries=max_entries, ttl=DERIVED_TTL_S, show_spinner=spinner)(cached)
+        name = f"{fn.__module__}.{fn.__qualname__}"
 
         @functools.wraps(fn)
         def call(trace: AttentionTrace, *args: Any) -> R:
-            return cached(trace_key(trace), args, trace)
+            key = (name, args)
+            with _DERIVED_LOCK:
+                results = _DERIVED.setdefault(trace, OrderedDict())
+                if key in results:
+                    results.move_to_end(key)
+                    return results[key]
+            with st.spinner(spinner) if isinstance(spinner, str) else contextlib.nullcontext():
+                value = fn(trace, *args)
+            with _DERIVED_LOCK:
+                results = _DERIVED.setdefault(trace, OrderedDict())
+                results[key] = value
+                mine = [k for k in results if k[0] == name]
+                for old in mine[:max(0, len(mine) - max_entries)]:
+                    del results[old]
+            return value
 
-        call.clear = cached.clear  # type: ignore[attr-defined]
+        def clear() -> None:
+            with _DERIVED_LOCK:
+                for results in list(_DERIVED.values()):
+                    for k in [k for k in results if k[0] == name]:
+                        del results[k]
+
+        call.clear = clear  # type: ignore[attr-defined]
         return call
 
     return decorate

@@ -8,8 +8,6 @@ decides which models stay in memory.
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import streamlit as st
@@ -30,18 +28,27 @@ from model_core.compact_build import build_compact, trace_form
 from model_core.compact_views import TraceForm
 from model_core.custom_spec import build_custom_model
 from model_core.loading import LoadedModel, load_pretrained_uncached, select_device
-from model_core.memory import release_freed_memory
+from model_core.memory import BoundedCache
 from model_core.predictions import LogitLens, logit_lens
 from model_core.settings import BUNDLED_DECODER_ID, Settings, load_settings
 from model_core.walkthrough import Walkthrough
 from ui.derived import per_trace
 
-# Traces are immutable (read-only arrays), so all sessions can share one copy: a cache_data
-# copy per session would multiply memory by the number of users (a 512-token bert-base trace
-# is ~230 MB). The bound keeps memory flat however many texts come in: at most 12 traces, so
-# ~2.7 GB in the worst case (twelve 512-token bert-base traces), ~120 MB at 128 tokens on MiniLM.
+# Traces are immutable (read-only arrays), so all sessions share one copy: a cache_data copy per session would
+# multiply memory by the number of users. Finished traces, compact traces and head masking's runs share one cache
+# bounded by bytes (AE_TRACE_CACHE_MB, 512 MB by default): a count of entries let the server grow by 0.4 GB with
+# each new 512-token SmolLM2 text (6.2 GB after ten). What each trace's pages derive from it (``ui.derived``) goes
+# with it.
 TRACE_CACHE_ENTRIES = 12
 TRACE_TTL_S = 3600
+
+
+def _trace_budget() -> float:
+    return load_settings().trace_cache_mb * 1e6
+
+
+TRACES: BoundedCache = BoundedCache(_trace_budget, max_entries=TRACE_CACHE_ENTRIES, ttl_s=TRACE_TTL_S)
+"""The one cache of finished traces: keys ("full" | "compact" | "masked", request, ...)."""
 # A walk holds one layer's tensors (a 512-token bert-base layer is ~60 MB), so a few suffice:
 # the user moves between layers of one input, rarely back to an old input.
 WALK_CACHE_ENTRIES = 8
@@ -93,16 +100,16 @@ CACHED_MODELS = Models(pretrained=lambda model_id, dev: get_pretrained(model_id,
 """The app's models, from the two caches above: ``build_trace`` takes them, and so does the corpus page."""
 
 
-@st.cache_resource(max_entries=TRACE_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)
 def get_trace(request: TraceRequest) -> AttentionTrace:
-    """Run the model once for this request; every page and view reads this same trace.
+    """Run the model once for this request; every page and view reads this same trace (``TRACES``).
 
     Raises:
         InputError, ModelLoadError, ValueError: with a message for the user.
     """
-    trace = build_trace(request, models=CACHED_MODELS)
-    release_freed_memory()  # glibc keeps each session thread's freed buffers in its own arena
-    return trace
+    return TRACES.get(("full", request), lambda: build_trace(request, models=CACHED_MODELS))
+
+
+get_trace.clear = TRACES.clear  # type: ignore[attr-defined]
 
 
 def get_trace_form(request: TraceRequest) -> TraceForm:
@@ -111,39 +118,23 @@ def get_trace_form(request: TraceRequest) -> TraceForm:
     return trace_form(request, models=CACHED_MODELS)
 
 
-_COMPACT: OrderedDict[TraceRequest, CompactTrace] = OrderedDict()
-_COMPACT_LOCK = threading.Lock()
-COMPACT_CACHE_ENTRIES = 2
-"""Compact traces kept per process (a 4,096-token SmolLM2 trace holds about 400 MB)."""
-
-
 def get_compact(request: TraceRequest, progress: Any = None) -> CompactTrace:
     """The compact trace of a long input (``model_core.compact``), once per request and process; ``progress`` is
     called with ("forward" | "summary", fraction done) while it is built.
 
-    Not ``st.cache_resource``: the progress bar is drawn while the function runs, which Streamlit's cache would
-    replay on a hit. A small lock-guarded LRU instead; a cancelled build (Streamlit stops the run) stores nothing.
+    In ``TRACES``, not ``st.cache_resource``: the progress bar is drawn while the function runs, which Streamlit's
+    cache would replay on a hit; a cancelled build (Streamlit stops the run) stores nothing.
 
     Raises:
         InputError, ModelLoadError, ValueError: with a message for the user.
     """
-    with _COMPACT_LOCK:
-        if request in _COMPACT:
-            _COMPACT.move_to_end(request)
-            return _COMPACT[request]
     # No page reads the next-token predictions of a long input, and only the head statistics page the largest
     # weight (it computes that on request): leaving both out saves about a third of the trace's time.
-    trace = build_compact(request, models=CACHED_MODELS, max_tokens=load_settings().max_tokens, progress=progress,
-                          predictions=False, largest_weight=False)
-    with _COMPACT_LOCK:
-        _COMPACT[request] = trace
-        while len(_COMPACT) > COMPACT_CACHE_ENTRIES:
-            _COMPACT.popitem(last=False)
-    release_freed_memory()
-    return trace
+    return TRACES.get(("compact", request), lambda: build_compact(
+        request, models=CACHED_MODELS, max_tokens=load_settings().max_tokens, progress=progress,
+        predictions=False, largest_weight=False))
 
 
-@st.cache_resource(max_entries=WALK_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)
 def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> MaskedRun:
     """The lean second run of head masking (``model_core.analysis.masked_run``): the tokens of
     ``get_trace(request)`` with the heads in ``off`` switched off.
@@ -154,9 +145,8 @@ def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> M
     from model_core.analysis.masking import head_mask_from_off
 
     baseline = get_trace(request)
-    run = run_masked(request, baseline, head_mask_from_off(baseline.n_layers, baseline.n_heads, off), models=CACHED_MODELS)
-    release_freed_memory()
-    return run
+    mask = head_mask_from_off(baseline.n_layers, baseline.n_heads, off)
+    return TRACES.get(("masked", request, off), lambda: run_masked(request, baseline, mask, models=CACHED_MODELS))
 
 
 @st.cache_resource(max_entries=WALK_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)

@@ -1,8 +1,10 @@
 """The second run of head masking, kept lean: the same tokens with some heads switched off, keeping only what the
-comparison reads (every layer's weights, the residual stream, and the output at the read-out token).
+comparison reads (how much each head's attention moved, the residual stream, and the output at the read-out token).
 
 The baseline is a full trace; the masked run needs no queries, keys, values, value norms or predictions at every
-position, and a decoder's vocabulary is unembedded at its last token only. It goes through the one forward route
+position, and a decoder's vocabulary is unembedded at its last token only. Its attention weights are compared with
+the baseline's as soon as the pass ends and then dropped: a run keeps two (layer, head) grids, not a second
+(layer, head, n, n) stack (268 MB for SmolLM2 at 510 tokens). It goes through the one forward route
 (``Family.forward``) with the same head gate as a trace.
 """
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from model_core.analysis.masking import attention_change
 from model_core.forward import head_gate, to_numpy
 from model_core.request import Models, TraceRequest, _resolve
 from model_core.settings import Settings
@@ -30,7 +33,9 @@ class MaskedRun:
     Attributes:
         tokens: the baseline's tokens.
         head_mask: True where a head was on. Shape: (layer, head) bool.
-        attentions: Shape: (layer, head, q_pos, k_pos).
+        attention_tv: total variation ½Σ|p - q| between each head's attention rows here and in the baseline,
+            averaged over queries (``masking.attention_change``; switched-off heads not blanked). Shape: (layer, head).
+        attention_js: the JS divergence in bits, likewise. Shape: (layer, head).
         hidden_states: the residual stream, embeddings first. Shape: (layer + 1, pos, hidden).
         logits: the custom encoder's classifier logits, or None. Shape: (num_labels,).
         next_token_probs: a decoder's whole next-token distribution at its last token, or None. Shape: (vocab,).
@@ -39,7 +44,8 @@ class MaskedRun:
 
     tokens: tuple[str, ...]
     head_mask: np.ndarray
-    attentions: np.ndarray
+    attention_tv: np.ndarray
+    attention_js: np.ndarray
     hidden_states: np.ndarray
     logits: np.ndarray | None = None
     next_token_probs: np.ndarray | None = None
@@ -52,6 +58,11 @@ class MaskedRun:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the run's arrays."""
+        return sum(v.nbytes for v in self.__dict__.values() if isinstance(v, np.ndarray))
 
 
 @torch.no_grad()
@@ -81,6 +92,7 @@ def run_masked(request: TraceRequest, baseline: AttentionTrace, head_mask: np.nd
     encoded = encoded_from_trace(baseline)
     out = family.forward(model, encoded.input_ids.to(device_), encoded.token_type_ids.to(device_), None,
                          head_mask=gate, vectors=False)
+    tv, js = attention_change(baseline.attentions, [w[0] for w in out.weights], baseline.mask)
     hidden = torch.stack([h[0] for h in out.hidden])  # (layer + 1, pos, hidden)
     extra: dict = {}
     if family.is_decoder:
@@ -92,7 +104,8 @@ def run_masked(request: TraceRequest, baseline: AttentionTrace, head_mask: np.nd
     return MaskedRun(
         tokens=baseline.tokens,
         head_mask=np.asarray(head_mask, dtype=bool),
-        attentions=to_numpy(torch.stack([w[0] for w in out.weights])),
+        attention_tv=tv,
+        attention_js=js,
         hidden_states=to_numpy(hidden),
         logits=None if out.class_logits is None else to_numpy(out.class_logits[0]),
         **extra,

@@ -98,13 +98,23 @@ _ROWS = 128
 """Query rows per block in ``_pattern_change``: float64 temporaries stay ~ head x 128 x n."""
 
 
-def _pattern_change(a: np.ndarray, b: np.ndarray, allowed: np.ndarray,
-                    queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _rows(x: Any, r0: int, r1: int, width: int) -> Any:
+    """Query rows ``r0:r1`` of one layer's weights (numpy or torch, any device), keys up to ``width``, as a float64
+    torch block on the CPU: a copy, so a read-only input stays untouched."""
+    import torch
+
+    if isinstance(x, np.ndarray):
+        return torch.tensor(x[:, r0:r1, :width], dtype=torch.float64)
+    return x[:, r0:r1, :width].to("cpu", torch.float64)
+
+
+def _pattern_change(a: Any, b: Any, allowed: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Total variation and JS divergence (bits) between two layers' attention rows, averaged over the query rows
     that attend to something. Computed in blocks of query rows, each only over the keys its rows may see (a causal
     block needs no column right of its last row), in float64 with torch's threads.
 
-    Shape: a, b (head, q_pos, k_pos); allowed (q_pos, k_pos) bool; queries (q_pos,) bool -> (head,), (head,).
+    Shape: a, b (head, q_pos, k_pos), numpy or torch; allowed (q_pos, k_pos) bool; queries (q_pos,) bool
+    -> (head,), (head,).
     """
     import torch
 
@@ -119,8 +129,8 @@ def _pattern_change(a: np.ndarray, b: np.ndarray, allowed: np.ndarray,
         seen = np.flatnonzero(allowed[r0:r1].any(axis=0))
         width = int(seen[-1]) + 1 if seen.size else 1
         keep = torch.from_numpy(rows.copy())
-        p = torch.tensor(a[:, r0:r1, :width], dtype=torch.float64)[:, keep]  # one copy, read-only input untouched
-        q = torch.tensor(b[:, r0:r1, :width], dtype=torch.float64)[:, keep]
+        p = _rows(a, r0, r1, width)[:, keep]
+        q = _rows(b, r0, r1, width)[:, keep]
         tv_sum += 0.5 * (p - q).abs().sum(-1).sum(-1)
         # Renormalised as js_divergence does; a row summing to 0 (a switched-off head) gives NaN.
         p = p / p.sum(-1, keepdim=True)
@@ -131,6 +141,35 @@ def _pattern_change(a: np.ndarray, b: np.ndarray, allowed: np.ndarray,
         js_sum += js.clamp(0.0, 1.0).sum(-1)
     count = max(int(queries.sum()), 1)
     return (tv_sum / count).numpy(), (js_sum / count).numpy()
+
+
+def attention_change(baseline: np.ndarray, masked: Any, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """How much every head's attention moved between two runs of the same input: total variation and JS divergence
+    (bits), averaged over the query rows that attend to something. Switched-off heads are not blanked here.
+
+    A layer whose weights are equal in both runs (every layer up to the first switched-off one) is 0 without
+    computing anything.
+
+    Args:
+        baseline: the baseline's weights. Shape: (layer, head, q_pos, k_pos).
+        masked: the other run's weights, one layer at a time: an array like ``baseline``, or a list of per-layer
+            (head, q_pos, k_pos) arrays or torch tensors (``masked_run`` passes its forward pass's own tensors).
+        mask: True where a query may attend to a key. Shape: (q_pos, k_pos) bool.
+
+    Shape: -> (layer, head), (layer, head).
+    """
+    allowed = np.asarray(mask, dtype=bool)
+    queries = allowed.any(axis=1)  # rows that attend to something
+    n_layers, n_heads = baseline.shape[:2]
+    tv = np.zeros((n_layers, n_heads))
+    js = np.zeros((n_layers, n_heads))
+    for layer in range(n_layers):
+        other = masked[layer]
+        same = (np.array_equal(baseline[layer], other) if isinstance(other, np.ndarray)
+                else np.array_equal(baseline[layer], other.detach().to("cpu").numpy()))
+        if not same:  # up to the first switched-off layer nothing changes: skip the logs
+            tv[layer], js[layer] = _pattern_change(baseline[layer], other, allowed, queries)
+    return tv, js
 
 
 def compare_masking(baseline: AttentionTrace, masked: Any, position: int | None = None) -> MaskingEffect:
@@ -145,7 +184,8 @@ def compare_masking(baseline: AttentionTrace, masked: Any, position: int | None 
     Raises:
         ValueError: the two traces are not of the same input and model.
     """
-    if baseline.tokens != masked.tokens or baseline.attentions.shape != masked.attentions.shape:
+    head_shape = np.shape(masked.head_mask)
+    if baseline.tokens != masked.tokens or head_shape != baseline.attentions.shape[:2]:
         raise ValueError("Compare two traces of the same model and the same input; only head_mask may differ.")
     if baseline.hidden_states.shape != masked.hidden_states.shape:
         raise ValueError("The two traces have different hidden sizes; use the same model for both.")
@@ -158,15 +198,10 @@ def compare_masking(baseline: AttentionTrace, masked: Any, position: int | None 
     h1 = np.asarray(baseline.hidden_states[:, position, :], dtype=np.float64)  # (layer + 1, hidden)
     h2 = np.asarray(masked.hidden_states[:, position, :], dtype=np.float64)
     cosine = (h1 * h2).sum(-1) / np.maximum(np.linalg.norm(h1, axis=-1) * np.linalg.norm(h2, axis=-1), 1e-12)
-    allowed = np.asarray(baseline.mask, dtype=bool)
-    queries = allowed.any(axis=1)  # rows that attend to something
-    tv = np.empty(off.shape)
-    js = np.empty(off.shape)
-    for layer in range(off.shape[0]):
-        if np.array_equal(baseline.attentions[layer], masked.attentions[layer]):
-            tv[layer] = js[layer] = 0.0  # up to the first switched-off layer nothing changes: skip the logs
-            continue
-        tv[layer], js[layer] = _pattern_change(baseline.attentions[layer], masked.attentions[layer], allowed, queries)
+    if getattr(masked, "attentions", None) is not None:
+        tv, js = attention_change(baseline.attentions, masked.attentions, baseline.mask)
+    else:  # a lean run compared its weights with this baseline's as it ran (masked_run.MaskedRun)
+        tv, js = np.array(masked.attention_tv, dtype=np.float64), np.array(masked.attention_js, dtype=np.float64)
     tv = np.where(off, np.nan, tv)
     js = np.where(off, np.nan, js)
     logits_b = None if baseline.logits is None else np.asarray(baseline.logits, dtype=np.float64)
