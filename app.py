@@ -12,7 +12,7 @@ from model_core.settings import BUNDLED_MODEL_ID, load_settings
 from ui.context import AppContext, set_context
 from ui.downloads import format_picker
 from ui.compact import trace_compact
-from ui.loaders import get_trace, get_trace_form, prepare_bundled_decoder
+from ui.loaders import collect_after_run, get_trace, get_trace_form, prepare_bundled_decoder
 from ui.state import (choose_model, clamp_head, head_picker, init_state, render_controls, request_from_state,
                       sync_query_params)
 
@@ -135,7 +135,10 @@ def main() -> None:
                            head_slot=head_slot if trace is not None or compact is not None else None, words=words,
                            compact=compact))
     sync_query_params(settings)
-    nav.run()
+    try:
+        nav.run()
+    finally:
+        collect_after_run()  # a new trace pushed an old one out: free it from the runs before this one
 
 
 main()

@@ -150,6 +150,7 @@ def head_mosaic(attentions: np.ndarray, max_cells: int = 32) -> np.ndarray:
     Shape: attentions (layer, head, q_pos, k_pos) -> (layer * (m + 1) - 1, head * (m + 1) - 1).
     """
     n_layers, n_heads, n, _ = attentions.shape
+    max_cells = overview_cells(n_layers) if max_cells is None else max_cells
     m = min(n, max_cells)
     step = m + 1
     mosaic = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)
@@ -161,17 +162,30 @@ def head_mosaic(attentions: np.ndarray, max_cells: int = 32) -> np.ndarray:
     return mosaic
 
 
-def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, mosaic: np.ndarray | None = None) -> go.Figure:
+OVERVIEW_MAX_PX = 900
+"""The tallest the overview mosaic grows."""
+
+
+def overview_cells(n_layers: int, most: int = 32) -> int:
+    """Cells per head side in the overview: at most ``most``, and no more than its ``OVERVIEW_MAX_PX`` show at 2 px
+    a cell. 32 up to 12 layers; SmolLM2's 30 layers get 12 (at 32 a cell was 0.8 px tall and the mosaic 1.8 MB of
+    the page's 3.4 MB at 512 tokens, drawn at the same size)."""
+    return max(8, min(most, (OVERVIEW_MAX_PX - 80) // (2 * n_layers) - 1))
+
+
+def overview_mosaic(attentions: np.ndarray, *, max_cells: int | None = None,
+                    mosaic: np.ndarray | None = None) -> go.Figure:
     """All layers x heads as small multiples in ONE Plotly heatmap (fast at any length).
 
-    Each head is pooled to at most ``max_cells`` squared cells (queries averaged, keys summed: a cell is
-    the share of attention a block of queries gives a block of keys); a one-cell gap separates heads.
-    Clicking a head reports (layer, head) through the invisible marker on its centre. ``mosaic`` is
-    ``head_mosaic(attentions, max_cells)`` when the caller has it cached.
+    Each head is pooled to at most ``max_cells`` squared cells (``overview_cells`` of the layer count when None;
+    queries averaged, keys summed: a cell is the share of attention a block of queries gives a block of keys); a
+    one-cell gap separates heads. Clicking a head reports (layer, head) through the invisible marker on its centre.
+    ``mosaic`` is ``head_mosaic(attentions, max_cells)`` when the caller has it cached.
 
     Shape: attentions (layer, head, q_pos, k_pos).
     """
     n_layers, n_heads, n, _ = attentions.shape
+    max_cells = overview_cells(n_layers) if max_cells is None else max_cells
     m = min(n, max_cells)
     step = m + 1
     mosaic = head_mosaic(attentions, max_cells) if mosaic is None else mosaic
@@ -200,7 +214,7 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int = 32, mosaic: np.n
         showlegend=False))
     fig.update_layout(
         clickmode="event+select", dragmode=False,
-        height=min(900, 80 + n_layers * step * cell_px), margin=dict(l=10, r=10, t=30, b=10), plot_bgcolor="white",
+        height=min(OVERVIEW_MAX_PX, 80 + n_layers * step * cell_px), margin=dict(l=10, r=10, t=30, b=10), plot_bgcolor="white",
         xaxis=dict(tickmode="array", tickvals=centers_x, ticktext=[f"H{h}" for h in range(n_heads)], side="top",
                    showgrid=False, zeroline=False),
         yaxis=dict(tickmode="array", tickvals=centers_y, ticktext=[f"L{i}" for i in range(n_layers)],

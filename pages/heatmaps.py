@@ -10,7 +10,13 @@ from model_core.aggregate import marker_positions, selection_attention
 from ui.context import require_trace
 from ui.derived import cached_head_stats, overview_mosaic_cells
 from ui.downloads import figure_config
-from attention_explorer.figures import attention_heatmap, layer_head_figure, overview_mosaic, selection_grid
+from attention_explorer.figures import (
+    attention_heatmap,
+    layer_head_figure,
+    overview_cells,
+    overview_mosaic,
+    selection_grid,
+)
 from ui.guard import view_guard
 from ui.state import head_fragment, select_head
 
@@ -59,7 +65,9 @@ def _focus_clicked_head() -> None:
 
 
 with view_guard("overview"):
-    st.plotly_chart(overview_mosaic(ctx.attentions(), mosaic=overview_mosaic_cells(t, ctx.words is not None, 32)),
+    cells = overview_cells(t.n_layers)
+    st.plotly_chart(overview_mosaic(ctx.attentions(), max_cells=cells,
+                                    mosaic=overview_mosaic_cells(t, ctx.words is not None, cells)),
                     config=figure_config("attention_overview"),
                     key="overview", on_select=_focus_clicked_head, selection_mode="points")
 

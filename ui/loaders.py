@@ -7,7 +7,9 @@ decides which models stay in memory.
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 from typing import Any
 
 import streamlit as st
@@ -28,7 +30,7 @@ from model_core.compact_build import build_compact, trace_form
 from model_core.compact_views import TraceForm
 from model_core.custom_spec import build_custom_model
 from model_core.loading import LoadedModel, load_pretrained_uncached, select_device
-from model_core.memory import BoundedCache
+from model_core.memory import BoundedCache, release_freed_memory
 from model_core.predictions import LogitLens, logit_lens
 from model_core.settings import BUNDLED_DECODER_ID, Settings, load_settings
 from model_core.walkthrough import Walkthrough
@@ -100,13 +102,46 @@ CACHED_MODELS = Models(pretrained=lambda model_id, dev: get_pretrained(model_id,
 """The app's models, from the two caches above: ``build_trace`` takes them, and so does the corpus page."""
 
 
+_COLLECT = threading.Event()
+COLLECT_DELAY_S = 1.0
+
+
+def _collected(request: TraceRequest) -> TraceRequest:
+    """Mark that this run builds a new trace (``request`` passes through), so ``collect_after_run`` collects."""
+    _COLLECT.set()
+    return request
+
+
+def collect_after_run() -> None:
+    """After a run that built a trace: collect the garbage of the runs before it, a moment later, in the background.
+
+    A page script lives on in reference cycles (its callbacks and fragments point back at the page's globals,
+    which hold its trace), and ``runner.postScriptGC`` is off (a full collection after every run cost ~0.1 s of
+    each head change). So when a new trace pushed an old one out of ``TRACES``, the old one stayed until Python's
+    rare full collection: one more 512-token SmolLM2 trace (0.4 GB) after every new text. A full collection takes
+    ~0.3 s with the model loaded and holds the interpreter: it runs ``COLLECT_DELAY_S`` after the run, once the
+    page's messages are sent and while the browser draws them.
+    """
+    if not _COLLECT.is_set():
+        return
+    _COLLECT.clear()
+
+    def collect() -> None:
+        gc.collect()
+        release_freed_memory()
+
+    timer = threading.Timer(COLLECT_DELAY_S, collect)
+    timer.daemon = True
+    timer.start()
+
+
 def get_trace(request: TraceRequest) -> AttentionTrace:
     """Run the model once for this request; every page and view reads this same trace (``TRACES``).
 
     Raises:
         InputError, ModelLoadError, ValueError: with a message for the user.
     """
-    return TRACES.get(("full", request), lambda: build_trace(request, models=CACHED_MODELS))
+    return TRACES.get(("full", request), lambda: build_trace(_collected(request), models=CACHED_MODELS))
 
 
 get_trace.clear = TRACES.clear  # type: ignore[attr-defined]
@@ -131,7 +166,7 @@ def get_compact(request: TraceRequest, progress: Any = None) -> CompactTrace:
     # No page reads the next-token predictions of a long input, and only the head statistics page the largest
     # weight (it computes that on request): leaving both out saves about a third of the trace's time.
     return TRACES.get(("compact", request), lambda: build_compact(
-        request, models=CACHED_MODELS, max_tokens=load_settings().max_tokens, progress=progress,
+        _collected(request), models=CACHED_MODELS, max_tokens=load_settings().max_tokens, progress=progress,
         predictions=False, largest_weight=False))
 
 

