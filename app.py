@@ -13,8 +13,8 @@ from ui.context import AppContext, set_context
 from ui.downloads import format_picker
 from ui.compact import trace_compact
 from ui.loaders import collect_after_run, get_trace, get_trace_form, prepare_bundled_decoder
-from ui.state import (choose_model, clamp_head, head_picker, init_state, render_controls, request_from_state,
-                      sync_query_params)
+from ui.state import (choose_model, clamp_head, drop_stale_widget_callbacks, head_picker, init_state,
+                      render_controls, request_from_state, sync_query_params)
 
 ROOT = Path(__file__).parent
 
@@ -80,6 +80,7 @@ def _use_bundled() -> None:
 
 
 def main() -> None:
+    drop_stale_widget_callbacks()  # what Streamlit dropped after the last run (see the end of this function)
     try:
         settings = load_settings()
     except ValueError as exc:
@@ -135,10 +136,15 @@ def main() -> None:
                            head_slot=head_slot if trace is not None or compact is not None else None, words=words,
                            compact=compact))
     sync_query_params(settings)
+    completed = False
     try:
         nav.run()
+        completed = True
     finally:
-        collect_after_run()  # a new trace pushed an old one out: free it from the runs before this one
+        # Earlier runs' page globals (and their traces) are held by callbacks of widgets that are gone: let them go,
+        # and collect them once a new trace has pushed an old one out.
+        dropped = drop_stale_widget_callbacks(at_end=True) if completed else 0
+        collect_after_run(force=dropped > 0)
 
 
 main()

@@ -257,3 +257,38 @@ def test_every_page_in_app_py_has_a_test_here_or_in_the_analysis_and_corpus_test
                                                  "pages/predictions.py"}
     assert listed == tested, listed ^ tested
     assert all((ROOT / path).exists() for path in listed)
+
+
+def test_a_new_text_frees_the_old_trace_when_the_cache_is_full(monkeypatch):
+    """The trace cache is bounded by bytes, the callbacks of widgets that are gone are let go (Streamlit keeps them,
+    and the overview's click callback holds the old run's page globals), and a run that built a trace collects the
+    runs before it: the old text's trace, out of the cache, is freed at once, not at the session's end or Python's
+    next full collection. Fails if Streamlit's private widget state changes shape (``drop_stale_widget_callbacks``
+    then does nothing)."""
+    import gc
+    import time
+    import weakref
+
+    import ui.loaders
+
+    monkeypatch.setenv("AE_TRACE_CACHE_MB", "0.001")  # room for the latest trace only
+    monkeypatch.setattr(ui.loaders, "COLLECT_DELAY_S", 0.0)
+    gc.collect()
+    gc.disable()  # no automatic collection: only collect_after_run's may free what sits in cycles
+    try:
+        at = _app(ctl_text_a="the cat sat on the mat", ctl_model="custom", **SMALL)
+        at.switch_page("pages/heatmaps.py")
+        _run(at)
+        _clean(at)
+        old = weakref.ref(at.session_state["_app_context"].trace)
+        at.sidebar.text_area(key="ctl_text_a").input("a dog ran in the park")
+        _run(at)
+        _clean(at)
+        new = at.session_state["_app_context"].trace
+        assert new.tokens[1:3] == ("a", "dog") and len(ui.loaders.TRACES) == 1
+        deadline = time.monotonic() + 10
+        while old() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert old() is None
+    finally:
+        gc.enable()

@@ -112,8 +112,9 @@ def _collected(request: TraceRequest) -> TraceRequest:
     return request
 
 
-def collect_after_run() -> None:
-    """After a run that built a trace: collect the garbage of the runs before it, a moment later, in the background.
+def collect_after_run(force: bool = False) -> None:
+    """After a run that built a trace (or ``force``: it let go of earlier runs' callbacks, ``ui.state``): collect the
+    garbage of the runs before it, a moment later, in the background.
 
     A page script lives on in reference cycles (its callbacks and fragments point back at the page's globals,
     which hold its trace), and ``runner.postScriptGC`` is off (a full collection after every run cost ~0.1 s of
@@ -122,7 +123,7 @@ def collect_after_run() -> None:
     ~0.3 s with the model loaded and holds the interpreter: it runs ``COLLECT_DELAY_S`` after the run, once the
     page's messages are sent and while the browser draws them.
     """
-    if not _COLLECT.is_set():
+    if not (_COLLECT.is_set() or force):
         return
     _COLLECT.clear()
 

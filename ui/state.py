@@ -323,3 +323,38 @@ def open_page_if_requested(flag: str, page: str = "pages/heatmaps.py") -> None:
     """Switch to ``page`` when a widget callback set ``flag`` (callbacks cannot switch pages themselves)."""
     if st.session_state.pop(flag, False):
         st.switch_page(page)
+
+
+def drop_stale_widget_callbacks(at_end: bool = False) -> int:
+    """Forget the callbacks of widgets that are gone; the number of callbacks forgotten.
+
+    Streamlit 1.67 removes a stale widget's value after a run but keeps its metadata, callback included, for the
+    session's life. A callback defined in a page script points at that run's page globals, and they hold its trace:
+    the overview's click callback (its widget id changes with the figure) kept every earlier text's trace of a tab
+    alive, 0.4 GB each for SmolLM2 at 512 tokens. At the start of a run (``at_end`` False) this drops the metadata
+    of widgets Streamlit has already dropped; at the normal end of a full run, that of widgets this run did not
+    draw, which Streamlit is about to drop. It reads Streamlit's private state and does nothing where that state
+    is not as expected.
+    """
+    try:
+        from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+        from streamlit.runtime.state.session_state_proxy import get_session_state
+
+        run = get_script_run_ctx()
+        if run is None or (at_end and run.fragment_ids_this_run):
+            return 0
+        safe = get_session_state()
+        with safe._lock:
+            state = safe._state
+            widgets = state._new_widget_state
+            if at_end:
+                keep = set(run.shared.widget_ids_this_run.snapshot())
+            else:
+                keep = set(widgets.states) | set(state._old_state)
+            gone = [wid for wid in widgets.widget_metadata if wid not in keep]
+            callbacks = sum(widgets.widget_metadata[wid].callback is not None for wid in gone)
+            for wid in gone:
+                del widgets.widget_metadata[wid]
+            return callbacks
+    except (AttributeError, ImportError, TypeError):
+        return 0
