@@ -150,7 +150,7 @@ def head_mosaic(attentions: np.ndarray, max_cells: int = 32) -> np.ndarray:
     Shape: attentions (layer, head, q_pos, k_pos) -> (layer * (m + 1) - 1, head * (m + 1) - 1).
     """
     n_layers, n_heads, n, _ = attentions.shape
-    max_cells = overview_cells(n_layers) if max_cells is None else max_cells
+    max_cells = overview_cells(n_layers, n) if max_cells is None else max_cells
     m = min(n, max_cells)
     step = m + 1
     mosaic = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)
@@ -166,10 +166,13 @@ OVERVIEW_MAX_PX = 900
 """The tallest the overview mosaic grows."""
 
 
-def overview_cells(n_layers: int, most: int = 32) -> int:
-    """Cells per head side in the overview: at most ``most``, and no more than its ``OVERVIEW_MAX_PX`` show at 2 px
-    a cell. 32 up to 12 layers; SmolLM2's 30 layers get 12 (at 32 a cell was 0.8 px tall and the mosaic 1.8 MB of
-    the page's 3.4 MB at 512 tokens, drawn at the same size)."""
+def overview_cells(n_layers: int, n_tokens: int, most: int = 32) -> int:
+    """Cells per head side in the overview: every token up to ``most`` of them (exact); past that, pooled to at most
+    ``most`` cells, and no more than its ``OVERVIEW_MAX_PX`` show at 2 px a cell: 32 up to 12 layers, 12 for
+    SmolLM2's 30 (at 32 a cell was 0.8 px tall, and the mosaic 1.8 MB of the page's 3.4 MB at 512 tokens, drawn
+    at the same size)."""
+    if n_tokens <= most:
+        return n_tokens
     return max(8, min(most, (OVERVIEW_MAX_PX - 80) // (2 * n_layers) - 1))
 
 
@@ -185,7 +188,7 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int | None = None,
     Shape: attentions (layer, head, q_pos, k_pos).
     """
     n_layers, n_heads, n, _ = attentions.shape
-    max_cells = overview_cells(n_layers) if max_cells is None else max_cells
+    max_cells = overview_cells(n_layers, n) if max_cells is None else max_cells
     m = min(n, max_cells)
     step = m + 1
     mosaic = head_mosaic(attentions, max_cells) if mosaic is None else mosaic

@@ -42,11 +42,12 @@ if t.causal:
                   "(Xiao et al., 2023): see the share to it in the per-head summary below." if t.is_decoder else ""))
 
 st.subheader("Overview: every layer × head")
-pooled = len(shown_tokens) > 32
+cells = overview_cells(t.n_layers, len(shown_tokens))  # per head side: every token, or what its height shows
+pooled = len(shown_tokens) > cells
 # No outline on the focused head: an unchanged figure is not sent or redrawn again when the head changes.
 st.caption("Each small square is one head's attention matrix (queries down, keys across). Click one to focus it "
            "below."
-           + (f" At {len(shown_tokens)} tokens each head is pooled to 32 × 32 blocks here: a cell is the share of "
+           + (f" At {len(shown_tokens)} tokens each head is pooled to {cells} × {cells} blocks here: a cell is the share of "
               "attention a block of queries gives to a block of keys, so each row still sums to 1. The focused "
               "heatmap below is exact." if pooled else ""))
 
@@ -65,7 +66,6 @@ def _focus_clicked_head() -> None:
 
 
 with view_guard("overview"):
-    cells = overview_cells(t.n_layers)
     st.plotly_chart(overview_mosaic(ctx.attentions(), max_cells=cells,
                                     mosaic=overview_mosaic_cells(t, ctx.words is not None, cells)),
                     config=figure_config("attention_overview"),

@@ -141,3 +141,18 @@ def test_overview_of_a_long_input_is_not_washed_out():
     head = z[:32, :32]
     np.testing.assert_allclose(np.diag(head), 1.0, atol=1e-3)
     assert np.nansum(head) == pytest.approx(32, abs=0.05)
+
+
+def test_a_deep_models_overview_has_as_many_cells_as_its_height_shows():
+    """30 layers at 512 tokens: 12 x 12 cells a head (at 32 a cell was under a pixel tall), a quarter of the bytes;
+    up to 32 tokens every token is its own cell, whatever the depth; a 12-layer model keeps 32 x 32."""
+    from attention_explorer.figures import overview_cells
+
+    assert overview_cells(30, 20) == 20 and overview_cells(30, 512) == 12 and overview_cells(12, 512) == 32
+    sink = np.zeros((30, 9, 512, 512), dtype=np.float32)
+    sink[..., 0] = 1.0  # every head puts all its weight on the first token
+    fig = overview_mosaic(sink)
+    z = np.asarray(fig.data[0].z, dtype=np.float64)
+    assert z.shape == (30 * 13 - 1, 9 * 13 - 1)
+    np.testing.assert_allclose(z[:12, 0], 1.0)  # the sink column survives the pooling
+    assert len(pio.to_json(fig, validate=False)) < 0.6 * MB
