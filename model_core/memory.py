@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Generic, TypeVar
 
@@ -47,25 +48,42 @@ def nbytes_of(value: Any) -> int:
     return int((size() if callable(size) else size) or 0)
 
 
+WAIT_POLL_S = 0.2
+"""How often a thread waiting for another's build of the same key calls its ``wait`` hook."""
+
+
+class _Building:
+    """One key being built: the lock its builder holds, and how many threads are using it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
 class BoundedCache(Generic[K, V]):
     """A thread-safe least-recently-used cache of immutable results, bounded by the bytes they hold.
 
     Past ``budget_bytes()`` the least recently used entries go, but the latest always stays, however large: the
     server's memory then holds the model, the libraries and about one budget of traces, not twelve traces. Entries
-    unused for ``ttl_s`` go too. Two threads asking for the same missing key build it once (the second waits);
-    a build that raises (or that Streamlit stops) stores nothing. What goes out is freed once no session holds it,
-    and ``release_freed_memory`` hands it back to the system.
+    unused for ``ttl_s`` go too. An entry that went out while something else still holds it (a session's page) is
+    remembered weakly and comes back on its next request instead of being built again, so a second copy never
+    sits beside it. Two threads asking for the same missing key build it once: the second waits, calling its
+    ``wait`` hook every ``WAIT_POLL_S`` (where Streamlit can stop it). A build that raises (or that Streamlit stops)
+    stores nothing. ``on_evict`` is called when entries go, so the caller can collect what they leave behind, and
+    ``release_freed_memory`` hands freed memory back to the system after each build.
     """
 
     def __init__(self, budget_bytes: Callable[[], float], *, max_entries: int = 64, ttl_s: float | None = None,
-                 size: Callable[[Any], int] = nbytes_of) -> None:
+                 size: Callable[[Any], int] = nbytes_of, on_evict: Callable[[], None] | None = None) -> None:
         self._budget = budget_bytes
         self._max_entries = max_entries
         self._ttl_s = ttl_s
         self._size = size
+        self._on_evict = on_evict
         self._items: OrderedDict[K, tuple[V, int, float]] = OrderedDict()  # key -> (value, bytes, last used)
+        self._gone: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # evicted, maybe still held
         self._lock = threading.Lock()
-        self._building: dict[K, threading.Lock] = {}
+        self._building: dict[K, _Building] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -79,48 +97,90 @@ class BoundedCache(Generic[K, V]):
         return sum(size for _, size, _ in self._items.values())
 
     def _hit(self, key: K) -> tuple[bool, V | None]:
-        """Under the lock: drop expired entries; (True, value) and mark it used, or (False, None)."""
+        """Under the lock: drop expired entries; (True, value) and mark it used, or (False, None). An evicted value
+        that is still alive is taken back in."""
         now = time.monotonic()
+        evicted = False
         if self._ttl_s is not None:
             for old in [k for k, (_, _, used) in self._items.items() if now - used > self._ttl_s]:
-                del self._items[old]
+                self._forget(old)
+                evicted = True
         if key not in self._items:
-            return False, None
+            value = self._gone.pop(key, None)
+            if value is None:
+                self._notify(evicted)
+                return False, None
+            self._items[key] = (value, self._size(value), now)
+            evicted = self._evict() or evicted
+            self._notify(evicted)
+            return True, value
+        self._notify(evicted)
         value, size, _ = self._items[key]
         self._items[key] = (value, size, now)
         self._items.move_to_end(key)
         return True, value
 
-    def get(self, key: K, build: Callable[[], V]) -> V:
-        """The cached result for ``key``, or ``build()``'s, stored."""
+    def get(self, key: K, build: Callable[[], V], wait: Callable[[], None] | None = None) -> V:
+        """The cached result for ``key``, or ``build()``'s, stored. ``wait`` is called while another thread builds
+        the same key; an exception it raises ends the wait."""
         with self._lock:
             found, value = self._hit(key)
             if found:
                 return value  # type: ignore[return-value]
-            building = self._building.setdefault(key, threading.Lock())
-        with building:
-            with self._lock:
-                found, value = self._hit(key)
-            if found:
-                return value  # type: ignore[return-value]
+            building = self._building.setdefault(key, _Building())
+            building.users += 1
+        built = False
+        try:
+            while not building.lock.acquire(timeout=WAIT_POLL_S):
+                if wait is not None:
+                    wait()
             try:
-                value = build()
                 with self._lock:
-                    self._items[key] = (value, self._size(value), time.monotonic())
-                    self._evict()
+                    found, value = self._hit(key)
+                if not found:
+                    value = build()
+                    built = True
+                    with self._lock:
+                        self._items[key] = (value, self._size(value), time.monotonic())
+                        self._items.move_to_end(key)
+                        self._notify(self._evict())
             finally:
-                with self._lock:
-                    self._building.pop(key, None)
-        release_freed_memory()  # what went out, and the pass's own buffers
-        return value
+                building.lock.release()
+        finally:
+            with self._lock:
+                building.users -= 1
+                if building.users == 0 and self._building.get(key) is building:
+                    del self._building[key]
+        if built:
+            release_freed_memory()  # what went out, and the pass's own buffers
+        return value  # type: ignore[return-value]
 
-    def _evict(self) -> None:
+    def _forget(self, key: K) -> None:
+        """Under the lock: take ``key`` out, remembering its value weakly while something else holds it."""
+        value, _, _ = self._items.pop(key)
+        try:
+            self._gone[key] = value
+        except TypeError:  # not weakly referenceable (a bare array): nothing else can be sharing it through us
+            pass
+
+    def _evict(self) -> bool:
+        """Under the lock: drop the least recently used entries past the budget or the entry count, never the
+        latest; whether any went."""
         budget = self._budget()
         total = self.nbytes
+        evicted = False
         while len(self._items) > 1 and (total > budget or len(self._items) > self._max_entries):
-            _, (_, size, _) = self._items.popitem(last=False)
-            total -= size
+            key = next(iter(self._items))
+            total -= self._items[key][1]
+            self._forget(key)
+            evicted = True
+        return evicted
+
+    def _notify(self, evicted: bool) -> None:
+        if evicted and self._on_evict is not None:
+            self._on_evict()
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._gone.clear()

@@ -38,7 +38,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_DEVICE": ("auto", "Device for the models: auto (cuda, then mps, then cpu), cpu, cuda or mps."),
     "AE_MAX_TOKENS": (str(DEFAULT_MAX_TOKENS), "Largest input, in tokens, that the server accepts (at most 8192; a model's own positions may allow fewer: BERT's 512)."),
     "AE_FULL_TRACE_MB": (str(DEFAULT_FULL_TRACE_MB), "Largest full trace (every layer x head x n² weights, float32) in MB; a longer input is traced in compact form (queries, keys, row log-sum-exps, exact block means)."),
-    "AE_TRACE_CACHE_MB": (str(DEFAULT_TRACE_CACHE_MB), "Memory, in MB, the server keeps finished traces in (shared by every session; least recently used first out, the latest always kept). Raise it for many users at once: a 512-token SmolLM2 trace is about 400 MB."),
+    "AE_TRACE_CACHE_MB": (str(DEFAULT_TRACE_CACHE_MB), "Memory, in MB, the server keeps finished traces in (shared by every session; least recently used first out, the latest always kept; head masking's runs get a quarter of it more). Raise it for many users at once: a 512-token SmolLM2 trace is about 400 MB."),
     "AE_MAX_PARAMS": (str(DEFAULT_MAX_PARAMS), "Largest model, in parameters counted from its config, that the server loads; a larger one is refused before any download."),
     "AE_MODEL_CACHE": ("", "Folder of the bundled decoder converted from its GGUF file (done once); empty uses ~/.cache/attention-explorer/models."),
     "AE_ALLOWED_MODELS": ("", "Comma-separated model ids a deployment allows; empty allows any. The bundled model and the default are always allowed."),

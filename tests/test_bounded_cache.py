@@ -80,3 +80,72 @@ def test_sizes_come_from_nbytes_an_attribute_or_a_method():
             return 123
 
     assert nbytes_of(_array(2)) == 2_000_000 and nbytes_of(Compact()) == 123 and nbytes_of("text") == 0
+
+
+class _Result:
+    """A cached result that can be weakly referenced, as traces and runs are."""
+
+    def __init__(self, mb: float) -> None:
+        self.nbytes = int(mb * 1e6)
+
+
+def test_an_entry_that_went_out_while_still_held_comes_back_instead_of_being_built_again():
+    evictions = []
+    cache = BoundedCache(lambda: 5e6, on_evict=lambda: evictions.append(1))
+    held = cache.get("a", lambda: _Result(4))  # a session's page still holds it
+    cache.get("b", lambda: _Result(4))  # over the budget: "a" goes out
+    assert "a" not in cache and evictions
+    assert cache.get("a", lambda: pytest.fail("built again")) is held  # back, not rebuilt; "b" goes out
+    assert "a" in cache and "b" not in cache
+    cache.get("c", lambda: _Result(4))
+    del held  # nothing holds "a" any more: it is gone for good
+    import gc
+
+    gc.collect()
+    assert cache.get("a", lambda: _Result(1)).nbytes == 1_000_000
+
+
+def test_after_a_stopped_build_the_key_is_built_once_and_a_waiter_can_be_stopped():
+    cache = BoundedCache(lambda: 1e9)
+    release = threading.Event()
+    builds = []
+
+    def stopped():
+        builds.append("stopped")
+        release.wait(2)
+        raise RuntimeError("the run was stopped")
+
+    def good():
+        builds.append("good")
+        time.sleep(0.3)
+        return _Result(1)
+
+    first = threading.Thread(target=lambda: pytest.raises(RuntimeError, cache.get, "k", stopped))
+    first.start()
+    time.sleep(0.1)
+    results = []
+    waiters = [threading.Thread(target=lambda: results.append(cache.get("k", good))) for _ in range(2)]
+    for t in waiters:
+        t.start()
+    time.sleep(0.1)
+    release.set()  # the first build fails; one waiter builds, the other gets its result
+    first.join()
+    for t in waiters:
+        t.join()
+    assert builds == ["stopped", "good"] and results[0] is results[1] and not cache._building
+
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop
+
+    slow = threading.Thread(target=lambda: cache.get("s", lambda: (time.sleep(1.0), _Result(1))[1]))
+    slow.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    with pytest.raises(Stop):
+        cache.get("s", lambda: _Result(1), wait=stop)  # Streamlit stops a waiting run through its hook
+    assert time.monotonic() - started < 0.6
+    slow.join()
+    assert "s" in cache and not cache._building

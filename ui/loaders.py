@@ -37,10 +37,10 @@ from model_core.walkthrough import Walkthrough
 from ui.derived import per_trace
 
 # Traces are immutable (read-only arrays), so all sessions share one copy: a cache_data copy per session would
-# multiply memory by the number of users. Finished traces, compact traces and head masking's runs share one cache
-# bounded by bytes (AE_TRACE_CACHE_MB, 512 MB by default): a count of entries let the server grow by 0.4 GB with
-# each new 512-token SmolLM2 text (6.2 GB after ten). What each trace's pages derive from it (``ui.derived``) goes
-# with it.
+# multiply memory by the number of users. Finished and compact traces share one cache bounded by bytes
+# (AE_TRACE_CACHE_MB, 512 MB by default; head masking's runs a quarter of it beside): a count of entries let the
+# server grow by 0.4 GB with each new 512-token SmolLM2 text (6.2 GB after ten). What each trace's pages derive from
+# it (``ui.derived``) goes with it.
 TRACE_CACHE_ENTRIES = 12
 TRACE_TTL_S = 3600
 
@@ -49,8 +49,30 @@ def _trace_budget() -> float:
     return load_settings().trace_cache_mb * 1e6
 
 
-TRACES: BoundedCache = BoundedCache(_trace_budget, max_entries=TRACE_CACHE_ENTRIES, ttl_s=TRACE_TTL_S)
-"""The one cache of finished traces: keys ("full" | "compact" | "masked", request, ...)."""
+_RUN = threading.local()  # per script thread: whether this run let a trace go (``collect_after_run``)
+
+
+def _evicted() -> None:
+    _RUN.collect = True
+
+
+TRACES: BoundedCache = BoundedCache(_trace_budget, max_entries=TRACE_CACHE_ENTRIES, ttl_s=TRACE_TTL_S,
+                                    on_evict=_evicted)
+"""The one cache of finished traces: keys ("full" | "compact", request)."""
+
+MASKED_RUNS: BoundedCache = BoundedCache(lambda: _trace_budget() / 4, max_entries=8, ttl_s=TRACE_TTL_S,
+                                         on_evict=_evicted)
+"""Head masking's runs (~37 MB for SmolLM2 at 512 tokens), bounded apart from the traces so that a run never pushes
+its own baseline out of ``TRACES`` (and the baseline never its run)."""
+
+
+def _stoppable() -> None:
+    """Called while this run waits for another session's build of the same trace: reading the session state is where
+    Streamlit stops or restarts a run (a Cancel, a new text, a closed tab), so the wait can end."""
+    _ = "_" in st.session_state
+
+
+COLLECT_DELAY_S = 1.0
 # A walk holds one layer's tensors (a 512-token bert-base layer is ~60 MB), so a few suffice:
 # the user moves between layers of one input, rarely back to an old input.
 WALK_CACHE_ENTRIES = 8
@@ -102,19 +124,9 @@ CACHED_MODELS = Models(pretrained=lambda model_id, dev: get_pretrained(model_id,
 """The app's models, from the two caches above: ``build_trace`` takes them, and so does the corpus page."""
 
 
-_COLLECT = threading.Event()
-COLLECT_DELAY_S = 1.0
-
-
-def _collected(request: TraceRequest) -> TraceRequest:
-    """Mark that this run builds a new trace (``request`` passes through), so ``collect_after_run`` collects."""
-    _COLLECT.set()
-    return request
-
-
 def collect_after_run(force: bool = False) -> None:
-    """After a run that built a trace (or ``force``: it let go of earlier runs' callbacks, ``ui.state``): collect the
-    garbage of the runs before it, a moment later, in the background.
+    """After a run that let a trace go out of ``TRACES`` or ``MASKED_RUNS`` (or ``force``: it let go of earlier
+    runs' callbacks, ``ui.state``): collect the garbage of the runs before it, a moment later, in the background.
 
     A page script lives on in reference cycles (its callbacks and fragments point back at the page's globals,
     which hold its trace), and ``runner.postScriptGC`` is off (a full collection after every run cost ~0.1 s of
@@ -123,9 +135,9 @@ def collect_after_run(force: bool = False) -> None:
     ~0.3 s with the model loaded and holds the interpreter: it runs ``COLLECT_DELAY_S`` after the run, once the
     page's messages are sent and while the browser draws them.
     """
-    if not (_COLLECT.is_set() or force):
+    if not (getattr(_RUN, "collect", False) or force):
         return
-    _COLLECT.clear()
+    _RUN.collect = False
 
     def collect() -> None:
         gc.collect()
@@ -142,7 +154,7 @@ def get_trace(request: TraceRequest) -> AttentionTrace:
     Raises:
         InputError, ModelLoadError, ValueError: with a message for the user.
     """
-    return TRACES.get(("full", request), lambda: build_trace(_collected(request), models=CACHED_MODELS))
+    return TRACES.get(("full", request), lambda: build_trace(request, models=CACHED_MODELS), wait=_stoppable)
 
 
 get_trace.clear = TRACES.clear  # type: ignore[attr-defined]
@@ -167,8 +179,8 @@ def get_compact(request: TraceRequest, progress: Any = None) -> CompactTrace:
     # No page reads the next-token predictions of a long input, and only the head statistics page the largest
     # weight (it computes that on request): leaving both out saves about a third of the trace's time.
     return TRACES.get(("compact", request), lambda: build_compact(
-        _collected(request), models=CACHED_MODELS, max_tokens=load_settings().max_tokens, progress=progress,
-        predictions=False, largest_weight=False))
+        request, models=CACHED_MODELS, max_tokens=load_settings().max_tokens, progress=progress,
+        predictions=False, largest_weight=False), wait=_stoppable)
 
 
 def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> MaskedRun:
@@ -182,7 +194,8 @@ def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> M
 
     baseline = get_trace(request)
     mask = head_mask_from_off(baseline.n_layers, baseline.n_heads, off)
-    return TRACES.get(("masked", request, off), lambda: run_masked(request, baseline, mask, models=CACHED_MODELS))
+    return MASKED_RUNS.get((request, off), lambda: run_masked(request, baseline, mask, models=CACHED_MODELS),
+                           wait=_stoppable)
 
 
 @st.cache_resource(max_entries=WALK_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)

@@ -334,7 +334,8 @@ def drop_stale_widget_callbacks(at_end: bool = False) -> int:
     alive, 0.4 GB each for SmolLM2 at 512 tokens. At the start of a run (``at_end`` False) this drops the metadata
     of widgets Streamlit has already dropped; at the normal end of a full run, that of widgets this run did not
     draw, which Streamlit is about to drop. It reads Streamlit's private state and does nothing where that state
-    is not as expected.
+    is not as expected. (A fragment with ``parallel=True`` would register its widgets after the script returns; the
+    app has none, and one would need the end-of-run call skipped.)
     """
     try:
         from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
