@@ -150,7 +150,6 @@ def head_mosaic(attentions: np.ndarray, max_cells: int = 32) -> np.ndarray:
     Shape: attentions (layer, head, q_pos, k_pos) -> (layer * (m + 1) - 1, head * (m + 1) - 1).
     """
     n_layers, n_heads, n, _ = attentions.shape
-    max_cells = overview_cells(n_layers, n) if max_cells is None else max_cells
     m = min(n, max_cells)
     step = m + 1
     mosaic = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)

@@ -97,28 +97,23 @@ class BoundedCache(Generic[K, V]):
         return sum(size for _, size, _ in self._items.values())
 
     def _hit(self, key: K) -> tuple[bool, V | None]:
-        """Under the lock: drop expired entries; (True, value) and mark it used, or (False, None). An evicted value
-        that is still alive is taken back in."""
+        """Under the lock: drop expired entries; (True, value) and mark it the most recently used, or (False, None).
+        An evicted value that is still alive is taken back in."""
         now = time.monotonic()
         evicted = False
         if self._ttl_s is not None:
             for old in [k for k, (_, _, used) in self._items.items() if now - used > self._ttl_s]:
                 self._forget(old)
                 evicted = True
-        if key not in self._items:
+        if key in self._items:
+            value, size, _ = self._items.pop(key)
+        else:
             value = self._gone.pop(key, None)
-            if value is None:
-                self._notify(evicted)
-                return False, None
-            self._items[key] = (value, self._size(value), now)
-            evicted = self._evict() or evicted
-            self._notify(evicted)
-            return True, value
+            size = 0 if value is None else self._size(value)
+        if value is not None:
+            evicted = self._put(key, value, size, now) or evicted
         self._notify(evicted)
-        value, size, _ = self._items[key]
-        self._items[key] = (value, size, now)
-        self._items.move_to_end(key)
-        return True, value
+        return value is not None, value
 
     def get(self, key: K, build: Callable[[], V], wait: Callable[[], None] | None = None) -> V:
         """The cached result for ``key``, or ``build()``'s, stored. ``wait`` is called while another thread builds
@@ -141,9 +136,7 @@ class BoundedCache(Generic[K, V]):
                     value = build()
                     built = True
                     with self._lock:
-                        self._items[key] = (value, self._size(value), time.monotonic())
-                        self._items.move_to_end(key)
-                        self._notify(self._evict())
+                        self._notify(self._put(key, value, self._size(value), time.monotonic()))
             finally:
                 building.lock.release()
         finally:
@@ -162,6 +155,11 @@ class BoundedCache(Generic[K, V]):
             self._gone[key] = value
         except TypeError:  # not weakly referenceable (a bare array): nothing else can be sharing it through us
             pass
+
+    def _put(self, key: K, value: V, size: int, now: float) -> bool:
+        """Under the lock: store ``value`` as the most recently used entry, then evict; whether any entry went."""
+        self._items[key] = (value, size, now)
+        return self._evict()
 
     def _evict(self) -> bool:
         """Under the lock: drop the least recently used entries past the budget or the entry count, never the

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model_core.trace_shape import TraceShape, freeze_arrays
+from model_core.trace_shape import TraceShape, arrays_nbytes, freeze_arrays
 
 NEG_INF = float("-inf")
 
@@ -108,7 +108,7 @@ class AttentionTrace(TraceShape):
     @property
     def nbytes(self) -> int:
         """Bytes held by the trace's arrays."""
-        return sum(v.nbytes for v in self.__dict__.values() if isinstance(v, np.ndarray))
+        return arrays_nbytes(self)
 
     # -- scores, derived -----------------------------------------------------------------
     def head_scores(self, layer: int, head: int) -> np.ndarray:

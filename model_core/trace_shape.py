@@ -47,3 +47,10 @@ def freeze_arrays(result: object) -> None:
     for value in vars(result).values():
         if isinstance(value, np.ndarray):
             value.setflags(write=False)
+
+
+def arrays_nbytes(result: object) -> int:
+    """Bytes held by the numpy arrays of a result (what a cache bounded by bytes counts)."""
+    import numpy as np
+
+    return sum(value.nbytes for value in vars(result).values() if isinstance(value, np.ndarray))

@@ -129,3 +129,16 @@ def js_divergence(p: np.ndarray, q: np.ndarray, axis: int = -1) -> np.ndarray:
 def _kl(p: np.ndarray, m: np.ndarray, axis: int) -> np.ndarray:
     ratio = np.where(p > 0, p / np.where(m > 0, m, 1.0), 1.0)
     return (p * np.log2(ratio)).sum(axis=axis)
+
+
+def row_blocks(allowed: np.ndarray, size: int):
+    """(first row, end row, keys) for blocks of ``size`` query rows: the keys are the columns up to the last one any
+    row of the block may see, so a causal block skips the zeros right of its last row (about 40% of a causal trace's
+    weights at 512 tokens). Weights outside the mask are exactly 0, so sums over the keys are the same.
+
+    Shape: allowed (q_pos, k_pos) bool."""
+    n = allowed.shape[0]
+    for r0 in range(0, n, size):
+        r1 = min(r0 + size, n)
+        seen = np.flatnonzero(allowed[r0:r1].any(axis=0))
+        yield r0, r1, int(seen[-1]) + 1 if seen.size else allowed.shape[1]

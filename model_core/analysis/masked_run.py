@@ -20,7 +20,7 @@ from model_core.forward import head_gate, to_numpy
 from model_core.request import Models, TraceRequest, _resolve
 from model_core.settings import Settings
 from model_core.trace import AttentionTrace
-from model_core.trace_shape import freeze_arrays
+from model_core.trace_shape import arrays_nbytes, freeze_arrays
 from model_core.walkthrough import encoded_from_trace
 
 TOP_K = 10
@@ -62,7 +62,7 @@ class MaskedRun:
     @property
     def nbytes(self) -> int:
         """Bytes held by the run's arrays."""
-        return sum(v.nbytes for v in self.__dict__.values() if isinstance(v, np.ndarray))
+        return arrays_nbytes(self)
 
 
 @torch.no_grad()

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from model_core.analysis._common import markers
+from model_core.analysis._common import markers, row_blocks
 from model_core.trace import AttentionTrace
 
 
@@ -118,16 +118,13 @@ def _pattern_change(a: Any, b: Any, allowed: np.ndarray, queries: np.ndarray) ->
     """
     import torch
 
-    n_heads, n = a.shape[0], a.shape[1]
+    n_heads = a.shape[0]
     tv_sum = torch.zeros(n_heads, dtype=torch.float64)
     js_sum = torch.zeros(n_heads, dtype=torch.float64)
-    for r0 in range(0, n, _ROWS):
-        r1 = min(r0 + _ROWS, n)
+    for r0, r1, width in row_blocks(allowed, _ROWS):
         rows = queries[r0:r1]
         if not rows.any():
             continue
-        seen = np.flatnonzero(allowed[r0:r1].any(axis=0))
-        width = int(seen[-1]) + 1 if seen.size else 1
         keep = torch.from_numpy(rows.copy())
         p = _rows(a, r0, r1, width)[:, keep]
         q = _rows(b, r0, r1, width)[:, keep]

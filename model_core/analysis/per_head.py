@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from model_core.analysis._common import entropy_bits, markers, trace_flags
+from model_core.analysis._common import entropy_bits, markers, row_blocks, trace_flags
 from model_core.trace import AttentionTrace
 
 STAT_NAMES: tuple[str, ...] = (
@@ -108,25 +108,12 @@ _ROWS = 64
 the whole layer at once for SmolLM2 at 512 tokens, 0.14 s instead of 0.41 s)."""
 
 
-def _row_blocks(allowed: np.ndarray):
-    """(first row, end row, keys) for blocks of ``_ROWS`` query rows: the keys are the columns up to the last one
-    any row of the block may see, so a causal block skips the zeros right of its last row (about 40% of a causal
-    trace's weights at 512 tokens). Weights outside the mask are exactly 0, so the sums are the same.
-
-    Shape: allowed (q_pos, k_pos) bool."""
-    n = allowed.shape[0]
-    for r0 in range(0, n, _ROWS):
-        r1 = min(r0 + _ROWS, n)
-        seen = np.flatnonzero(allowed[r0:r1].any(axis=0))
-        yield r0, r1, int(seen[-1]) + 1 if seen.size else n
-
-
 def head_stats(trace: AttentionTrace) -> HeadStats:
     """Compute Clark et al.'s statistics, and the largest weight, for every head of ``trace``.
 
     One block of query rows at a time in float64 (a float64 copy of a whole 512-token bert-base trace is 300 MB),
-    each only over the keys its rows may see (``_row_blocks``): its entropy, and every share at once as one product
-    with the token classes' indicator columns.
+    each only over the keys its rows may see (``_common.row_blocks``): its entropy, and every share at once as one
+    product with the token classes' indicator columns.
     """
     att = np.asarray(trace.attentions)  # (layer, head, q_pos, k_pos)
     n_layers, n_heads, n, _ = att.shape
@@ -145,11 +132,12 @@ def head_stats(trace: AttentionTrace) -> HeadStats:
     shape = (n_layers, n_heads)
     entropy, to_cls, to_sep, to_punct = (np.empty(shape) for _ in range(4))
     a_to_b, b_to_a = np.full(shape, np.nan), np.full(shape, np.nan)
-    choosing = np.asarray(trace.mask).sum(axis=1) > 1  # queries with a choice: not a causal model's first
+    allowed = np.asarray(trace.mask, dtype=bool)
+    choosing = allowed.sum(axis=1) > 1  # queries with a choice: not a causal model's first
     if not choosing.any():
         choosing[:] = True
     max_weight = np.zeros(shape)
-    blocks = list(_row_blocks(np.asarray(trace.mask, dtype=bool)))
+    blocks = list(row_blocks(allowed, _ROWS))
     for layer in range(n_layers):
         rows_entropy = np.empty((n_heads, n))
         shares = np.empty((n_heads, n, indicators.shape[1]))  # each query's weight on each class of keys
