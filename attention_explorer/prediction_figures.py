@@ -10,18 +10,11 @@ from plotly.colors import sample_colorscale
 from attention_explorer.figures import WEIGHT_SCALE, token_label
 from model_core import AttentionTrace
 from model_core.predictions import LogitLens, actual_next_ranks
+from model_core.words import shown_text  # noqa: F401  (the pages import it from here)
 
-# Whitespace a token starts or ends with decides what it is (" Paris" is a word, "Paris" a continuation):
-# drawn as visible marks in the tables and figures; the CSVs keep the text as it is.
-_VISIBLE = str.maketrans({" ": "␣", "\u00a0": "⍽", "\n": "↵", "\t": "⇥", "\r": "␍"})
 FINAL_COLOR = "#e4572e"  # the heatmaps' sentence-B line colour: the one accent of the app's figures
 ORDINALS = ("1st", "2nd", "3rd", "4th", "5th", "6th", "7th", "8th", "9th", "10th")
 TABLE_HEIGHT = 420  # px: a scrolling table, however long the input
-
-
-def shown_text(text: str) -> str:
-    """A token's text with its spaces and line breaks visible ("␣Paris", "↵"); "∅" for an empty string."""
-    return text.translate(_VISIBLE) if text else "∅"
 
 
 def _percent(p: float) -> str:

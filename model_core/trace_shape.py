@@ -3,6 +3,8 @@ and family, from their ``tokens``, ``queries``, ``kv_heads`` and ``model_kind``.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 
 class TraceShape:
     """Sizes and family shared by both trace kinds (a mixin: the dataclasses hold the fields)."""
@@ -33,6 +35,21 @@ class TraceShape:
         from model_core.families import family_named
 
         return family_named(self.model_kind)
+
+    @cached_property
+    def byte_level(self) -> bool:
+        """Whether the tokens are byte-level BPE pieces (``model_core.words.is_byte_level``)."""
+        from model_core.words import is_byte_level
+
+        return self.family.word_rule == "bpe" and is_byte_level(self.tokens)
+
+    @cached_property  # pickers call it once per option
+    def labels(self) -> tuple[str, ...]:
+        """The tokens as the views label them: byte-level pieces decoded, BPE space marks shown as "␣"
+        (``model_core.words.readable_tokens``); WordPieces as they are."""
+        from model_core.words import readable_tokens
+
+        return readable_tokens(self.tokens, self.family.word_rule, self.byte_level)
 
     @property
     def is_decoder(self) -> bool:

@@ -22,6 +22,9 @@ SEP_TOKENS = frozenset({"[SEP]", "</s>"})
 CONTINUATION = "##"
 WORD_STARTS = ("Ġ", "▁", "Ċ", "ĉ")  # byte-level BPE's space / newline / tab, SentencePiece's space
 _MARK_TEXT = str.maketrans({"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"})
+# Whitespace a token starts or ends with decides what it is (" Paris" starts a word, "Paris" continues one): the
+# figures, tables and pickers draw it as visible marks; the CSVs keep the text as it is.
+_VISIBLE = str.maketrans({" ": "␣", "\u00a0": "⍽", "\n": "↵", "\t": "⇥", "\r": "␍"})
 RULE = ("Attention to a word is the sum over its pieces; attention from a word is the mean over its pieces, so "
         "each row still sums to 1 (Clark et al., 2019). [CLS] and [SEP] stay as they are.")
 
@@ -188,6 +191,59 @@ def piece_text(token: str) -> str:
 def span_text(tokens: tuple[str, ...] | list[str]) -> str:
     """A run of pieces as text: BPE pieces joined as the text reads (their marks carry the spaces), WordPiece
     pieces spaced with each ``##`` continuation joined to the piece before it."""
+    if is_byte_level(tokens):
+        return _decoded("".join(tokens)).strip()
     if any(t.startswith(WORD_STARTS) for t in tokens):
         return "".join(piece_text(t) for t in tokens).strip()
     return " ".join(tokens).replace(f" {CONTINUATION}", "")
+
+
+def shown_text(text: str) -> str:
+    """A token's text with its spaces and line breaks visible ("␣Paris", "↵"); "∅" for an empty string."""
+    return text.translate(_VISIBLE) if text else "∅"
+
+
+def _byte_of_char() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's ``bytes_to_unicode``), inverted: the printable bytes stand for
+    themselves, every other byte for the character 256 + its rank among them."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    for rank, b in enumerate(b for b in range(256) if b not in chars):
+        chars[b] = chr(256 + rank)
+    return {c: b for b, c in chars.items()}
+
+
+_BYTE_OF = _byte_of_char()
+_REMAPPED = frozenset(c for c in _BYTE_OF if ord(c) >= 256)  # Ġ (space), Ċ (newline), ĉ (tab) and the like
+
+
+def is_byte_level(tokens: tuple[str, ...] | list[str]) -> bool:
+    """Whether pieces are byte-level BPE (GPT-2, Llama 3, SmolLM2, Qwen): every character is in its 256-character
+    alphabet and at least one stands for a remapped byte (a space is ``Ġ``). Decided over the whole sequence, since
+    one piece alone can be a real letter ("ł" in a SentencePiece vocabulary)."""
+    text = "".join(tokens)
+    return any(c in _REMAPPED for c in text) and all(c in _BYTE_OF for c in text)
+
+
+def _decoded(token: str) -> str:
+    """A byte-level piece as the text it stands for; a piece that ends inside a character shows its bytes."""
+    if all(c in _BYTE_OF for c in token):
+        return bytes(_BYTE_OF[c] for c in token).decode("utf-8", errors="backslashreplace")
+    return token
+
+
+def readable_tokens(tokens: tuple[str, ...] | list[str], rule: str, byte_level: bool | None = None) -> tuple[str, ...]:
+    """Pieces as people read them, for labels: byte-level BPE decoded ("Ã©" -> "é", "Ġflies" -> "␣flies"),
+    SentencePiece's ``▁`` as "␣", whitespace visible; WordPiece pieces unchanged.
+
+    Args:
+        tokens: the pieces (or words joined from them).
+        rule: the family's word rule, "wordpiece" or "bpe".
+        byte_level: whether the tokenizer is byte-level; decided from ``tokens`` when None (pass the trace's own
+            answer when labelling words, whose marks are gone).
+    """
+    if rule != "bpe":
+        return tuple(tokens)
+    if byte_level is None:
+        byte_level = is_byte_level(tokens)
+    return tuple(shown_text(_decoded(t) if byte_level else t.replace("▁", " ")) for t in tokens)

@@ -39,7 +39,7 @@ how_to_read(
     "Transformers with Vector Norms”, EMNLP.",
 )
 
-labels = [f"{i} {t}" for i, t in enumerate(ctx.words.words if ctx.words else trace.tokens)]
+labels = [f"{i} {t}" for i, t in enumerate(ctx.labels()[0])]
 
 
 def _head(layer: int, head: int) -> None:

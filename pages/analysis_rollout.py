@@ -28,7 +28,7 @@ if ctx.compact is not None:  # a long input: the rollout into one token, from th
 trace = ctx.trace
 target = ctx.markers.readout_label  # [CLS], or a decoder's last token
 why = ("the token a classifier reads" if not trace.is_decoder else
-       f"the one that predicts the next token (“{trace.tokens[-1]}” at position {trace.n_tokens - 1})")
+       f"the one that predicts the next token (“{trace.labels[-1]}” at position {trace.n_tokens - 1})")
 how_to_read(
     "Raw attention in a deep layer mixes tokens that were already mixed by the layers below. Both methods "
     "follow the information back to the input tokens. Each layer's heads are averaged and the residual "
@@ -45,7 +45,7 @@ how_to_read(
 )
 
 result = rollout_and_flow(trace)
-shown_tokens = ctx.words.words if ctx.words else trace.tokens  # words when the sidebar asks for them
+shown_tokens = ctx.labels()[0]  # words when the sidebar asks for them
 labels = [f"{i} {t}" for i, t in enumerate(shown_tokens)]
 if ctx.words:
     st.caption(f"Words, not {ctx.pieces}: rollout and flow are computed on the pieces, then merged (rows averaged "

@@ -45,7 +45,7 @@ else:
             "In layer 0 it is exactly what the model would compute with the mask on; from layer 1 on its inputs "
             "would differ too.")
 
-tokens, b = t.tokens, t.sentence_b_start
+tokens, b = t.labels, t.sentence_b_start
 height = 360 if t.n_tokens <= 32 else 520
 # Most models scale by 1/√d_head; a few (Gemma: query_pre_attn_scalar) scale otherwise.
 SCALE = ("QKᵀ/√d" if math.isclose(t.score_scale, t.d_head ** -0.5, rel_tol=1e-4)
@@ -117,7 +117,7 @@ def _steps(layer: int, head: int) -> None:
                    "keys and row log-sum-exps. The model's own weights are over the whole input, so in this window a "
                    "row sums to 1 only with the keys before it; the bidirectional row's softmax runs over every key.")
         rows = [(title, window_steps(t, layer, head, lo, size, apply)) for title, apply in variants]
-        hide, labels = [], tuple(t.tokens[lo:lo + size])
+        hide, labels = [], t.labels[lo:lo + size]
     else:
         rows = [(title, mask_steps(t, layer, head, apply_causal=apply)) for title, apply in variants]
         hide = positions_outside_window(t.n_tokens, "causal_window", size=WINDOW)

@@ -170,7 +170,7 @@ if run.manifest["model"] != model.key():
 n1, n2, n3 = st.columns([2, 2, 1])
 default = next((i for i, t in enumerate(trace.tokens) if t not in ("[CLS]", "[SEP]")), 0)
 position = n1.selectbox("Token of the sidebar's text", range(trace.n_tokens), index=default, key="space_position",
-                        format_func=lambda i: f"{i}: {trace.tokens[i]}")
+                        format_func=lambda i: f"{i}: {trace.labels[i]}")
 n_hidden = trace.hidden_states.shape[0]
 nb_layer = n2.slider("Layer (0 = embeddings)", 0, n_hidden - 1, n_hidden - 1, key="space_nb_layer")
 k = n3.number_input("k", 1, 100, 10, key="space_k")

@@ -124,6 +124,8 @@ def test_heatmaps_show_the_causal_triangle_and_the_first_token_sink(llama):
     assert z.shape == (n, n)
     above = np.triu(np.ones((n, n), dtype=bool), 1)
     assert np.isnan(z[above]).all() and np.isfinite(z[~above]).all()
+    labels = focus[0]["data"][0]["y"]  # "i: token", the byte-level pieces decoded with their spaces visible
+    assert "3: ␣flies" in labels and not any("Ġ" in label for label in labels)
 
     at.toggle(key="hide_special").set_value(True)
     _run(at)

@@ -144,3 +144,43 @@ def test_with_words_on_the_maximum_over_heads_is_taken_over_the_word_matrices(sp
     plain = AppContext(request=None, settings=None, trace=split_trace, error=None)
     np.testing.assert_array_equal(plain.aggregate("layer_max", 2), split_trace.attentions[2].max(0))
     assert plain.labels() == (split_trace.tokens, split_trace.sentence_b_start)
+
+
+def _byte_level(text: str, cuts: list[int]) -> list[str]:
+    """``text`` as byte-level BPE pieces cut at the byte offsets ``cuts``, encoded with transformers' own table."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    table = bytes_to_unicode()
+    data = text.encode("utf-8")
+    bounds = [0, *cuts, len(data)]
+    return ["".join(table[b] for b in data[a:z]) for a, z in zip(bounds, bounds[1:])]
+
+
+def test_byte_level_pieces_read_as_their_text():
+    from model_core.words import is_byte_level, readable_tokens
+
+    text = "time flies café\nłódź 日本"
+    data = text.encode("utf-8")
+    cuts = [i for i in range(1, len(data)) if data[i] < 0x80 or data[i] >= 0xC0]  # every character a piece
+    pieces = _byte_level(text, cuts)
+    assert "Ġ" in pieces and "Ã©" in pieces and is_byte_level(pieces)
+    shown = readable_tokens(pieces, "bpe")
+    assert "".join(shown) == "time␣flies␣café↵łódź␣日本"
+    assert span_text(pieces) == text
+
+
+def test_a_piece_that_ends_inside_a_character_shows_its_bytes():
+    from model_core.words import readable_tokens
+
+    pieces = _byte_level(" 日", [2])  # the space and the character's first byte, then its last two bytes
+    assert readable_tokens(pieces, "bpe") == ("␣\\xe6", "\\x97\\xa5")
+
+
+def test_sentencepiece_and_wordpiece_pieces_keep_their_letters():
+    from model_core.words import is_byte_level, readable_tokens
+
+    sentencepiece = ["▁łódź", "▁Ġużeppi", "▁café"]  # real letters that byte-level BPE also uses as marks
+    assert not is_byte_level(sentencepiece)
+    assert readable_tokens(sentencepiece, "bpe") == ("␣łódź", "␣Ġużeppi", "␣café")
+    wordpiece = ["[CLS]", "Ġużeppi", "##ing", "[SEP]"]
+    assert readable_tokens(wordpiece, "wordpiece") == tuple(wordpiece)

@@ -150,7 +150,7 @@ def _window(ctx: AppContext, layer: int, head: int, share: np.ndarray) -> None:
             masked, cols = masked[:, 1:], (1, cols[1])
         title += ", renormalised without the first token"
     with view_guard("window"):
-        st.plotly_chart(window_figure(weights, t.tokens, rows, cols, masked, title,
+        st.plotly_chart(window_figure(weights, t.labels, rows, cols, masked, title,
                                       "weight" if not drop_first else "share without token 0"),
                         config=figure_config(f"compact_window_L{layer}_H{head}"), key="compact_window")
     st.download_button("This window (CSV)", lambda: token_matrix_to_csv(

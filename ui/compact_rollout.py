@@ -8,12 +8,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attention_explorer.prediction_figures import shown_text
 from model_core.analysis import FLOW_MAX_TOKENS_ONE_ROW
 from model_core.compact import CompactTrace
 from model_core.compact_views import rollout_row
 from model_core.tables import matrix_to_csv, position_labels
-from model_core.words import piece_text
 from ui.compact import compact_key
 from ui.compact_figures import relevance_line_figure
 from ui.context import AppContext
@@ -50,7 +48,7 @@ def draw(ctx: AppContext) -> None:
                                  help="The last token by default: the one that predicts the next token."))
     results = st.session_state.setdefault(RESULTS, {})
     key = (compact_key(t), target)
-    word = piece_text(t.tokens[target]).strip() or t.tokens[target]
+    word = t.labels[target].lstrip("␣") or t.labels[target]
     if key not in results:
         ask = st.empty()  # the note and button, cleared once the row is computed (not left over in that run)
         with ask.container():
@@ -64,14 +62,14 @@ def draw(ctx: AppContext) -> None:
         ask.empty()
     row = results[key]
     name = f"rollout_into_{target}"
-    st.plotly_chart(relevance_line_figure(row, t.tokens, f"Relevance of each token to “{word}” "
+    st.plotly_chart(relevance_line_figure(row, t.labels, f"Relevance of each token to “{word}” "
                                           f"(position {target}), after the last layer"),
                     config=figure_config(name), key="compact_rollout_line")
     if t.is_decoder:
         st.caption(f"Over many layers a decoder's rollout piles up on the first token ({row[0]:.1%} here): every "
                    "layer sends much of its attention to that sink, and the products compound.")
     top = np.argsort(-row)[:TOP]
-    st.dataframe(pd.DataFrame({"position": top, "token": [shown_text(piece_text(t.tokens[i])) for i in top], "share": row[top]}),
+    st.dataframe(pd.DataFrame({"position": top, "token": [t.labels[i] for i in top], "share": row[top]}),
                  hide_index=True, height=min(36 * (TOP + 1), 400),
                  column_config={"share": st.column_config.NumberColumn(format="%.3e")})
     st.download_button("Relevance of every token (CSV)",

@@ -12,7 +12,7 @@ from model_core import AttentionTrace, TraceRequest
 from model_core.analysis import Markers, markers
 from model_core.compact import CompactTrace
 from model_core.settings import Settings
-from model_core.words import WordSpans
+from model_core.words import WordSpans, readable_tokens
 
 _KEY = "_app_context"
 
@@ -36,12 +36,13 @@ class AppContext:
     compact: CompactTrace | None = None
 
     def labels(self) -> tuple[tuple[str, ...], int | None]:
-        """The labels of the views' rows and columns (tokens, or words when the toggle is on) and where
-        sentence B starts among them."""
+        """The labels of the views' rows and columns (tokens, or words when the toggle is on, as people read
+        them: ``AttentionTrace.labels``) and where sentence B starts among them."""
         trace = self.trace
         if self.words is None:
-            return trace.tokens, trace.sentence_b_start
-        return self.words.words, self.words.word_start(trace.sentence_b_start)
+            return trace.labels, trace.sentence_b_start
+        words = readable_tokens(self.words.words, trace.family.word_rule, trace.byte_level)
+        return words, self.words.word_start(trace.sentence_b_start)
 
     def shown(self, matrix: np.ndarray) -> tuple[np.ndarray, tuple[str, ...], int | None]:
         """A query x key matrix of the trace as the views show it: merged into words when the toggle is on.
