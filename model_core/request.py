@@ -191,13 +191,20 @@ def build_trace(request: TraceRequest, *, device: str | torch.device | None = No
 
 def build_walkthrough(request: TraceRequest, layer: int, trace: AttentionTrace, *,
                       device: str | torch.device | None = None, settings: Settings | None = None,
-                      models: Models | None = None) -> Walkthrough:
-    """Walk through ``layer`` of the request's encoder (``TraceRequest.walk_spec``) on the tokens of ``trace``,
-    the trace ``build_trace(request)`` gave, so the walk reads exactly what every page reads.
+                      models: Models | None = None) -> Walkthrough | Any:
+    """Walk through ``layer`` on the tokens of ``trace``, the trace ``build_trace(request)`` gave, so the walk reads
+    exactly what every page reads: an encoder's in the chapter-3 encoder (``TraceRequest.walk_spec``), a
+    Llama-like decoder's block in the model itself (``model_core.walkthrough_decoder.DecoderWalk``).
 
     Raises:
-        ValueError: the layer does not exist, or an option is out of range.
+        ValueError: the layer does not exist, an option is out of range, or the decoder's family has no block walk
+            (GPT-2, Phi).
     """
     dev, settings, models = _resolve(device, settings, models)
+    if trace.is_decoder:  # a decoder block's own walk (Llama-like families; the others say why not)
+        from model_core.walkthrough_decoder import walk_decoder_layer
+
+        loaded = models.pretrained(request.model_id or settings.default_model, dev)
+        return walk_decoder_layer(loaded.family, loaded.model, loaded.tokenizer, encoded_from_trace(trace), layer)
     custom = models.custom(request.walk_spec(settings.default_model), dev)
     return walk_layer(custom, encoded_from_trace(trace), layer)

@@ -20,8 +20,53 @@ from model_core.trace import AttentionTrace
 from model_core.trace_shape import freeze_arrays
 
 
+class WalkArrays:
+    """What both walks (the encoder's and a decoder block's) say alike about their tensors: sizes, per-token
+    norms, score limits (a mixin: the dataclasses hold ``tokens``, ``queries``, ``scores`` and the rest)."""
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.queries.shape[0])
+
+    @property
+    def d_head(self) -> int:
+        return int(self.queries.shape[-1])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.layer_input.shape[-1])
+
+    def score_limit(self, head: int) -> float:
+        """The largest finite |score| of ``head``, for a colour scale centred on 0 (1.0 if all are 0)."""
+        scores = self.scores[head]
+        return float(np.abs(scores[np.isfinite(scores)]).max(initial=0.0)) or 1.0
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each array field's shape, by field name."""
+        return {f.name: tuple(getattr(self, f.name).shape) for f in fields(self)
+                if isinstance(getattr(self, f.name), np.ndarray)}
+
+    def token_norms(self, name: str) -> np.ndarray:
+        """The L2 norm of each token's vector in the field ``name``.
+
+        Shape: (pos, dim) -> (pos,).
+
+        Raises:
+            ValueError: ``name`` is not a (pos, dim) field.
+        """
+        value = getattr(self, name, None)
+        if not isinstance(value, np.ndarray) or value.shape[:1] != (self.n_tokens,) or value.ndim != 2:
+            raise ValueError(f"{name!r} is not a per-token field; use one of "
+                             f"{', '.join(k for k, s in self.shapes().items() if len(s) == 2 and s[0] == self.n_tokens)}.")
+        return np.linalg.norm(value.astype(np.float64), axis=-1).astype(np.float32)
+
+
 @dataclass(frozen=True, eq=False)
-class Walkthrough:
+class Walkthrough(WalkArrays):
     """Every tensor of one forward pass that the chapter walks through, for one layer.
 
     Arrays are read-only float32 numpy arrays with the batch dimension dropped (ids are int64).
@@ -107,48 +152,13 @@ class Walkthrough:
         freeze_arrays(self)
 
     @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def n_heads(self) -> int:
-        return int(self.queries.shape[0])
-
-    @property
-    def d_head(self) -> int:
-        return int(self.queries.shape[-1])
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.embeddings.shape[-1])
+    def labels(self) -> tuple[str, ...]:
+        """The tokens as the views label them (WordPieces read as they are)."""
+        return self.tokens
 
     @property
     def intermediate_size(self) -> int:
         return int(self.ffn_hidden.shape[-1])
-
-    def score_limit(self, head: int) -> float:
-        """The largest finite |score| of ``head``, for a colour scale centred on 0 (1.0 if all are 0)."""
-        scores = self.scores[head]
-        return float(np.abs(scores[np.isfinite(scores)]).max(initial=0.0)) or 1.0
-
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        """Each array field's shape, by field name."""
-        return {f.name: tuple(getattr(self, f.name).shape) for f in fields(self)
-                if isinstance(getattr(self, f.name), np.ndarray)}
-
-    def token_norms(self, name: str) -> np.ndarray:
-        """The L2 norm of each token's vector in the field ``name``.
-
-        Shape: (pos, dim) -> (pos,).
-
-        Raises:
-            ValueError: ``name`` is not a (pos, dim) field.
-        """
-        value = getattr(self, name, None)
-        if not isinstance(value, np.ndarray) or value.shape[:1] != (self.n_tokens,) or value.ndim != 2:
-            raise ValueError(f"{name!r} is not a per-token field; use one of "
-                             f"{', '.join(k for k, s in self.shapes().items() if len(s) == 2 and s[0] == self.n_tokens)}.")
-        return np.linalg.norm(value.astype(np.float64), axis=-1).astype(np.float32)
 
 
 def encoded_from_trace(trace: AttentionTrace) -> EncodedInput:

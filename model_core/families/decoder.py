@@ -29,6 +29,16 @@ class DecoderFamily(TransformersFamily):
     def final_norm(self, model: Any) -> Any:
         raise NotImplementedError
 
+    def block_parts(self, model: Any, layer: int) -> dict[str, tuple[torch.nn.Module, str]]:
+        """The modules of block ``layer`` that the decoder walk (``model_core.walkthrough_decoder``) reads: name ->
+        (module, "input" or "output").
+
+        Raises:
+            ValueError: this family has no block walk; the message says what to do.
+        """
+        raise ValueError(f"The block walk covers Llama-like decoders (RMSNorm, rotary embeddings, a gated MLP); a "
+                         f"{self.label} is not one. Its attention is on every other page.")
+
     def unembed(self, model: Any, hidden: torch.Tensor) -> torch.Tensor:
         logits = model.get_output_embeddings()(self.final_norm(model)(hidden))
         cap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2 caps its logits

@@ -1,0 +1,228 @@
+"""The walk through one Llama-like decoder block (Llama, Qwen2/3, Mistral, Gemma, SmolLM2): every step's tensor, for
+the "Inside the model" page, as chapter 3's walk does for the encoder (``model_core.walkthrough``).
+
+The numbers come from one forward pass through the app's one route (``Family.forward``): the capturing attention
+function gives the queries and keys after the rotary embedding, the key/value heads' values and the softmax
+weights; forward hooks on the block's own modules give what goes in and out of RMSNorm, the q/k/v projections, the
+output projection and the gated MLP. The scores are the recorded queries times the recorded keys, scaled as the
+model scales them (the one product the walk computes itself; a test checks that its softmax is the model's weights).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_core.encoding import EncodedInput
+from model_core.trace_shape import freeze_arrays
+from model_core.walkthrough import WalkArrays
+
+TOP_NEXT = 10  # next tokens listed after the final norm and the unembedding
+
+
+@dataclass(frozen=True, eq=False)
+class DecoderWalk(WalkArrays):
+    """Every tensor of one forward pass that the decoder walk shows, for one block.
+
+    Arrays are read-only float32 numpy arrays with the batch dimension dropped (ids are int64).
+
+    Attributes:
+        tokens: the pieces, BOS included where the tokenizer adds one.
+        labels: the pieces as people read them (``model_core.words.readable_tokens``).
+        token_ids: Shape: (pos,).
+        layer: the block walked through.
+        model_type: transformers' ``model_type`` ("llama", "qwen2", "gemma2"...).
+        kv_heads: the key/value head each query head reads. Shape: (head,) int64.
+        score_scale: what the model multiplies q·k by (1/√d_head, or Gemma's query_pre_attn_scalar^-0.5).
+        rms_eps: the RMSNorm epsilon.
+        token_embeddings: the embedding lookup (before Gemma's √hidden scaling). Shape: (pos, hidden).
+        layer_input: the residual stream entering ``layer``. Shape: (pos, hidden).
+        attention_input: RMSNorm of the layer input, what the heads read. Shape: (pos, hidden).
+        queries_before_rotary, keys_before_rotary: the projections (and Qwen3/Gemma 3's q/k norms), per head.
+            Shape: (head, pos, d_head) and (kv_head, pos, d_head).
+        queries, keys: after the rotary embedding. Shape: as above.
+        values: the key/value heads' values. Shape: (kv_head, pos, d_head).
+        rotary_cos, rotary_sin: the rotary embedding's cos and sin of each position and dimension. Shape: (pos, d_head).
+        scores: q·k times ``score_scale``, before any mask. Shape: (head, q_pos, k_pos).
+        masked_scores: scores with -inf where the causal mask forbids. Shape: (head, q_pos, k_pos).
+        weights: the model's softmax weights. Shape: (head, q_pos, k_pos).
+        mask: True where a query may attend to a key. Shape: (q_pos, k_pos) bool.
+        head_outputs: weights @ V per head. Shape: (head, pos, d_head).
+        concat: the heads' outputs side by side, the output projection's input. Shape: (pos, head * d_head).
+        attention_output: the output projection of ``concat``. Shape: (pos, hidden).
+        residual_1: the stream after the attention sublayer's residual sum. Shape: (pos, hidden).
+        ffn_input: RMSNorm of ``residual_1``, what the MLP reads. Shape: (pos, hidden).
+        gate, up: the MLP's two projections. Shape: (pos, intermediate).
+        activation: the activation of ``gate`` (SiLU, or Gemma's GELU). Shape: (pos, intermediate).
+        gated: ``activation * up``, the down projection's input. Shape: (pos, intermediate).
+        ffn_output: the down projection (Gemma 2/3: before its post-MLP norm). Shape: (pos, hidden).
+        layer_output: the residual stream leaving ``layer``. Shape: (pos, hidden).
+        final_hidden: the last block's output after the final norm. Shape: (pos, hidden).
+        next_ids, next_strings, next_probs: the most likely next tokens after the last position. Shape: (TOP_NEXT,).
+    """
+
+    tokens: tuple[str, ...]
+    labels: tuple[str, ...]
+    token_ids: np.ndarray
+    layer: int
+    model_type: str
+    kv_heads: np.ndarray
+    score_scale: float
+    rms_eps: float
+    token_embeddings: np.ndarray
+    layer_input: np.ndarray
+    attention_input: np.ndarray
+    queries_before_rotary: np.ndarray
+    keys_before_rotary: np.ndarray
+    queries: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    rotary_cos: np.ndarray
+    rotary_sin: np.ndarray
+    scores: np.ndarray
+    masked_scores: np.ndarray
+    weights: np.ndarray
+    mask: np.ndarray
+    head_outputs: np.ndarray
+    concat: np.ndarray
+    attention_output: np.ndarray
+    residual_1: np.ndarray
+    ffn_input: np.ndarray
+    gate: np.ndarray
+    up: np.ndarray
+    activation: np.ndarray
+    gated: np.ndarray
+    ffn_output: np.ndarray
+    layer_output: np.ndarray
+    final_hidden: np.ndarray
+    next_ids: np.ndarray
+    next_strings: tuple[str, ...]
+    next_probs: np.ndarray
+
+    def __post_init__(self) -> None:
+        n, (n_heads, _, d_head) = len(self.tokens), self.queries.shape
+        assert self.weights.shape == (n_heads, n, n), self.weights.shape
+        assert self.keys.shape == self.values.shape == (self.n_kv_heads, n, d_head)
+        assert self.concat.shape == (n, n_heads * d_head)
+        freeze_arrays(self)
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(self.kv_heads.max()) + 1
+
+    @property
+    def intermediate_size(self) -> int:
+        return int(self.gate.shape[-1])
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float32).numpy().copy()
+
+
+def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: EncodedInput, layer: int) -> DecoderWalk:
+    """Run a Llama-like decoder once and keep every step of block ``layer``, from tokens to the next token.
+
+    Args:
+        family: the model's family adapter (``model_core.families.llama.LlamaFamily``).
+        model: the causal LM, loaded by ``model_core.loading`` (eval mode, the capturing attention function).
+        tokenizer: its tokenizer, for the next tokens' text.
+        encoded: the input (``model_core.walkthrough.encoded_from_trace``: the trace's own tokens).
+        layer: which block.
+
+    Raises:
+        ValueError: ``layer`` is out of range, or the family has no block walk (``Family.block_parts``).
+    """
+    from model_core.words import readable_tokens
+
+    n_layers = len(family.layers(model))
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer {layer} is out of range: this model has layers 0-{n_layers - 1}.")
+    parts = family.block_parts(model, layer)
+    block = model.model.layers[layer]
+    seen: dict[str, Any] = {}
+    me = threading.get_ident()  # the model is shared: another session's pass must not fill this walk
+    inside = [False]  # a shared activation module runs in every block; keep the one inside ``layer``
+
+    def keep(name: str, what: str, in_block: bool):
+        def hook(_module, inputs, output):
+            if threading.get_ident() == me and (inside[0] or not in_block) and name not in seen:
+                seen[name] = (inputs[0] if what == "input" else output)[0]  # drop the batch dimension
+        return hook
+
+    def enter(_module, args, kwargs):
+        if threading.get_ident() == me:
+            inside[0] = True
+            seen.setdefault("layer_input", (kwargs.get("hidden_states", args[0] if args else None))[0])
+            cos, sin = kwargs["position_embeddings"]
+            seen.setdefault("rotary", (cos[0], sin[0]))
+
+    def leave(_module, _args, output):
+        if threading.get_ident() == me:
+            inside[0] = False
+            seen.setdefault("layer_output", (output[0] if isinstance(output, tuple) else output)[0])
+
+    handles = [block.register_forward_pre_hook(enter, with_kwargs=True), block.register_forward_hook(leave)]
+    for name, (module, what) in parts.items():
+        handles.append(module.register_forward_hook(
+            keep(name, what, name not in ("token_embeddings", "final_hidden"))))
+    device = next(model.parameters()).device
+    try:
+        out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
+                             vectors=True, hidden=False, logits=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    config = model.config
+    n_heads, n_kv = family.n_heads(config), family.n_kv_heads(config)
+    kv_heads = family.kv_heads(config)
+    q, k, v = out.queries[layer][0], out.keys[layer][0], out.values[layer][0]  # (head | kv_head, pos, d_head)
+    d_head, n = q.shape[-1], q.shape[1]
+    scores = torch.einsum("hqd,hkd->hqk", q.float(), k.float()[torch.as_tensor(kv_heads, device=k.device)])
+    scores = scores * out.score_scale
+    if out.score_softcap is not None:  # Gemma 2 caps its scores before the mask
+        scores = torch.tanh(scores / out.score_softcap) * out.score_softcap
+    allowed = out.mask[0]
+    masked = scores.masked_fill(~allowed[None], float("-inf"))
+    weights = out.weights[layer][0]
+    concat = seen["concat"]
+    probs = torch.softmax(out.lm_logits[0, -1].float(), dim=-1)
+    top = torch.topk(probs, min(TOP_NEXT, probs.shape[-1]))
+    ids = top.indices.cpu().numpy().astype(np.int64)
+    cos, sin = seen["rotary"]
+    norm = block.input_layernorm
+    return DecoderWalk(
+        tokens=tuple(encoded.tokens),
+        labels=readable_tokens(encoded.tokens, family.word_rule),
+        token_ids=encoded.input_ids[0].cpu().numpy().astype(np.int64),
+        layer=layer,
+        model_type=str(config.model_type),
+        kv_heads=np.asarray(kv_heads, dtype=np.int64),
+        score_scale=float(out.score_scale),
+        rms_eps=float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0))),
+        token_embeddings=_np(seen["token_embeddings"]),
+        layer_input=_np(seen["layer_input"]),
+        attention_input=_np(seen["attention_input"]),
+        queries_before_rotary=_np(seen["q_before"].reshape(n, n_heads, d_head).transpose(0, 1)),
+        keys_before_rotary=_np(seen["k_before"].reshape(n, n_kv, d_head).transpose(0, 1)),
+        queries=_np(q), keys=_np(k), values=_np(v),
+        rotary_cos=_np(cos), rotary_sin=_np(sin),
+        scores=_np(scores), masked_scores=_np(masked), weights=_np(weights),
+        mask=allowed.cpu().numpy().astype(bool),
+        head_outputs=_np(concat.view(n, n_heads, d_head).transpose(0, 1)),
+        concat=_np(concat),
+        attention_output=_np(seen["attention_output"]),
+        residual_1=_np(seen["residual_1"]),
+        ffn_input=_np(seen["ffn_input"]),
+        gate=_np(seen["gate"]), up=_np(seen["up"]), activation=_np(seen["activation"]), gated=_np(seen["gated"]),
+        ffn_output=_np(seen["ffn_output"]),
+        layer_output=_np(seen["layer_output"]),
+        final_hidden=_np(seen["final_hidden"]),
+        next_ids=ids,
+        next_strings=tuple(tokenizer.decode([int(i)]) for i in ids),
+        next_probs=top.values.float().cpu().numpy(),
+    )

@@ -1,0 +1,102 @@
+"""model_core.walkthrough_decoder: a Llama-like block's walk equals the trace every other page reads, each step
+chains into the next as transformers computes it, and the families without a block walk say why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from model_core import TraceRequest, build_trace
+from model_core.request import build_walkthrough
+
+WALKED = ("llama", "qwen3", "gemma2")  # plain; q/k norms before the rotary embedding; norms around each sublayer
+TEXT = "time flies like an arrow"
+LAYER = 1
+
+
+@pytest.fixture(scope="module", params=WALKED)
+def walked(request, tiny_decoders):
+    from model_core.loading import load_pretrained
+
+    folder = str(tiny_decoders[request.param])
+    req = TraceRequest(model="pretrained", model_id=folder, text_a=TEXT)
+    trace = build_trace(req)
+    return request.param, trace, build_walkthrough(req, LAYER, trace), load_pretrained(folder).model
+
+
+def _repeat(kv: np.ndarray, kv_heads: np.ndarray) -> np.ndarray:
+    return kv[kv_heads]  # (kv_head, pos, d) -> (head, pos, d)
+
+
+def test_the_walk_reads_the_traces_tokens_weights_and_residual_stream(walked):
+    _, trace, wt, _ = walked
+    assert wt.tokens == trace.tokens and wt.labels == trace.labels
+    np.testing.assert_allclose(wt.weights, trace.attentions[LAYER], atol=1e-6)
+    np.testing.assert_allclose(wt.queries, trace.queries[LAYER], atol=1e-5)
+    np.testing.assert_allclose(wt.layer_input, trace.hidden_states[LAYER], atol=1e-5)
+    np.testing.assert_allclose(wt.layer_output, trace.hidden_states[LAYER + 1], atol=1e-5)
+    assert wt.next_ids[0] == trace.next_token_ids[-1, 0]
+
+
+def test_softmax_of_the_masked_scores_is_the_models_weights(walked):
+    _, trace, wt, _ = walked
+    assert np.isneginf(wt.masked_scores[:, ~wt.mask]).all() and (wt.weights[:, ~wt.mask] == 0).all()
+    np.testing.assert_array_equal(wt.mask, np.tril(np.ones_like(wt.mask)))
+    np.testing.assert_allclose(torch.softmax(torch.from_numpy(wt.masked_scores), -1).numpy(), wt.weights, atol=1e-6)
+
+
+def test_the_rotary_step_is_transformers_rotation(walked):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    _, _, wt, _ = walked
+    cos, sin = torch.from_numpy(wt.rotary_cos)[None], torch.from_numpy(wt.rotary_sin)[None]
+    q, k = apply_rotary_pos_emb(torch.from_numpy(wt.queries_before_rotary)[None],
+                                torch.from_numpy(wt.keys_before_rotary)[None], cos, sin)
+    np.testing.assert_allclose(q[0].numpy(), wt.queries, atol=1e-5)
+    np.testing.assert_allclose(k[0].numpy(), wt.keys, atol=1e-5)
+    # a rotation keeps every query's length, and position 0 is not rotated at all
+    np.testing.assert_allclose(np.linalg.norm(wt.queries, axis=-1), np.linalg.norm(wt.queries_before_rotary, axis=-1),
+                               rtol=1e-5)
+    np.testing.assert_allclose(wt.queries[:, 0], wt.queries_before_rotary[:, 0], atol=1e-6)
+
+
+def test_heads_read_their_key_value_heads_and_the_output_projection_mixes_them(walked):
+    _, _, wt, model = walked
+    values = _repeat(wt.values, wt.kv_heads)
+    np.testing.assert_allclose(wt.head_outputs, wt.weights @ values, atol=1e-5)
+    np.testing.assert_allclose(wt.concat, wt.head_outputs.transpose(1, 0, 2).reshape(wt.n_tokens, -1), atol=1e-6)
+    o_proj = model.model.layers[LAYER].self_attn.o_proj
+    with torch.no_grad():
+        np.testing.assert_allclose(o_proj(torch.from_numpy(wt.concat)).numpy(), wt.attention_output, atol=1e-5)
+
+
+def test_the_gated_mlp_multiplies_the_activated_gate_by_up(walked):
+    family, _, wt, _ = walked
+    np.testing.assert_allclose(wt.gated, wt.activation * wt.up, atol=1e-5)
+    if family == "llama":  # SiLU; and the residual sums of a plain Llama block
+        np.testing.assert_allclose(wt.activation, wt.gate / (1 + np.exp(-wt.gate)), atol=1e-5)
+        np.testing.assert_allclose(wt.residual_1, wt.layer_input + wt.attention_output, atol=1e-5)
+        np.testing.assert_allclose(wt.layer_output, wt.residual_1 + wt.ffn_output, atol=1e-5)
+
+
+def test_rmsnorm_divides_by_the_root_mean_square(walked):
+    family, _, wt, model = walked
+    weight = model.model.layers[LAYER].input_layernorm.weight.detach().numpy()
+    scale = 1 + weight if family.startswith("gemma") else weight  # Gemma stores the weight minus 1
+    x = wt.layer_input.astype(np.float64)
+    expected = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + wt.rms_eps) * scale
+    np.testing.assert_allclose(wt.attention_input, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "phi3", "phi"])
+def test_families_without_a_block_walk_say_why(tiny_decoders, family):
+    req = TraceRequest(model="pretrained", model_id=str(tiny_decoders[family]), text_a=TEXT)
+    with pytest.raises(ValueError, match="block walk"):
+        build_walkthrough(req, 0, build_trace(req))
+
+
+def test_a_layer_out_of_range_says_the_range(tiny_decoders):
+    req = TraceRequest(model="pretrained", model_id=str(tiny_decoders["llama"]), text_a=TEXT)
+    with pytest.raises(ValueError, match="layers 0-1"):
+        build_walkthrough(req, 5, build_trace(req))
