@@ -28,7 +28,7 @@ PAGES = [
     ("pages/heatmaps.py", "Attention heatmaps", ":material/grid_view:", "Attention"),
     ("pages/predictions.py", "What the model predicts", ":material/lightbulb:", "Attention"),
     ("pages/causal.py", "Causal mask & masked scores", ":material/change_history:", "Attention"),
-    ("pages/inside.py", "Inside the encoder", ":material/account_tree:", "Attention"),
+    ("pages/inside.py", "Inside the model", ":material/account_tree:", "Attention"),
     ("pages/bertviz.py", "bertviz views", ":material/hub:", "Attention"),
     ("pages/analysis_contexts.py", "One word, two contexts", ":material/compare_arrows:", "Analyses"),
     ("pages/analysis_rollout.py", "Rollout & flow", ":material/waves:", "Analyses"),

@@ -1,4 +1,5 @@
-"""Inside the encoder: chapter 3's walk from WordPiece tokens to the classifier logits, one step at a time."""
+"""Inside the model: chapter 3's walk from WordPiece tokens to the classifier logits, one step at a time; for a
+Llama-like decoder the same walk through one block, from BPE pieces to the next token (``ui.inside_decoder``)."""
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -8,46 +9,34 @@ from model_core import InputError, ModelLoadError
 from ui.analysis_widgets import positions_outside_window
 from ui.context import require_trace
 from ui.downloads import figure_config
-from attention_explorer.figures import (
-    SCORE_SCALE,
-    attention_heatmap,
-    token_norms_figure,
-    vector_heatmap,
-)
+from attention_explorer.figures import SCORE_SCALE, attention_heatmap
 from ui.guard import view_guard
 from ui.state import head_fragment
 from ui.loaders import get_walkthrough
-
-MAX_DIMS = 64  # columns shown in the vector heatmaps; hover gives exact values
+from ui.inside_decoder import STEPS as DECODER_STEPS
+from ui.inside_views import dims_title, norm_lines, shape_line, vectors
 
 ctx = require_trace()
 t = ctx.trace
-st.title("Inside the encoder")
+st.title("Inside a decoder block" if t.is_decoder else "Inside the encoder")
 
-if t.is_decoder:
-    gqa = (f" Here {t.n_heads} query heads share {t.n_kv_heads} key/value heads." if t.n_kv_heads < t.n_heads else "")
+
+def no_block_walk(reason: str) -> None:
+    """Why this decoder has no walk (GPT-2, Phi), and where its numbers are."""
     st.info(
-        f"This walk is the **encoder of chapter 3** (and BERT's, whose weights it can take): learned position and "
-        "token-type embeddings, LayerNorm around each sublayer, a GELU feed-forward layer, no mask, and a "
-        f"classifier on [CLS]. The model chosen in the sidebar is a **{t.family.label}**, whose block differs: it is "
-        "causal and predicts the next token instead of classifying; GPT-2 uses pre-LayerNorm and learned "
-        "positions, while Llama-like models use RMSNorm, rotary position embeddings applied to the queries and "
-        f"keys, grouped-query attention (query heads sharing key/value heads) and a gated SwiGLU feed-forward "
-        f"layer.{gqa} The walk cannot replay those steps, so it stays with the encoder.\n\n"
-        "This model's own numbers are on the other pages: its attention on **Attention heatmaps**, its causal "
-        "mask and post-rotary scores on **Causal mask & masked scores**, its queries and keys on **bertviz "
-        "views** (neuron view). To walk through the encoder, choose the custom encoder in the sidebar.",
+        f"{reason}\n\nThe walk covers chapter 3's **encoder** (and BERT's weights in it) and **Llama-like decoder "
+        "blocks**: RMSNorm, rotary position embeddings applied to the queries and keys, grouped-query attention and a "
+        "gated feed-forward layer. This model's own numbers are on the other pages: its attention on **Attention "
+        "heatmaps**, its causal mask and scores on **Causal mask & masked scores**, its queries and keys on "
+        "**bertviz views** (neuron view).",
         icon=":material/info:",
     )
     c1, c2 = st.columns(2)
     c1.page_link("pages/heatmaps.py", label="Attention heatmaps", icon=":material/grid_view:")
     c2.page_link("pages/causal.py", label="Causal mask & masked scores", icon=":material/change_history:")
-    # The sidebar's layer/head picker still belongs here, so the choice carries to the other pages.
-    head_fragment("inside_head", lambda layer, head: None, slot=ctx.head_slot, n_layers=t.n_layers,
-                  n_heads=t.n_heads, settings=ctx.settings)
-    st.stop()
 
-if ctx.request.model == "pretrained":  # a pretrained encoder's weights, walked in the chapter-3 encoder
+
+if ctx.request.model == "pretrained" and not t.is_decoder:  # a pretrained encoder's weights, walked in the chapter-3 encoder
     st.info(
         "This walk runs **BERT's weights inside the from-scratch encoder** of chapter 3 "
         "(`custom_from_bert`): its attentions and hidden states equal `transformers`' BertModel to 1e-4 "
@@ -55,36 +44,6 @@ if ctx.request.model == "pretrained":  # a pretrained encoder's weights, walked 
         "**random (seed 0)**: its logits show the computation, not a prediction.",
         icon=":material/info:",
     )
-
-
-def shape_line(wt, *names: str) -> None:
-    """A caption with each named tensor's shape, e.g. ``queries`` (12, 13, 32)."""
-    shapes = wt.shapes()
-    st.caption(" · ".join(f"`{name}` shape {shapes[name]}" for name in names))
-
-
-def norm_lines(wt, series: dict[str, str], title: str) -> go.Figure:
-    """One line per walkthrough field (label -> field): each token's vector norm."""
-    return token_norms_figure(wt.tokens, {label: wt.token_norms(name) for label, name in series.items()}, title)
-
-
-def dims_title(what: str, dims: int) -> str:
-    return f"{what} (first {min(dims, MAX_DIMS)} of {dims} dims)"
-
-
-def vectors(wt, name: str, title: str, key: str, *, head: int | None = None, max_dims: int = MAX_DIMS,
-            shapes: tuple[str, ...] | None = None, mark: tuple[int, int] | None = None) -> None:
-    """One walk tensor (one head's slice with ``head``) as tokens x dimensions, then its shape line.
-
-    ``shapes`` names the tensors the shape line lists (default: this one; () for none); ``mark`` outlines
-    the columns [start, stop)."""
-    matrix = getattr(wt, name) if head is None else getattr(wt, name)[head]
-    fig = vector_heatmap(matrix, wt.tokens, title=title, max_dims=max_dims)
-    if mark is not None:
-        fig.add_vrect(x0=mark[0] - 0.5, x1=mark[1] - 0.5, line=dict(color="#e4572e", width=2))
-    st.plotly_chart(fig, config=figure_config(f"inside_{key}"), key=key)
-    if shapes != ():
-        shape_line(wt, *(shapes or (name,)))
 
 
 def _tokens(wt, layer: int, head: int) -> None:
@@ -227,7 +186,7 @@ def _classifier(wt, layer: int, head: int) -> None:
 
 
 # (title, body, open at first): a closed step builds nothing (its expander reruns the walk when opened).
-STEPS = (
+ENCODER_STEPS = (
     ("1 · WordPiece tokens and ids", _tokens, True),
     ("2 · Embeddings", _embeddings, False),
     ("3 · Layer {layer}, head {head}: queries, keys, values and attention", _one_head, True),
@@ -240,15 +199,22 @@ STEPS = (
 
 def _walk(layer: int, head: int) -> None:
     """The walk for one layer and head, one folded step each; a change of layer or head reruns only this."""
-    st.caption(f"{t.description} · {t.n_tokens} tokens · layer {layer}, head {head} (change them in the sidebar). "
-               "Open a step to see it; a closed step is not computed or sent.")
     try:
         with st.spinner(f"Walking through layer {layer}…"):
             wt = get_walkthrough(ctx.request, layer)
-    except (InputError, ModelLoadError, ValueError) as exc:
+    except ValueError as exc:
+        if t.is_decoder:
+            no_block_walk(str(exc))
+        else:
+            st.warning(f"The walk cannot run for this model: {exc}")
+        return
+    except (InputError, ModelLoadError) as exc:
         st.warning(f"The walk cannot run for this model: {exc}")
         return
-    for index, (title, body, open_at_first) in enumerate(STEPS):
+    st.caption(f"{t.description} · {t.n_tokens} tokens · layer {layer}, head {head} (change them in the sidebar). "
+               "Open a step to see it; a closed step is not computed or sent.")
+    steps = DECODER_STEPS if t.is_decoder else ENCODER_STEPS
+    for index, (title, body, open_at_first) in enumerate(steps):
         box = st.expander(title.format(layer=layer, head=head), expanded=open_at_first, key=f"inside_step{index + 1}",
                           on_change="rerun")
         if box.open:

@@ -27,7 +27,7 @@ PAGES = {
     "pages/heatmaps.py": "Attention heatmaps",
     "pages/causal.py": "Causal mask & masked scores",
     "pages/bertviz.py": "bertviz views",
-    "pages/inside.py": "Inside the encoder",
+    "pages/inside.py": "Inside a decoder block",
     "pages/analysis_contexts.py": "One word, two contexts",
     "pages/analysis_rollout.py": "Attention rollout and attention flow",
     "pages/analysis_norms.py": "Norm-weighted attention",
@@ -170,11 +170,37 @@ def test_bertviz_draws_each_view_of_a_decoder(llama, kind):
 
 
 @pytest.mark.slow
-def test_inside_says_plainly_that_the_walk_is_the_encoders(llama):
+def test_inside_walks_a_llama_block_step_by_step(llama):
+    from ui.inside_decoder import STEPS
+
     at = _open(llama, "pages/inside.py")
+    labels = [e.label for e in at.main.expander]
+    assert len(labels) == len(STEPS) and labels[5] == "6 · Scores, the causal mask and softmax", labels
+    text = _text(at)
+    assert "−∞" in text and "RoPE" not in text  # step 5 is closed: nothing of it was built
+    n = at.session_state["_app_context"].trace.n_tokens
+    weights = [spec for spec in (json.loads(c.proto.spec) for c in at.get("plotly_chart"))
+               if "softmax" in json.dumps(spec["layout"].get("title", {}))]
+    z = _z(weights[0]["data"][0])
+    assert z.shape == (n, n) and np.isnan(z[np.triu_indices(n, 1)]).all()  # the causal triangle, masked cells gaps
+    for step in range(1, len(STEPS) + 1):
+        at.session_state[f"inside_step{step}"] = True
+    _run(at)
+    _clean(at)
+    text = _text(at)
+    for said in ("RMSNorm", "rotary embedding", "grouped-query attention", "SwiGLU", "unembedding", "shape (4,"):
+        assert said in text, said
+    assert len(at.get("plotly_chart")) >= 20
+    next_tokens = at.main.dataframe[-1].value
+    assert list(next_tokens.columns) == ["next token", "id", "probability"] and len(next_tokens) == 10
+
+
+@pytest.mark.slow
+def test_inside_says_plainly_which_decoders_it_cannot_walk(tiny_decoders):
+    at = _open(tiny_decoders["gpt2"], "pages/inside.py")
     info = " ".join(i.value for i in at.info)
-    assert "Llama-like decoder" in info and "RMSNorm" in info and "rotary" in info and "SwiGLU" in info
-    assert not at.get("plotly_chart") and not at.main.expander  # no encoder steps on a decoder
+    assert "covers Llama-like decoders" in info and "RMSNorm" in info and "rotary" in info
+    assert not at.get("plotly_chart") and not at.main.expander
     assert at.sidebar.selectbox(key="sel_layer") is not None  # the head picker still works here
 
 
