@@ -220,7 +220,12 @@ def _stream(wt, layer: int, head: int) -> None:
                                         "y (layer output)": "layer_output"},
                                    f"Norm of each token's vector through layer {layer}"),
                         config=figure_config(f"inside_dec_stream_L{layer}"), key="dec_stream")
-        st.caption("The first token's vector is often far longer than the others: the attention sink.")
+        if wt.n_tokens > 2:
+            norms = wt.token_norms("layer_output")
+            ratio = float(norms[0] / np.median(norms[1:]))
+            st.caption(f"Leaving layer {layer}, the first token's vector is {ratio:.1f}× as long as the median of the "
+                       "others. In many decoders it grows far longer in the early layers and stays so: the token "
+                       "that attention sinks into.")
         shape_line(wt, "layer_input", "residual_1", "layer_output")
 
 
