@@ -21,8 +21,10 @@ same forward pass.
   what each layer would predict if it were the last.
 - **Causal mask & masked scores**: the steps from scores QKᵀ/√d to the mask, the masked scores
   (−∞ where masked) and the softmax weights, bidirectional beside causal.
-- **Inside the encoder**: chapter 3's walk from WordPiece tokens to the classifier logits, with the
-  shape of every tensor.
+- **Inside the model**: chapter 3's walk from WordPiece tokens to the classifier logits, with the
+  shape of every tensor; for a Llama-like decoder (SmolLM2, Llama, Qwen, Mistral, Gemma) the same walk through
+  one block: RMSNorm, the q/k/v projections, the rotary embedding, shared key/value heads, the causal mask,
+  softmax, the output projection, the gated MLP and the next token.
 - **bertviz views**: bertviz's head, model and neuron views, served offline.
 - **Analyses**: one word in two contexts, attention rollout and flow, norm-weighted attention, head
   statistics and head masking.
