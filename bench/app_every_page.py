@@ -28,7 +28,8 @@ EVERY_PAGE = {
     "analysis_masking": (3, ("select", "…or a whole layer")),
     "predictions": (2, ("select", "Position")),  # decoders only; its figures follow the logit lens's position
 }
-NOT_FOR = {"inside": "decoder", "predictions": "encoder"}  # pages that only say they do not apply
+NOT_FOR = {"predictions": "encoder"}  # pages that only say they do not apply
+DECODER_FIGURES = {"inside": 2}  # a decoder block's walk opens with its scores and weights (the encoder's with six)
 PAGE_READY_JS = """([minFigures, mustText]) => {
     const status = document.querySelector('[data-testid="stStatusWidget"]');
     if (status && /Running|Stop/i.test(status.innerText)) return false;
@@ -147,6 +148,8 @@ def bench_every_page(browser, server: AppServer, sizes: list[int], models: list[
                     continue
                 if only and path != "heatmaps" and (path or "home") not in only:
                     continue
+                if label in DECODERS:
+                    min_figures = DECODER_FIGURES.get(path, min_figures)
                 params = {**MODEL_PARAMS[label], "text_b": "", "text_a": text_of(n, next(variants), label)}
                 page, meter, seconds, size = open_link(context, server.origin, path, params, min_figures, n)
                 tallest = page.evaluate(TALLEST_JS)

@@ -1,11 +1,13 @@
 """The walk through one Llama-like decoder block (Llama, Qwen2/3, Mistral, Gemma, SmolLM2): every step's tensor, for
 the "Inside the model" page, as chapter 3's walk does for the encoder (``model_core.walkthrough``).
 
-The numbers come from one forward pass through the app's one route (``Family.forward``): the capturing attention
-function gives the queries and keys after the rotary embedding, the key/value heads' values and the softmax
-weights; forward hooks on the block's own modules give what goes in and out of RMSNorm, the q/k/v projections, the
-output projection and the gated MLP. The scores are the recorded queries times the recorded keys, scaled as the
-model scales them (the one product the walk computes itself; a test checks that its softmax is the model's weights).
+The numbers come from one forward pass through the app's one route (``Family.forward``), stopped after the block:
+the capturing attention function gives the queries and keys after the rotary embedding, the key/value heads' values
+and the softmax weights; forward hooks on the block's own modules give what goes in and out of RMSNorm, the q/k/v
+projections, the output projection and the gated MLP. The scores are the recorded queries times the recorded keys,
+scaled as the model scales them (the one product the walk computes itself; a test checks that its softmax is the
+model's weights). The next token comes from the model's final norm and unembedding applied to the trace's last
+block output, so the blocks after the walked one are not run again.
 """
 
 from __future__ import annotations
@@ -123,8 +125,10 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).numpy().copy()
 
 
-def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: EncodedInput, layer: int) -> DecoderWalk:
-    """Run a Llama-like decoder once and keep every step of block ``layer``, from tokens to the next token.
+def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: EncodedInput, layer: int,
+                       last_residual: np.ndarray) -> DecoderWalk:
+    """Run a Llama-like decoder up to block ``layer`` and keep every step of it; then the final norm and the
+    unembedding on the last block's output, from the trace, for the next token.
 
     Args:
         family: the model's family adapter (``model_core.families.llama.LlamaFamily``).
@@ -132,6 +136,8 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
         tokenizer: its tokenizer, for the next tokens' text.
         encoded: the input (``model_core.walkthrough.encoded_from_trace``: the trace's own tokens).
         layer: which block.
+        last_residual: the residual stream leaving the last block (the trace's ``hidden_states[-1]``), so the pass
+            can stop after ``layer``. Shape: (pos, hidden).
 
     Raises:
         ValueError: ``layer`` is out of range, or the family has no block walk (``Family.block_parts``).
@@ -167,15 +173,18 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
 
     handles = [block.register_forward_pre_hook(enter, with_kwargs=True), block.register_forward_hook(leave)]
     for name, (module, what) in parts.items():
-        handles.append(module.register_forward_hook(
-            keep(name, what, name not in ("token_embeddings", "final_hidden"))))
+        handles.append(module.register_forward_hook(keep(name, what, name != "token_embeddings")))
     device = next(model.parameters()).device
-    try:
+    try:  # the blocks after ``layer`` are not run: the trace has their output
         out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
-                             vectors=True, hidden=False, logits=True)
+                             vectors=True, hidden=False, stop_after=layer)
     finally:
         for handle in handles:
             handle.remove()
+    with torch.inference_mode():
+        residual = torch.as_tensor(np.asarray(last_residual), dtype=next(model.parameters()).dtype, device=device)
+        final_hidden = family.final_norm(model)(residual)  # (pos, hidden)
+        logits = family.unembed(model, residual[-1:])[0]  # (vocab,): the last position's next token
 
     config = model.config
     n_heads, n_kv = family.n_heads(config), family.n_kv_heads(config)
@@ -190,7 +199,7 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
     masked = scores.masked_fill(~allowed[None], float("-inf"))
     weights = out.weights[layer][0]
     concat = seen["concat"]
-    probs = torch.softmax(out.lm_logits[0, -1].float(), dim=-1)
+    probs = torch.softmax(logits.float(), dim=-1)
     top = torch.topk(probs, min(TOP_NEXT, probs.shape[-1]))
     ids = top.indices.cpu().numpy().astype(np.int64)
     cos, sin = seen["rotary"]
@@ -221,7 +230,7 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
         gate=_np(seen["gate"]), up=_np(seen["up"]), activation=_np(seen["activation"]), gated=_np(seen["gated"]),
         ffn_output=_np(seen["ffn_output"]),
         layer_output=_np(seen["layer_output"]),
-        final_hidden=_np(seen["final_hidden"]),
+        final_hidden=_np(final_hidden),
         next_ids=ids,
         next_strings=tuple(tokenizer.decode([int(i)]) for i in ids),
         next_probs=top.values.float().cpu().numpy(),

@@ -100,3 +100,33 @@ def test_a_layer_out_of_range_says_the_range(tiny_decoders):
     req = TraceRequest(model="pretrained", model_id=str(tiny_decoders["llama"]), text_a=TEXT)
     with pytest.raises(ValueError, match="layers 0-1"):
         build_walkthrough(req, 5, build_trace(req))
+
+
+def test_the_walk_stops_after_its_block_and_reads_the_next_token_from_the_trace(tiny_decoders):
+    from model_core.loading import load_pretrained
+
+    folder = str(tiny_decoders["llama"])
+    req = TraceRequest(model="pretrained", model_id=folder, text_a=TEXT)
+    trace = build_trace(req)
+    last = load_pretrained(folder).model.model.layers[-1]
+    ran = []
+    handle = last.register_forward_hook(lambda *_: ran.append(1))
+    try:
+        wt = build_walkthrough(req, 0, trace)
+    finally:
+        handle.remove()
+    assert not ran  # block 0 of 2: the last block was not run again
+    np.testing.assert_array_equal(wt.next_ids, trace.next_token_ids[-1, :len(wt.next_ids)])
+    np.testing.assert_allclose(wt.next_probs, trace.next_token_probs[-1, :len(wt.next_ids)], atol=1e-5)
+
+
+def test_a_stopped_pass_ends_only_in_the_thread_that_asked(tiny_decoders):
+    from model_core.families.capture import recording
+    from model_core.families.hf import _PassStopped, _stopper
+
+    with recording() as rec:
+        with pytest.raises(_PassStopped):
+            _stopper(rec)(None, (), None)
+    _stopper(rec)(None, (), None)  # another pass (no recorder, or another one's) runs on
+    with recording():
+        _stopper(rec)(None, (), None)

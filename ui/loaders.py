@@ -200,12 +200,16 @@ def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> M
 
 @st.cache_resource(max_entries=WALK_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)
 def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
-    """The walk through ``layer`` for the tokens of ``get_trace(request)``, in ``request.walk_spec()``'s encoder.
+    """The walk through ``layer`` for the tokens of ``get_trace(request)``: in ``request.walk_spec()``'s encoder, or
+    through a decoder's own block.
 
     Raises:
-        InputError, ModelLoadError, ValueError: as ``get_trace``; ValueError for a bad layer.
+        InputError, ModelLoadError, ValueError: as ``get_trace``; ValueError for a bad layer or a decoder family
+            with no block walk.
     """
-    return build_walkthrough(request, layer, get_trace(request), models=CACHED_MODELS)
+    walk = build_walkthrough(request, layer, get_trace(request), models=CACHED_MODELS)
+    release_freed_memory()  # the pass's own buffers (a decoder block's weights of every head, its MLP's activations)
+    return walk
 
 
 def prepare_bundled_decoder(model_id: str) -> None:

@@ -45,6 +45,7 @@ class Recorder:
     compact: bool = False
     on_layer: Any = None  # called with the layer index after each attention layer (progress)
     plain_masks: dict[int, bool] = field(default_factory=dict)  # mask data_ptr -> the module's own default mask
+    only: int | None = None  # record this layer alone (the block walk), or every layer
 
 
 def _eager(module: torch.nn.Module):
@@ -69,6 +70,8 @@ def capture_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         g = rec.gate[layer].to(out.dtype)  # (head,)
         out = out * g[None, None, :, None]  # out is (batch, pos, head, d_head): a head's output before W_O
         weights = weights * g[None, :, None, None]
+    if rec.only is not None and layer != rec.only:
+        return out, weights
     rec.weights[layer] = weights
     rec.masks[layer] = attention_mask
     scaling = kwargs.get("scaling")
@@ -158,14 +161,21 @@ def use_capture(model: Any, layers: list[torch.nn.Module]) -> Any:
     return model
 
 
+def current_recorder() -> Recorder | None:
+    """The recorder of this thread's pass, if one is recording."""
+    return _RECORDER.get()
+
+
 @contextlib.contextmanager
 def recording(vectors: bool = True, gate: torch.Tensor | None = None, hidden: bool = False, *,
-              compact: bool = False, on_layer: Any = None) -> Iterator[Recorder]:
+              compact: bool = False, on_layer: Any = None, only: int | None = None) -> Iterator[Recorder]:
     """Record the attention layers (and with ``hidden`` the residual stream) of the forward passes run inside the
-    block, in this thread only. ``compact`` keeps queries and keys but no weights, and attends with sdpa."""
+    block, in this thread only. ``compact`` keeps queries and keys but no weights, and attends with sdpa; ``only``
+    records that one layer."""
     if compact and gate is not None:
         raise ValueError("A compact trace cannot switch heads off; trace the full form for head masking.")
-    rec = Recorder(vectors=vectors, gate=gate, residual=[] if hidden else None, compact=compact, on_layer=on_layer)
+    rec = Recorder(vectors=vectors, gate=gate, residual=[] if hidden else None, compact=compact, on_layer=on_layer,
+                   only=only)
     token = _RECORDER.set(rec)
     try:
         yield rec

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from model_core.families.base import Family, ForwardOutput
-from model_core.families.capture import recording
+from model_core.families.capture import current_recorder, recording
 
 
 class TransformersFamily(Family):
@@ -27,20 +27,30 @@ class TransformersFamily(Family):
     @torch.inference_mode()
     def forward(self, model: Any, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, *, head_mask: torch.Tensor | None = None,
-                vectors: bool = True, hidden: bool = True, logits: bool = False) -> ForwardOutput:
+                vectors: bool = True, hidden: bool = True, logits: bool = False,
+                stop_after: int | None = None) -> ForwardOutput:
         """As ``Family.forward``; ``logits`` adds the next-token logits (the unembedding costs a pass of its own
-        over the vocabulary, so corpus batches leave it out)."""
+        over the vocabulary, so corpus batches leave it out). ``stop_after`` runs the blocks up to that one and
+        records it alone (the block walk): the lists hold None for the blocks before it, and there are no logits."""
         layers = self.layers(model)
-        with recording(vectors=vectors, gate=head_mask, hidden=hidden) as rec:
-            net = model if logits else self.base(model)
-            extra = {"token_type_ids": token_type_ids} if self.uses_token_types else {"use_cache": False}
-            out = net(input_ids=input_ids, attention_mask=attention_mask, **extra)
-        n_layers = len(layers)
-        if len(rec.weights) != n_layers:
+        with recording(vectors=vectors, gate=head_mask, hidden=hidden, only=stop_after) as rec:
+            stop = None if stop_after is None else layers[stop_after].register_forward_hook(_stopper(rec))
+            try:
+                net = model if logits and stop is None else self.base(model)
+                extra = {"token_type_ids": token_type_ids} if self.uses_token_types else {"use_cache": False}
+                out = net(input_ids=input_ids, attention_mask=attention_mask, **extra)
+            except _PassStopped:
+                out = None
+            finally:
+                if stop is not None:
+                    stop.remove()
+        n_layers = len(layers) if stop_after is None else stop_after + 1
+        if len(rec.weights) != (n_layers if stop_after is None else 1):
             raise RuntimeError(f"Recorded {len(rec.weights)} of {n_layers} attention layers: load the model with "
                                "model_core.loading so its attention goes through the capturing function.")
-        pick = lambda d: [d[i] for i in range(n_layers)]  # noqa: E731
-        mask = rec.masks[0]
+        pick = lambda d: [d.get(i) for i in range(n_layers)]  # noqa: E731
+        first = min(rec.masks)
+        mask = rec.masks[first]
         n = input_ids.shape[1]
         if mask is None:
             allowed = torch.ones(n, n, dtype=torch.bool, device=input_ids.device)
@@ -54,7 +64,21 @@ class TransformersFamily(Family):
             values=pick(rec.values) if vectors else None,
             hidden=rec.residual if hidden else None,
             mask=allowed,
-            score_scale=rec.scaling[0],
-            score_softcap=rec.softcap.get(0),
-            lm_logits=out.logits if logits else None,
+            score_scale=rec.scaling[first],
+            score_softcap=rec.softcap.get(first),
+            lm_logits=out.logits if logits and out is not None else None,
         )
+
+
+class _PassStopped(Exception):
+    """Raised by the hook ``stop_after`` puts on a block: the pass has what it needs."""
+
+
+def _stopper(rec: Any):
+    """A forward hook that ends this thread's pass after the block (the model is shared: another session's pass
+    through the same block runs on)."""
+    def stop(_module: Any, _args: Any, _output: Any) -> None:
+        if current_recorder() is rec:
+            raise _PassStopped
+    return stop
+

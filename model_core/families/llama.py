@@ -63,7 +63,6 @@ class LlamaFamily(DecoderFamily):
             "residual_1": (pre_mlp, "input"), "ffn_input": (mlp, "input"),
             "gate": (mlp.gate_proj, "output"), "up": (mlp.up_proj, "output"), "activation": (mlp.act_fn, "output"),
             "gated": (mlp.down_proj, "input"), "ffn_output": (mlp, "output"),
-            "final_hidden": (base.norm, "output"),
         }
 
 
