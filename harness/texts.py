@@ -13,5 +13,6 @@ def text_of(n_tokens: int, variant: int, label: str = "") -> str:
 
     ``variant`` rotates the words, so every measurement runs a new forward pass.
     """
-    words = n_tokens if label in DECODERS else n_tokens - 2
-    return " ".join(WORDS[(i + 7 * variant) % len(WORDS)] for i in range(words))
+    if label in DECODERS:  # a word without its leading space may be two pieces ("jumps"): begin with "the"
+        return " ".join(["the", *(WORDS[(i + 7 * variant) % len(WORDS)] for i in range(n_tokens - 1))])
+    return " ".join(WORDS[(i + 7 * variant) % len(WORDS)] for i in range(n_tokens - 2))
