@@ -5,6 +5,6 @@ bertviz's offline views (``attention_explorer.views``) are the ones the Streamli
 imports streamlit.
 """
 
-from attention_explorer.notebook import Trace, View, head_roles, load, offline_figures, trace
+from attention_explorer.notebook import Trace, View, head_roles, load, offline_figures, trace, walk
 
-__all__ = ["Trace", "View", "head_roles", "load", "offline_figures", "trace"]
+__all__ = ["Trace", "View", "head_roles", "load", "offline_figures", "trace", "walk"]

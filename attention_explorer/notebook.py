@@ -236,6 +236,25 @@ def trace(text: str, text_b: str = "", *, model: str | None = None, truncate: bo
     return Trace(build_trace(request, device=device))
 
 
+def walk(text: str, layer: int = 0, text_b: str = "", *, model: str | None = None, device: str | None = None):
+    """Every tensor of one layer, step by step, as "Inside the model" shows it: chapter 3's encoder walk for a
+    BERT (its weights in the from-scratch encoder), or one block of a Llama-like decoder (RMSNorm, q/k/v before and
+    after the rotary embedding, key/value heads, scores, the causal mask, softmax, the output projection, the gated
+    MLP and the next token).
+
+    Returns:
+        ``model_core.walkthrough.Walkthrough`` or ``model_core.walkthrough_decoder.DecoderWalk``; ``shapes()``
+        lists every tensor's shape.
+
+    Raises:
+        ValueError: the layer does not exist, or the decoder has no block walk (GPT-2, Phi); the message says why.
+    """
+    from model_core.request import build_walkthrough
+
+    request = TraceRequest("pretrained", text, text_b or "", model_id=model)
+    return build_walkthrough(request, layer, build_trace(request, device=device), device=device)
+
+
 def head_roles(model: str | None = None, *, seed: int = 0, retrieval: bool = False, device: str | None = None):
     """What each head of a model does (``model_core.roles``): previous-token, duplicate-token, induction and sink
     scores on the probe of repeated random words (a few seconds), and with ``retrieval=True`` a decoder's

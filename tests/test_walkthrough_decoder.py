@@ -130,3 +130,10 @@ def test_a_stopped_pass_ends_only_in_the_thread_that_asked(tiny_decoders):
     _stopper(rec)(None, (), None)  # another pass (no recorder, or another one's) runs on
     with recording():
         _stopper(rec)(None, (), None)
+
+
+def test_the_notebook_walks_a_block_too(tiny_decoders):
+    import attention_explorer as ae
+
+    wt = ae.walk(TEXT, 1, model=str(tiny_decoders["qwen2"]))
+    assert wt.layer == 1 and wt.shapes()["queries"] == (4, wt.n_tokens, 16) and wt.shapes()["keys"][0] == 2

@@ -16,6 +16,16 @@ from ui.guard import view_guard
 from ui.inside_views import dims_title, norm_lines, shape_line, vectors
 
 
+def _latex_number(x: float) -> str:
+    """1e-05 as "10^{-5}", 2.5e-06 as "2.5 \\times 10^{-6}" (LaTeX reads "1e-05" as 1·e − 05)."""
+    if x == 0:
+        return "0"
+    mantissa, exponent = f"{x:.3e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    power = f"10^{{{int(exponent)}}}"
+    return power if mantissa == "1" else rf"{mantissa} \times {power}"
+
+
 def _gemma(wt) -> bool:
     return wt.model_type.startswith("gemma")
 
@@ -61,7 +71,7 @@ def _rmsnorm(wt, layer: int, head: int) -> None:
     st.markdown("Before attention, each token's vector is divided by its root mean square and scaled per dimension "
                 "by a learned weight. Unlike LayerNorm, RMSNorm subtracts no mean and adds no bias.")
     st.latex(r"\mathrm{RMSNorm}(x) = \frac{x}{\sqrt{\tfrac{1}{d}\sum_j x_j^2 + \varepsilon}} \odot " + weight
-             + rf", \quad \varepsilon = {wt.rms_eps:g}")
+             + rf", \quad \varepsilon = {_latex_number(wt.rms_eps)}")
     with view_guard("RMSNorm"):
         vectors(wt, "attention_input", dims_title("RMSNorm(x), what the heads read", wt.hidden_size), "dec_rms1",
                 shapes=("layer_input", "attention_input"))
