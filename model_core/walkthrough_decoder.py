@@ -182,7 +182,8 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
         for handle in handles:
             handle.remove()
     with torch.inference_mode():
-        residual = torch.as_tensor(np.asarray(last_residual), dtype=next(model.parameters()).dtype, device=device)
+        dtype = next(model.parameters()).dtype  # a copy: the trace's arrays are read-only
+        residual = torch.tensor(np.asarray(last_residual), dtype=dtype, device=device)
         final_hidden = family.final_norm(model)(residual)  # (pos, hidden)
         logits = family.unembed(model, residual[-1:])[0]  # (vocab,): the last position's next token
 
