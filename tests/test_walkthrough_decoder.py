@@ -43,16 +43,16 @@ def test_softmax_of_the_masked_scores_is_the_models_weights(walked):
     _, trace, wt, _ = walked
     assert np.isneginf(wt.masked_scores[:, ~wt.mask]).all() and (wt.weights[:, ~wt.mask] == 0).all()
     np.testing.assert_array_equal(wt.mask, np.tril(np.ones_like(wt.mask)))
-    np.testing.assert_allclose(torch.softmax(torch.from_numpy(wt.masked_scores), -1).numpy(), wt.weights, atol=1e-6)
+    np.testing.assert_allclose(torch.softmax(torch.tensor(wt.masked_scores), -1).numpy(), wt.weights, atol=1e-6)
 
 
 def test_the_rotary_step_is_transformers_rotation(walked):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     _, _, wt, _ = walked
-    cos, sin = torch.from_numpy(wt.rotary_cos)[None], torch.from_numpy(wt.rotary_sin)[None]
-    q, k = apply_rotary_pos_emb(torch.from_numpy(wt.queries_before_rotary)[None],
-                                torch.from_numpy(wt.keys_before_rotary)[None], cos, sin)
+    cos, sin = torch.tensor(wt.rotary_cos)[None], torch.tensor(wt.rotary_sin)[None]
+    q, k = apply_rotary_pos_emb(torch.tensor(wt.queries_before_rotary)[None],
+                                torch.tensor(wt.keys_before_rotary)[None], cos, sin)
     np.testing.assert_allclose(q[0].numpy(), wt.queries, atol=1e-5)
     np.testing.assert_allclose(k[0].numpy(), wt.keys, atol=1e-5)
     # a rotation keeps every query's length, and position 0 is not rotated at all
@@ -68,7 +68,7 @@ def test_heads_read_their_key_value_heads_and_the_output_projection_mixes_them(w
     np.testing.assert_allclose(wt.concat, wt.head_outputs.transpose(1, 0, 2).reshape(wt.n_tokens, -1), atol=1e-6)
     o_proj = model.model.layers[LAYER].self_attn.o_proj
     with torch.no_grad():
-        np.testing.assert_allclose(o_proj(torch.from_numpy(wt.concat)).numpy(), wt.attention_output, atol=1e-5)
+        np.testing.assert_allclose(o_proj(torch.tensor(wt.concat)).numpy(), wt.attention_output, atol=1e-5)
 
 
 def test_the_gated_mlp_multiplies_the_activated_gate_by_up(walked):
