@@ -42,8 +42,8 @@ def _tokens(wt, layer: int, head: int) -> None:
     n = wt.n_tokens
     st.markdown("The tokenizer splits the text into byte-level or SentencePiece **BPE pieces**: a piece that starts "
                 "a word carries its space (drawn **␣** here), and a character outside the vocabulary is split into "
-                "its bytes. Many models put a beginning-of-text token first. A decoder has no `[CLS]` or `[SEP]` and "
-                "no token types: a pair is one text, A, a line break, then B.")
+                "its bytes. Many models put a beginning-of-text token first. A decoder has no classifier or separator "
+                "tokens and no token types: a pair is one text, A, a line break, then B.")
     with view_guard("token table"):
         st.dataframe(pd.DataFrame({"position": range(n), "piece": wt.tokens, "reads as": wt.labels,
                                    "id": wt.token_ids}),
