@@ -263,6 +263,14 @@ def test_neuron_view_of_a_decoder_uses_the_gpt2_skeleton_and_labels_kv_heads(lla
     np.testing.assert_array_equal(keys[0], keys[1])  # heads 0 and 1 share key/value head 0
 
 
+def test_bertviz_views_label_a_decoders_pieces_as_they_read(llama_trace):
+    from bertviz_decode import decode_params
+
+    params = decode_params(bv.view_html("head", llama_trace, layers=[0]))
+    assert "␣flies" in params["attention"][0]["left_text"]
+    assert not any("Ġ" in t for t in params["attention"][0]["left_text"])
+
+
 def test_kv_legend_says_which_heads_share_each_key_value_head(llama_trace):
     legend = "4 query heads share 2 key/value heads: kv 0 ← heads 0–1 · kv 1 ← heads 2–3"
     assert bv.kv_legend(llama_trace) == legend

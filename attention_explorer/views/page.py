@@ -74,7 +74,7 @@ def shown(trace: AttentionTrace, token_window: tuple[int, int] | None) -> Shown:
     # A window that holds only one of the two sentences is shown as one sentence.
     b_start = b - start if b is not None and start < b < stop else None
     return Shown(
-        tokens=list(trace.tokens[start:stop]),
+        tokens=list(trace.labels[start:stop]),  # byte-level pieces decoded, a word's space drawn ␣
         attentions=trace.attentions[:, :, start:stop, start:stop],
         queries=trace.queries[:, :, start:stop],
         keys=trace.keys[:, :, start:stop],
