@@ -17,7 +17,7 @@ import torch
 from model_core.encoder import TransformerForSequenceClassification
 from model_core.encoding import EncodedInput
 from model_core.trace import AttentionTrace
-from model_core.trace_shape import freeze_arrays
+from model_core.trace_shape import arrays_nbytes, freeze_arrays
 
 
 class WalkArrays:
@@ -39,6 +39,10 @@ class WalkArrays:
     @property
     def hidden_size(self) -> int:
         return int(self.layer_input.shape[-1])
+
+    def nbytes(self) -> int:
+        """Bytes held by the walk's arrays (what a cache bounded by bytes counts)."""
+        return arrays_nbytes(self)
 
     def score_limit(self, head: int) -> float:
         """The largest finite |score| of ``head``, for a colour scale centred on 0 (1.0 if all are 0)."""

@@ -65,6 +65,14 @@ MASKED_RUNS: BoundedCache = BoundedCache(lambda: _trace_budget() / 4, max_entrie
 """Head masking's runs (~37 MB for SmolLM2 at 512 tokens), bounded apart from the traces so that a run never pushes
 its own baseline out of ``TRACES`` (and the baseline never its run)."""
 
+# A walk holds one layer's tensors (a 512-token bert-base layer is ~60 MB), so a few suffice:
+# the user moves between layers of one input, rarely back to an old input.
+WALK_CACHE_ENTRIES = 8
+WALKS: BoundedCache = BoundedCache(lambda: _trace_budget() / 4, max_entries=WALK_CACHE_ENTRIES, ttl_s=TRACE_TTL_S,
+                                   on_evict=_evicted)
+"""Inside the model's walks, keys (request, layer): ~58 MB for a SmolLM2 block at 512 tokens, ~50 MB for a layer of
+the chapter-3 encoder; a walk of another layer takes 0.02-1.3 s, so a few are kept, bounded by bytes."""
+
 
 def _stoppable() -> None:
     """Called while this run waits for another session's build of the same trace: reading the session state is where
@@ -73,9 +81,6 @@ def _stoppable() -> None:
 
 
 COLLECT_DELAY_S = 1.0
-# A walk holds one layer's tensors (a 512-token bert-base layer is ~60 MB), so a few suffice:
-# the user moves between layers of one input, rarely back to an old input.
-WALK_CACHE_ENTRIES = 8
 
 
 def cpu_threads() -> int:
@@ -198,7 +203,6 @@ def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> M
                            wait=_stoppable)
 
 
-@st.cache_resource(max_entries=WALK_CACHE_ENTRIES, ttl=TRACE_TTL_S, show_spinner=False)
 def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
     """The walk through ``layer`` for the tokens of ``get_trace(request)``: in ``request.walk_spec()``'s encoder, or
     through a decoder's own block.
@@ -207,9 +211,11 @@ def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
         InputError, ModelLoadError, ValueError: as ``get_trace``; ValueError for a bad layer or a decoder family
             with no block walk.
     """
-    walk = build_walkthrough(request, layer, get_trace(request), models=CACHED_MODELS)
-    release_freed_memory()  # the pass's own buffers (a decoder block's weights of every head, its MLP's activations)
-    return walk
+    return WALKS.get((request, layer), lambda: build_walkthrough(request, layer, get_trace(request),
+                                                                 models=CACHED_MODELS), wait=_stoppable)
+
+
+get_walkthrough.clear = WALKS.clear  # type: ignore[attr-defined]
 
 
 def prepare_bundled_decoder(model_id: str) -> None:
