@@ -147,12 +147,14 @@ def window_without_first(window: np.ndarray, first: np.ndarray, cols: slice) -> 
     return out[:, 1:] if (cols.start or 0) == 0 else out
 
 
-def group_labels(tokens: tuple[str, ...], starts: np.ndarray, width: int = 28) -> list[str]:
-    """A label per group: its first position and the start of its text."""
+def group_labels(tokens: tuple[str, ...], starts: np.ndarray, width: int = 28,
+                 byte_level: bool | None = None) -> list[str]:
+    """A label per group: its first position and the start of its text (``byte_level``: the trace's, for
+    ``span_text``)."""
     ends = [*starts[1:], len(tokens)]
     labels = []
     for i, (a, b) in enumerate(zip(starts, ends)):
-        text = span_text(tokens[a:b]).replace("\n", " ")
+        text = span_text(tokens[a:b], byte_level).replace("\n", " ")
         labels.append(f"{i}: [{a}–{b - 1}] {text[:width]}{'…' if len(text) > width else ''}")
     return labels
 

@@ -38,10 +38,12 @@ class TraceShape:
 
     @cached_property
     def byte_level(self) -> bool:
-        """Whether the tokens are byte-level BPE pieces (``model_core.words.is_byte_level``)."""
+        """Whether the tokens are byte-level BPE pieces (``model_core.words.is_byte_level``), judged on the text's
+        own pieces: a special token may hold any characters (DeepSeek's ``<｜begin▁of▁sentence｜>``)."""
         from model_core.words import is_byte_level
 
-        return self.family.word_rule == "bpe" and is_byte_level(self.tokens)
+        specials = getattr(self, "special_tokens", frozenset())
+        return self.family.word_rule == "bpe" and is_byte_level([t for t in self.tokens if t not in specials])
 
     @cached_property  # pickers call it once per option
     def labels(self) -> tuple[str, ...]:

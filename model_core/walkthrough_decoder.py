@@ -163,19 +163,21 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
         if threading.get_ident() == me:
             inside[0] = True
             seen.setdefault("layer_input", (kwargs.get("hidden_states", args[0] if args else None))[0])
-            cos, sin = kwargs["position_embeddings"]
-            seen.setdefault("rotary", (cos[0], sin[0]))
+            rotary = kwargs.get("position_embeddings")
+            if rotary is not None:
+                seen.setdefault("rotary", (rotary[0][0], rotary[1][0]))
 
     def leave(_module, _args, output):
         if threading.get_ident() == me:
             inside[0] = False
             seen.setdefault("layer_output", (output[0] if isinstance(output, tuple) else output)[0])
 
-    handles = [block.register_forward_pre_hook(enter, with_kwargs=True), block.register_forward_hook(leave)]
-    for name, (module, what) in parts.items():
-        handles.append(module.register_forward_hook(keep(name, what, name != "token_embeddings")))
+    handles = []
     device = next(model.parameters()).device
     try:  # the blocks after ``layer`` are not run: the trace has their output
+        handles += [block.register_forward_pre_hook(enter, with_kwargs=True), block.register_forward_hook(leave)]
+        for name, (module, what) in parts.items():
+            handles.append(module.register_forward_hook(keep(name, what, name != "token_embeddings")))
         out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
                              vectors=True, hidden=False, stop_after=layer)
     finally:
@@ -203,7 +205,12 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
     probs = torch.softmax(logits.float(), dim=-1)
     top = torch.topk(probs, min(TOP_NEXT, probs.shape[-1]))
     ids = top.indices.cpu().numpy().astype(np.int64)
-    cos, sin = seen["rotary"]
+    # A block without the rotary embedding (SmolLM3's no-RoPE layers) is given none: cos 1 and sin 0, no turn.
+    cos, sin = seen.get("rotary", (torch.ones(n, d_head), torch.zeros(n, d_head)))
+    embeddings = seen["token_embeddings"]
+    scale = getattr(parts["token_embeddings"][0], "embed_scale", None)  # Gemma's lookup multiplies by √hidden
+    if scale is not None:
+        embeddings = embeddings / scale
     norm = block.input_layernorm
     return DecoderWalk(
         tokens=tuple(encoded.tokens),
@@ -214,7 +221,7 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
         kv_heads=np.asarray(kv_heads, dtype=np.int64),
         score_scale=float(out.score_scale),
         rms_eps=float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0))),
-        token_embeddings=_np(seen["token_embeddings"]),
+        token_embeddings=_np(embeddings),
         layer_input=_np(seen["layer_input"]),
         attention_input=_np(seen["attention_input"]),
         queries_before_rotary=_np(seen["q_before"].reshape(n, n_heads, d_head).transpose(0, 1)),

@@ -152,7 +152,8 @@ def word_level_trace(trace, words: WordSpans, attentions: np.ndarray | None = No
     """A trace whose tokens are ``words`` and whose attentions are merged by the rule above, for views that read
     only the attentions and the tokens (bertviz's head and model views).
 
-    Its other per-token arrays are the means over each word's pieces (token ids and types: the first piece's),
+    Its other per-token arrays are the means over each word's pieces (token ids and types: the first piece's; a
+    decoder's next-token predictions: the last piece's),
     only so that the trace stays well-formed: they are not the model's own numbers, and views that read queries,
     keys or scores (the neuron view, the causal steps) must use the piece-level trace.
 
@@ -173,13 +174,20 @@ def word_level_trace(trace, words: WordSpans, attentions: np.ndarray | None = No
 
     merged = words.merge(trace.attentions) if attentions is None else attentions
     mask = (member @ np.asarray(trace.mask, dtype=np.float64) @ member.T) > 0
-    return replace(
+    lasts = [b - 1 for _, b in words.spans]  # a decoder's next token after a word is the one after its last piece
+    predictions = {} if trace.next_token_ids is None else dict(
+        next_token_ids=np.asarray(trace.next_token_ids)[lasts], next_token_probs=np.asarray(trace.next_token_probs)[lasts],
+        next_token_strings=tuple(trace.next_token_strings[i] for i in lasts))
+    new = replace(
         trace, tokens=words.words, token_ids=np.asarray(trace.token_ids)[firsts],
         token_type_ids=np.asarray(trace.token_type_ids)[firsts],
         sentence_b_start=words.word_start(trace.sentence_b_start), attentions=np.array(merged), mask=mask,
         queries=rows(trace.queries, 2), keys=rows(trace.keys, 2), values=rows(trace.values, 2),
         value_norms=rows(trace.value_norms, 2), hidden_states=rows(trace.hidden_states, 1),
-        description=trace.description + " · words")
+        description=trace.description + " · words", **predictions)
+    # The words lost their marks ("Ġ"): whether they are byte-level is the pieces' answer.
+    new.__dict__["byte_level"] = trace.byte_level
+    return new
 
 
 def piece_text(token: str) -> str:
@@ -188,10 +196,15 @@ def piece_text(token: str) -> str:
     return token.translate(_MARK_TEXT)
 
 
-def span_text(tokens: tuple[str, ...] | list[str]) -> str:
-    """A run of pieces as text: BPE pieces joined as the text reads (their marks carry the spaces), WordPiece
-    pieces spaced with each ``##`` continuation joined to the piece before it."""
-    if is_byte_level(tokens):
+def span_text(tokens: tuple[str, ...] | list[str], byte_level: bool | None = None) -> str:
+    """A run of pieces as text: BPE pieces joined as the text reads (their marks carry the spaces; byte-level
+    pieces decoded), WordPiece pieces spaced with each ``##`` continuation joined to the piece before it.
+
+    ``byte_level``: the trace's own answer (``AttentionTrace.byte_level``); None judges the run alone, and never
+    takes a run with a ``##`` piece (WordPiece, where "č" is a letter) for byte-level BPE."""
+    if byte_level is None:
+        byte_level = is_byte_level(tokens) and not any(t.startswith(CONTINUATION) for t in tokens)
+    if byte_level:
         return _decoded("".join(tokens)).strip()
     if any(t.startswith(WORD_STARTS) for t in tokens):
         return "".join(piece_text(t) for t in tokens).strip()
@@ -247,3 +260,12 @@ def readable_tokens(tokens: tuple[str, ...] | list[str], rule: str, byte_level: 
     if byte_level is None:
         byte_level = is_byte_level(tokens)
     return tuple(shown_text(_decoded(t) if byte_level else t.replace("▁", " ")) for t in tokens)
+
+
+_MARKDOWN = str.maketrans({c: "\\" + c for c in "\\`*_{}[]()#+-.!|$~<>"})
+
+
+def markdown_text(text: str) -> str:
+    """Token text to put inside Markdown (a page's caption): every character Markdown or its LaTeX would read
+    ("*", "_", "$"...) escaped, so a token shows as itself."""
+    return text.translate(_MARKDOWN)

@@ -40,6 +40,7 @@ how_to_read(
 )
 
 labels = [f"{i} {t}" for i, t in enumerate(ctx.labels()[0])]
+csv_labels = [f"{i} {t}" for i, t in enumerate(ctx.labels(raw=True)[0])]  # the tokenizer's pieces, as CSVs keep them
 
 
 def _head(layer: int, head: int) -> None:
@@ -56,7 +57,7 @@ def _head(layer: int, head: int) -> None:
             show_figure(attention_heatmap(matrix, tokens, title=title, sentence_b_start=b,
                                           hide=hide, masked=ctx.masked(), zmax=float(matrix.max()), value_name="α" if key == "norm_raw" else "‖α f(x)‖"),
                         f"{trace.model_kind}_L{layer}H{head}_{stem}")
-            csv_button(f"{title}, this head (CSV)", lambda m=matrix: token_matrix_to_csv(m, labels, labels),
+            csv_button(f"{title}, this head (CSV)", lambda m=matrix: token_matrix_to_csv(m, csv_labels, csv_labels),
                        f"{stem}_L{layer}H{head}.csv", key)
 
 

@@ -9,6 +9,7 @@ from attention_explorer.analysis_figures import relevance_figure
 from attention_explorer.figures import attention_heatmap
 from model_core.analysis import FLOW_MAX_TOKENS, FLOW_MAX_TOKENS_ONE_ROW, normalize_rows
 from model_core.tables import matrix_to_csv, position_labels, token_matrix_to_csv
+from model_core.words import markdown_text
 from ui.analysis_widgets import (
     bundle_buttons,
     csv_button,
@@ -28,7 +29,7 @@ if ctx.compact is not None:  # a long input: the rollout into one token, from th
 trace = ctx.trace
 target = ctx.markers.readout_label  # [CLS], or a decoder's last token
 why = ("the token a classifier reads" if not trace.is_decoder else
-       f"the one that predicts the next token (“{trace.labels[-1]}” at position {trace.n_tokens - 1})")
+       f"the one that predicts the next token (“{markdown_text(trace.labels[-1])}” at position {trace.n_tokens - 1})")
 how_to_read(
     "Raw attention in a deep layer mixes tokens that were already mixed by the layers below. Both methods "
     "follow the information back to the input tokens. Each layer's heads are averaged and the residual "
@@ -47,6 +48,7 @@ how_to_read(
 result = rollout_and_flow(trace)
 shown_tokens = ctx.labels()[0]  # words when the sidebar asks for them
 labels = [f"{i} {t}" for i, t in enumerate(shown_tokens)]
+csv_labels = [f"{i} {t}" for i, t in enumerate(ctx.labels(raw=True)[0])]  # the tokenizer's pieces, as CSVs keep them
 if ctx.words:
     st.caption(f"Words, not {ctx.pieces}: rollout and flow are computed on the pieces, then merged (rows averaged "
                "over a word's pieces, columns summed).")
@@ -61,7 +63,7 @@ def rollout_view() -> None:
                                   sentence_b_start=b, zmax=None, value_name="share",
                                   masked=ctx.masked()),
                 f"{trace.model_kind}_rollout_L{layer}")
-    csv_button(f"Rollout after layer {layer} (CSV)", lambda: token_matrix_to_csv(matrix, labels, labels),
+    csv_button(f"Rollout after layer {layer} (CSV)", lambda: token_matrix_to_csv(matrix, csv_labels, csv_labels),
                f"rollout_layer{layer}.csv", "rollout_csv")
 
 
@@ -75,7 +77,7 @@ with right:
                                       sentence_b_start=b, zmax=None, value_name="share",
                                       masked=ctx.masked()),
                     f"{trace.model_kind}_flow")
-        csv_button("Flow, raw max-flow values (CSV)", lambda: token_matrix_to_csv(ctx.shown(result.flow)[0], labels, labels),
+        csv_button("Flow, raw max-flow values (CSV)", lambda: token_matrix_to_csv(ctx.shown(result.flow)[0], csv_labels, csv_labels),
                    "flow.csv",
                    "flow_csv")
     else:
@@ -99,6 +101,6 @@ show_figure(relevance_figure(shown_tokens, series, f"Relevance of each input tok
 
 st.subheader("Download")
 csv_button(f"Relevance to {target} (CSV)",
-           matrix_to_csv(np.stack(list(series.values()), 1), position_labels(labels), list(series)),
+           matrix_to_csv(np.stack(list(series.values()), 1), position_labels(csv_labels), list(series)),
            f"{stem}_relevance.csv", "cls_csv")
 bundle_buttons(lambda: analysis_bundle(trace), f"{trace.model_kind}_analysis", "rollout_bundle")

@@ -97,7 +97,7 @@ if not size.ok or st.toggle("Show only a span of tokens", key="bv_use_window"):
     if hi <= lo:
         lo, hi = (lo, lo + 1) if lo < t.n_tokens else (lo - 1, lo)
     window = (lo, hi)
-    st.caption(f"Tokens {lo}–{hi - 1}: “{span_text(t.tokens[lo:hi])}”. The lines are the full model's weights "
+    st.caption(f"Tokens {lo}–{hi - 1}: “{span_text(t.tokens[lo:hi], t.byte_level)}”. The lines are the full model's weights "
                "between these tokens; rows need not sum to 1 here, because weights to tokens outside the "
                "window are not drawn.")
 

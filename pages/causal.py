@@ -117,11 +117,11 @@ def _steps(layer: int, head: int) -> None:
                    "keys and row log-sum-exps. The model's own weights are over the whole input, so in this window a "
                    "row sums to 1 only with the keys before it; the bidirectional row's softmax runs over every key.")
         rows = [(title, window_steps(t, layer, head, lo, size, apply)) for title, apply in variants]
-        hide, labels = [], t.labels[lo:lo + size]
+        hide, labels, raw = [], t.labels[lo:lo + size], t.tokens[lo:lo + size]
     else:
         rows = [(title, mask_steps(t, layer, head, apply_causal=apply)) for title, apply in variants]
         hide = positions_outside_window(t.n_tokens, "causal_window", size=WINDOW)
-        labels = tokens
+        labels, raw = tokens, t.tokens
     headers = st.columns(2)
     for col, (title, steps) in zip(headers, rows):
         col.markdown(f"#### {title}")
@@ -170,7 +170,7 @@ def _steps(layer: int, head: int) -> None:
                     "Dark cells (−∞) are masked, not a value of the colour scale.")
         kind = "causal" if steps.causal else "bidirectional"
         col.download_button(f"Masked scores, {kind} (CSV)",
-                            data=lambda s=steps: token_matrix_to_csv(s.masked_scores, labels, labels),
+                            data=lambda s=steps: token_matrix_to_csv(s.masked_scores, raw, raw),
                             file_name=f"masked_scores_L{layer}_H{head}_{kind}.csv", mime="text/csv",
                             on_click="ignore", key=f"csv_{i}")
 

@@ -91,6 +91,7 @@ def _focused_head(layer: int, head: int) -> None:
                                   + (" With words on, the first word goes with the first token."
                                      if t.is_decoder and ctx.words else ""))
     matrix, (labels, b) = ctx.aggregate(show, layer, head), ctx.labels()
+    raw = ctx.labels(raw=True)[0]  # the CSV keeps the tokenizer's pieces
     hidden = marker_positions(t, ctx.words) if hide_special else []
     masked = ctx.masked()
     with view_guard("focused heatmap"):
@@ -105,8 +106,8 @@ def _focused_head(layer: int, head: int) -> None:
             "all_mean": "all_mean"}[show] + ("_words" if ctx.words else "")
     c1, c2 = st.columns(2)
     c1.download_button("Download this matrix (CSV)",
-                       data=lambda: token_matrix_to_csv(matrix[np.ix_(keep, keep)], [labels[i] for i in keep],
-                                                        [labels[i] for i in keep], row_positions=keep,
+                       data=lambda: token_matrix_to_csv(matrix[np.ix_(keep, keep)], [raw[i] for i in keep],
+                                                        [raw[i] for i in keep], row_positions=keep,
                                                         col_positions=keep),
                        file_name=f"attention_{stem}.csv", mime="text/csv", on_click="ignore")
     c2.download_button("Download the whole trace (NPZ)", data=lambda: trace_to_npz_bytes(t, words=ctx.words is not None),
@@ -136,7 +137,7 @@ if selected:
                         config=figure_config("attention_selection_grid"), key="selection_grid")
     rows = [f"L{layer} H{head}" for layer in range(t.n_layers) for head in range(t.n_heads)]
     st.download_button("Download this grid (CSV)",
-                       data=lambda: matrix_to_csv(values.reshape(len(rows), -1), rows, position_labels(shown_tokens)),
+                       data=lambda: matrix_to_csv(values.reshape(len(rows), -1), rows, position_labels(ctx.labels(raw=True)[0])),
                        file_name=f"selection_{direction}.csv", mime="text/csv", on_click="ignore")
 else:
     st.caption("Pick tokens above to see, for every layer × head, what they attend to together (or what attends "

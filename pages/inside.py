@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from model_core import InputError, ModelLoadError
+from model_core.families.decoder import NoBlockWalk
 from ui.analysis_widgets import positions_outside_window
 from ui.context import require_trace
 from ui.downloads import figure_config
@@ -202,13 +203,10 @@ def _walk(layer: int, head: int) -> None:
     try:
         with st.spinner(f"Walking through layer {layer}…"):
             wt = get_walkthrough(ctx.request, layer)
-    except ValueError as exc:
-        if t.is_decoder:
-            no_block_walk(str(exc))
-        else:
-            st.warning(f"The walk cannot run for this model: {exc}")
+    except NoBlockWalk as exc:
+        no_block_walk(str(exc))
         return
-    except (InputError, ModelLoadError) as exc:
+    except (InputError, ModelLoadError, ValueError) as exc:
         st.warning(f"The walk cannot run for this model: {exc}")
         return
     st.caption(f"{t.description} · {t.n_tokens} tokens · layer {layer}, head {head} (change them in the sidebar). "

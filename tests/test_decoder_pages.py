@@ -292,3 +292,22 @@ def test_the_neuron_view_draws_a_models_own_score_scale(tiny_decoders):
     other = replace(trace, score_scale=trace.score_scale * 2)
     q = np.asarray(decode_params(bv.view_html("neuron", other))["attention"]["all"]["queries"])[0]
     np.testing.assert_allclose(q, trace.queries[0] * 2 * trace.score_scale * np.sqrt(trace.d_head), atol=2e-3)
+
+
+def test_a_word_level_trace_keeps_its_pieces_byte_level_answer(llama_trace):
+    from model_core.words import word_level_trace
+
+    words = word_level_trace(llama_trace, llama_trace.words())
+    assert llama_trace.byte_level and words.byte_level  # its words lost their "Ġ" marks, not their encoding
+
+
+def test_a_word_level_trace_of_split_words_predicts_after_each_word(tiny_decoders):
+    from model_core.words import word_level_trace
+
+    trace = build_trace(TraceRequest("pretrained", "the embeddings of unaffordable tokenizers",
+                                     model_id=str(tiny_decoders["llama"])), device="cpu")
+    spans = trace.words()
+    assert spans.n_words < trace.n_tokens  # the tiny vocabulary splits these words
+    words = word_level_trace(trace, spans)
+    assert words.n_tokens == spans.n_words
+    np.testing.assert_array_equal(words.next_token_ids, trace.next_token_ids[[b - 1 for _, b in spans.spans]])

@@ -91,8 +91,10 @@ def test_rmsnorm_divides_by_the_root_mean_square(walked):
 
 @pytest.mark.parametrize("family", ["gpt2", "phi3", "phi"])
 def test_families_without_a_block_walk_say_why(tiny_decoders, family):
+    from model_core.families.decoder import NoBlockWalk
+
     req = TraceRequest(model="pretrained", model_id=str(tiny_decoders[family]), text_a=TEXT)
-    with pytest.raises(ValueError, match="block walk"):
+    with pytest.raises(NoBlockWalk, match="block walk"):
         build_walkthrough(req, 0, build_trace(req))
 
 
@@ -137,3 +139,9 @@ def test_the_notebook_walks_a_block_too(tiny_decoders):
 
     wt = ae.walk(TEXT, 1, model=str(tiny_decoders["qwen2"]))
     assert wt.layer == 1 and wt.shapes()["queries"] == (4, wt.n_tokens, 16) and wt.shapes()["keys"][0] == 2
+
+
+def test_the_token_embedding_is_the_lookup_itself(walked):
+    family, _, wt, model = walked
+    table = model.model.embed_tokens.weight.detach().numpy()
+    np.testing.assert_allclose(wt.token_embeddings, table[wt.token_ids], atol=1e-6)  # Gemma's √hidden not yet in

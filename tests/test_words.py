@@ -184,3 +184,30 @@ def test_sentencepiece_and_wordpiece_pieces_keep_their_letters():
     assert readable_tokens(sentencepiece, "bpe") == ("␣łódź", "␣Ġużeppi", "␣café")
     wordpiece = ["[CLS]", "Ġużeppi", "##ing", "[SEP]"]
     assert readable_tokens(wordpiece, "wordpiece") == tuple(wordpiece)
+
+
+def test_a_special_token_of_other_characters_leaves_the_text_byte_level():
+    from dataclasses import replace
+
+    trace = build_trace(TraceRequest("custom", "time flies", num_hidden_layers=1, num_attention_heads=2,
+                                     hidden_size=16))
+    bos = "<｜begin▁of▁sentence｜>"  # DeepSeek's: full-width bars and SentencePiece's space, no byte-level alphabet
+    pieces = (bos, "Hello", "Ġworld", "Ã©")
+    decoder = replace(trace, tokens=pieces, token_ids=np.arange(4), token_type_ids=np.zeros(4, dtype=np.int64),
+                      attentions=np.tile(np.eye(4, dtype=np.float32), (1, 2, 1, 1)), mask=np.ones((4, 4), bool),
+                      queries=np.zeros((1, 2, 4, 8), np.float32), keys=np.zeros((1, 2, 4, 8), np.float32),
+                      values=np.zeros((1, 2, 4, 8), np.float32), value_norms=np.zeros((1, 2, 4), np.float32),
+                      hidden_states=np.zeros((2, 4, 16), np.float32), model_kind="llama",
+                      special_tokens=frozenset({bos}), sentence_b_start=None, logits=None)
+    assert decoder.byte_level and decoder.labels == (bos, "Hello", "␣world", "é")
+
+
+def test_wordpiece_letters_are_never_read_as_byte_level_marks():
+    assert span_text(["[CLS]", "č", "##as", "[SEP]"]) == "[CLS] čas [SEP]"
+    assert span_text(["▁Ćma"]) == "Ćma"  # SentencePiece: the letter stays
+
+
+def test_token_text_is_escaped_for_markdown():
+    from model_core.words import markdown_text
+
+    assert markdown_text("*a_b$c") == "\\*a\\_b\\$c" and markdown_text("flies") == "flies"

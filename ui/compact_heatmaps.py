@@ -55,7 +55,7 @@ def _pooled(_trace: CompactTrace, key: str, layer: int, head: int) -> tuple[np.n
 @st.cache_resource(max_entries=16, show_spinner="Grouping the head's attention…")
 def _grouped(_trace: CompactTrace, key: str, layer: int, head: int, by: str) -> tuple[np.ndarray, list[str]]:
     starts = segment_starts(_trace.tokens, by)
-    return group_means(_trace, layer, head, starts), group_labels(_trace.tokens, starts)
+    return group_means(_trace, layer, head, starts), group_labels(_trace.tokens, starts, byte_level=_trace.byte_level)
 
 
 def _clamp(lo: int, hi: int, n: int) -> tuple[int, int]:

@@ -35,13 +35,15 @@ class AppContext:
     # A long input's compact trace (``model_core.compact``); ``trace`` is None then.
     compact: CompactTrace | None = None
 
-    def labels(self) -> tuple[tuple[str, ...], int | None]:
+    def labels(self, raw: bool = False) -> tuple[tuple[str, ...], int | None]:
         """The labels of the views' rows and columns (tokens, or words when the toggle is on, as people read
-        them: ``AttentionTrace.labels``) and where sentence B starts among them."""
+        them: ``AttentionTrace.labels``) and where sentence B starts among them. ``raw``: the tokenizer's own
+        pieces (``Ġflies``), as the CSVs keep them."""
         trace = self.trace
         if self.words is None:
-            return trace.labels, trace.sentence_b_start
-        words = readable_tokens(self.words.words, trace.family.word_rule, trace.byte_level)
+            return (trace.tokens if raw else trace.labels), trace.sentence_b_start
+        words = self.words.words if raw else readable_tokens(self.words.words, trace.family.word_rule,
+                                                             trace.byte_level)
         return words, self.words.word_start(trace.sentence_b_start)
 
     def shown(self, matrix: np.ndarray) -> tuple[np.ndarray, tuple[str, ...], int | None]:

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from attention_explorer.figures import SCORE_SCALE, attention_heatmap, vector_heatmap
-from model_core.words import shown_text
+from model_core.words import markdown_text, shown_text
 from ui.analysis_widgets import positions_outside_window
 from ui.downloads import figure_config
 from ui.guard import view_guard
@@ -240,7 +240,7 @@ def _stream(wt, layer: int, head: int) -> None:
 
 
 def _next_token(wt, layer: int, head: int) -> None:
-    last = wt.labels[-1]
+    last = markdown_text(wt.labels[-1])
     st.markdown(f"After the last block a final RMSNorm and the unembedding (a linear map to every vocabulary entry's "
                 f"logit) turn the last token's vector into a distribution over the next token. Here, after "
                 f"**{last}**:")

@@ -10,6 +10,10 @@ import torch
 from model_core.families.hf import TransformersFamily
 
 
+class NoBlockWalk(ValueError):
+    """This model's blocks have no step-by-step walk (GPT-2, Phi's fused projections); the message says why."""
+
+
 class DecoderFamily(TransformersFamily):
     """A causal language model: no [CLS]/[SEP], a causal mask, next-token logits."""
 
@@ -34,9 +38,9 @@ class DecoderFamily(TransformersFamily):
         (module, "input" or "output").
 
         Raises:
-            ValueError: this family has no block walk; the message says what to do.
+            NoBlockWalk: this family has no block walk; the message says what to do.
         """
-        raise ValueError(f"The block walk covers Llama-like decoders (RMSNorm, rotary embeddings, a gated MLP); a "
+        raise NoBlockWalk(f"The block walk covers Llama-like decoders (RMSNorm, rotary embeddings, a gated MLP); a "
                          f"{self.label} is not one. Its attention is on every other page.")
 
     def unembed(self, model: Any, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from model_core.families.decoder import DecoderFamily
+from model_core.families.decoder import DecoderFamily, NoBlockWalk
 
 
 class LlamaFamily(DecoderFamily):
@@ -39,7 +39,7 @@ class LlamaFamily(DecoderFamily):
         """The modules of block ``layer`` the walk reads: name -> (module, "input" or "output").
 
         Raises:
-            ValueError: the block has no separate q/k/v projections or no gated MLP (Phi's and Phi-3's fused ones).
+            NoBlockWalk: the block has no separate q/k/v projections or no gated MLP (Phi's and Phi-3's fused ones).
         """
         base = model.model
         block = base.layers[layer]
@@ -48,7 +48,7 @@ class LlamaFamily(DecoderFamily):
         needed += [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")]
         needed += [getattr(block, "input_layernorm", None), getattr(block, "post_attention_layernorm", None)]
         if any(part is None for part in needed):
-            raise ValueError(f"The block walk needs separate q/k/v projections and a gated MLP; "
+            raise NoBlockWalk(f"The block walk needs separate q/k/v projections and a gated MLP; "
                              f"{model.config.model_type} fuses them, so walk a Llama, Qwen, Mistral, Gemma or SmolLM2 "
                              "model instead. Its attention is on every other page.")
         # Gemma 2/3 normalise the attention output before the residual sum and have a norm of their own before the MLP.
