@@ -111,7 +111,7 @@ def _rotary(wt, layer: int, head: int) -> None:
                 "distance. The model's own rotation, recorded after it was applied:")
     st.latex(r"q' = q \odot \cos(p\theta) + \mathrm{rotate\_half}(q) \odot \sin(p\theta), \quad "
              r"\mathrm{rotate\_half}(a, b) = (-b, a)")
-    if not np.any(wt.rotary_sin):  # SmolLM3 leaves the rotary embedding out of some blocks
+    if wt.n_tokens > 1 and not np.any(wt.rotary_sin):  # SmolLM3 leaves the rotary embedding out of some blocks
         st.info(f"Block {layer} applies **no rotary embedding**: its queries and keys are the projections as they "
                 "are, and the other blocks tell positions apart.", icon=":material/info:")
     with view_guard("rotary embedding"):
