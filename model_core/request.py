@@ -205,7 +205,6 @@ def build_walkthrough(request: TraceRequest, layer: int, trace: AttentionTrace, 
         from model_core.walkthrough_decoder import walk_decoder_layer
 
         loaded = models.pretrained(request.model_id or settings.default_model, dev)
-        return walk_decoder_layer(loaded.family, loaded.model, loaded.tokenizer, encoded_from_trace(trace), layer,
-                                  trace.hidden_states[-1])
+        return walk_decoder_layer(loaded.family, loaded.model, loaded.tokenizer, trace, layer)
     custom = models.custom(request.walk_spec(settings.default_model), dev)
     return walk_layer(custom, encoded_from_trace(trace), layer)

@@ -121,6 +121,12 @@ class AttentionTrace(TraceShape):
         k = self.keys[layer, head].astype(np.float32)
         return self._cap((q @ k.T) * np.float32(self.score_scale))
 
+    def layer_scores(self, layer: int) -> np.ndarray:
+        """Scores QKᵀ·scale of every head of one layer, before any mask. Shape: (head, q_pos, k_pos)."""
+        self._check_head(layer, 0)
+        return self._cap(np.matmul(self.queries[layer], np.swapaxes(self.keys[layer], -1, -2))
+                         * np.float32(self.score_scale))
+
     @property
     def scores(self) -> np.ndarray:
         """All scores QKᵀ·scale before any mask. Shape: (layer, head, q_pos, k_pos)."""

@@ -4,9 +4,9 @@ the "Inside the model" page, as chapter 3's walk does for the encoder (``model_c
 The numbers come from one forward pass through the app's one route (``Family.forward``), stopped after the block:
 the capturing attention function gives the queries and keys after the rotary embedding, the key/value heads' values
 and the softmax weights; forward hooks on the block's own modules give what goes in and out of RMSNorm, the q/k/v
-projections, the output projection and the gated MLP. The scores are the recorded queries times the recorded keys,
-scaled as the model scales them (the one product the walk computes itself; a test checks that its softmax is the
-model's weights). The next token comes from the model's final norm and unembedding applied to the trace's last
+projections, the output projection and the gated MLP. The scores are the trace's queries times its keys, scaled
+as the model scales them (``AttentionTrace.layer_scores``; a test checks that their softmax is the model's
+weights). The next token comes from the model's final norm and unembedding applied to the trace's last
 block output, so the blocks after the walked one are not run again.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.encoding import EncodedInput
+from model_core.trace import AttentionTrace
 from model_core.trace_shape import freeze_arrays
-from model_core.walkthrough import WalkArrays
+from model_core.walkthrough import WalkArrays, encoded_from_trace
 
 TOP_NEXT = 10  # next tokens listed after the final norm and the unembedding
 
@@ -125,8 +125,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).numpy().copy()
 
 
-def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: EncodedInput, layer: int,
-                       last_residual: np.ndarray) -> DecoderWalk:
+def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: AttentionTrace, layer: int) -> DecoderWalk:
     """Run a Llama-like decoder up to block ``layer`` and keep every step of it; then the final norm and the
     unembedding on the last block's output, from the trace, for the next token.
 
@@ -134,21 +133,19 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
         family: the model's family adapter (``model_core.families.llama.LlamaFamily``).
         model: the causal LM, loaded by ``model_core.loading`` (eval mode, the capturing attention function).
         tokenizer: its tokenizer, for the next tokens' text.
-        encoded: the input (``model_core.walkthrough.encoded_from_trace``: the trace's own tokens).
+        trace: the model's trace of the text (``build_trace``): the walk reads its tokens, labels and scores, and
+            its last block's output, so the pass can stop after ``layer``.
         layer: which block.
-        last_residual: the residual stream leaving the last block (the trace's ``hidden_states[-1]``), so the pass
-            can stop after ``layer``. Shape: (pos, hidden).
 
     Raises:
         ValueError: ``layer`` is out of range, or the family has no block walk (``Family.block_parts``).
     """
-    from model_core.words import readable_tokens
-
-    n_layers = len(family.layers(model))
-    if not 0 <= layer < n_layers:
-        raise ValueError(f"layer {layer} is out of range: this model has layers 0-{n_layers - 1}.")
+    blocks = family.layers(model)
+    if not 0 <= layer < len(blocks):
+        raise ValueError(f"layer {layer} is out of range: this model has layers 0-{len(blocks) - 1}.")
     parts = family.block_parts(model, layer)
-    block = model.model.layers[layer]
+    block = blocks[layer]
+    encoded = encoded_from_trace(trace)
     seen: dict[str, Any] = {}
     me = threading.get_ident()  # the model is shared: another session's pass must not fill this walk
     inside = [False]  # a shared activation module runs in every block; keep the one inside ``layer``
@@ -185,7 +182,7 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
             handle.remove()
     with torch.inference_mode():
         dtype = next(model.parameters()).dtype  # a copy: the trace's arrays are read-only
-        residual = torch.tensor(np.asarray(last_residual), dtype=dtype, device=device)
+        residual = torch.tensor(np.asarray(trace.hidden_states[-1]), dtype=dtype, device=device)
         final_hidden = family.final_norm(model)(residual)  # (pos, hidden)
         logits = family.unembed(model, residual[-1:])[0]  # (vocab,): the last position's next token
 
@@ -194,12 +191,8 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
     kv_heads = family.kv_heads(config)
     q, k, v = out.queries[layer][0], out.keys[layer][0], out.values[layer][0]  # (head | kv_head, pos, d_head)
     d_head, n = q.shape[-1], q.shape[1]
-    scores = torch.einsum("hqd,hkd->hqk", q.float(), k.float()[torch.as_tensor(kv_heads, device=k.device)])
-    scores = scores * out.score_scale
-    if out.score_softcap is not None:  # Gemma 2 caps its scores before the mask
-        scores = torch.tanh(scores / out.score_softcap) * out.score_softcap
-    allowed = out.mask[0]
-    masked = scores.masked_fill(~allowed[None], float("-inf"))
+    scores = trace.layer_scores(layer)  # (head, q_pos, k_pos), Gemma 2's cap included
+    masked = np.where(trace.mask, scores, np.float32(-np.inf))
     weights = out.weights[layer][0]
     concat = seen["concat"]
     probs = torch.softmax(logits.float(), dim=-1)
@@ -213,8 +206,8 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
         embeddings = embeddings / scale
     norm = block.input_layernorm
     return DecoderWalk(
-        tokens=tuple(encoded.tokens),
-        labels=readable_tokens(encoded.tokens, family.word_rule),
+        tokens=tuple(trace.tokens),
+        labels=trace.labels,
         token_ids=encoded.input_ids[0].cpu().numpy().astype(np.int64),
         layer=layer,
         model_type=str(config.model_type),
@@ -228,8 +221,8 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, encoded: Encoded
         keys_before_rotary=_np(seen["k_before"].reshape(n, n_kv, d_head).transpose(0, 1)),
         queries=_np(q), keys=_np(k), values=_np(v),
         rotary_cos=_np(cos), rotary_sin=_np(sin),
-        scores=_np(scores), masked_scores=_np(masked), weights=_np(weights),
-        mask=allowed.cpu().numpy().astype(bool),
+        scores=scores, masked_scores=masked, weights=_np(weights),
+        mask=np.array(trace.mask, dtype=bool),
         head_outputs=_np(concat.view(n, n_heads, d_head).transpose(0, 1)),
         concat=_np(concat),
         attention_output=_np(seen["attention_output"]),

@@ -44,6 +44,7 @@ def test_softmax_of_the_masked_scores_is_the_models_weights(walked):
     assert np.isneginf(wt.masked_scores[:, ~wt.mask]).all() and (wt.weights[:, ~wt.mask] == 0).all()
     np.testing.assert_array_equal(wt.mask, np.tril(np.ones_like(wt.mask)))
     np.testing.assert_allclose(torch.softmax(torch.tensor(wt.masked_scores), -1).numpy(), wt.weights, atol=1e-6)
+    np.testing.assert_allclose(wt.scores, trace.scores[LAYER], atol=1e-6)  # the trace's one layer, cap included
 
 
 def test_the_rotary_step_is_transformers_rotation(walked):
