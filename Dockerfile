@@ -55,10 +55,10 @@ ENV HOME=/home/user \
 WORKDIR /home/user/app
 
 # The bundled decoder, SmolLM2-135M-Instruct: its GGUF file converted once, here, into a ~540 MB model folder
-# under AE_MODEL_CACHE, so the container loads it in a second, offline. Only model_core/bundled.py and the
+# under AE_MODEL_CACHE, so the container loads it in a second, offline. Only model_core/models/bundled.py and the
 # script come in first (the script loads that file alone), so a change to the rest of the code keeps this layer.
 ENV AE_MODEL_CACHE=/home/user/.cache/attention-explorer/models
-COPY --chown=user model_core/bundled.py model_core/bundled.py
+COPY --chown=user model_core/models/bundled.py model_core/models/bundled.py
 COPY --chown=user docker/convert_bundled.py docker/convert_bundled.py
 RUN python docker/convert_bundled.py
 

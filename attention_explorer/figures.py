@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import plotly.graph_objects as go
 
-from model_core.aggregate import pool_matrix
+from model_core.analysis.aggregate import pool_matrix
 
 WEIGHT_SCALE = "Blues"
 SCORE_SCALE = "RdBu_r"

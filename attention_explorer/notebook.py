@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attention_explorer.saved import load_trace, save_trace
-from model_core.request import TraceRequest, build_trace
-from model_core.trace import AttentionTrace
+from model_core.trace.request import TraceRequest, build_trace
+from model_core.trace.trace import AttentionTrace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,14 +99,14 @@ class Trace:
         _check(layer, t.n_layers, "layer")
         _check(head, t.n_heads, "head")
         masked = ~np.asarray(t.mask, dtype=bool) if t.causal else None
-        return attention_heatmap(t.attentions[layer, head], t.tokens, title=f"Layer {layer}, head {head}",
+        return attention_heatmap(t.weights[layer, head], t.tokens, title=f"Layer {layer}, head {head}",
                                  sentence_b_start=t.sentence_b_start, masked=masked)
 
     def overview(self, *, words: bool = False) -> go.Figure:
         """Every layer x head as small multiples in one Plotly heatmap."""
         from attention_explorer.figures import overview_mosaic
 
-        return overview_mosaic(self._level(words).attentions)
+        return overview_mosaic(self._level(words).weights)
 
     # -- bertviz views, offline --------------------------------------------------------------------
     def head_view(self, layers: list[int] | None = None, heads: list[int] | None = None, *,
@@ -139,7 +139,7 @@ class Trace:
         """
         from model_core.analysis.rollout import attention_rollout
 
-        return attention_rollout(self.core.attentions, self.core.head_mask, residual)
+        return attention_rollout(self.core.weights, self.core.head_mask, residual)
 
     def norm_weighted(self) -> np.ndarray:
         """‖α_ij f(x_j)‖, the weights times each value's norm after the head's output projection (Kobayashi et al.).
@@ -148,7 +148,7 @@ class Trace:
         """
         from model_core.analysis.norms import norm_weighted_attention
 
-        return norm_weighted_attention(self.core.attentions, self.core.value_norms)
+        return norm_weighted_attention(self.core.weights, self.core.value_norms)
 
     def head_stats(self) -> HeadStats:
         """Clark et al.'s statistics of every head (entropy, weight on [CLS], [SEP], punctuation...)."""
@@ -173,14 +173,14 @@ class Trace:
         import pandas as pd
 
         t = self._level(words)
-        n_layers, n_heads, n, _ = t.attentions.shape
+        n_layers, n_heads, n, _ = t.weights.shape
         layer, head, q, k = np.meshgrid(np.arange(n_layers), np.arange(n_heads), np.arange(n), np.arange(n),
                                         indexing="ij")
-        visible = np.broadcast_to(np.asarray(t.mask, dtype=bool), t.attentions.shape).ravel()
+        visible = np.broadcast_to(np.asarray(t.mask, dtype=bool), t.weights.shape).ravel()
         tokens = np.asarray(t.tokens, dtype=object)
         frame = pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "q_pos": q.ravel(), "k_pos": k.ravel(),
                               "q_token": tokens[q.ravel()], "k_token": tokens[k.ravel()],
-                              "weight": np.asarray(t.attentions, dtype=np.float32).ravel()})
+                              "weight": np.asarray(t.weights, dtype=np.float32).ravel()})
         return frame[visible].reset_index(drop=True)
 
     def save(self, path: str | Path) -> Path:
@@ -243,13 +243,13 @@ def walk(text: str, layer: int = 0, text_b: str = "", *, model: str | None = Non
     MLP and the next token).
 
     Returns:
-        ``model_core.walkthrough.Walkthrough`` or ``model_core.walkthrough_decoder.DecoderWalk``; ``shapes()``
+        ``model_core.walk.encoder.Walkthrough`` or ``model_core.walk.decoder.DecoderWalk``; ``shapes()``
         lists every tensor's shape.
 
     Raises:
         ValueError: the layer does not exist, or the decoder has no block walk (GPT-2, Phi); the message says why.
     """
-    from model_core.request import build_walkthrough
+    from model_core.trace.request import build_walkthrough
 
     request = TraceRequest("pretrained", text, text_b or "", model_id=model)
     return build_walkthrough(request, layer, build_trace(request, device=device), device=device)

@@ -9,7 +9,7 @@ from plotly.colors import sample_colorscale
 
 from attention_explorer.figures import WEIGHT_SCALE, token_label
 from model_core import AttentionTrace
-from model_core.predictions import LogitLens, actual_next_ranks
+from model_core.analysis.predictions import LogitLens, actual_next_ranks
 from model_core.words import shown_text  # noqa: F401  (the pages import it from here)
 
 FINAL_COLOR = "#e4572e"  # the heatmaps' sentence-B line colour: the one accent of the app's figures

@@ -1,6 +1,6 @@
 """Save a whole AttentionTrace to one .npz file and load it back, every field as it was.
 
-``model_core.export`` writes the documented export keys for other tools; this keeps every field of the
+``model_core.io.export`` writes the documented export keys for other tools; this keeps every field of the
 trace (values, value norms, logits, the head mask...), so that a loaded trace draws and analyses exactly
 as the one that was saved.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 FORMAT = "attention-explorer-trace/1"
 # Fields that are not arrays: kept in one JSON document inside the file.

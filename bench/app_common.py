@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from model_core.request import MODEL_FIELDS, TraceRequest  # noqa: E402
+from model_core.trace.request import MODEL_FIELDS, TraceRequest  # noqa: E402
 from ui.fields import request_params  # noqa: E402
 
 MODEL_REQUESTS = {  # label -> the sidebar's request for that model (custom: bert-base shape is the default)

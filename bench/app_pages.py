@@ -25,7 +25,7 @@ def bertviz_bytes(model_label: str, n_tokens: int) -> dict[str, int | None]:
     from model_core import build_trace
 
     trace = build_trace(replace(MODEL_REQUESTS[model_label], text_a=text_of(n_tokens, 0, model_label)))
-    attention = tuple(torch.from_numpy(trace.attentions[i].copy())[None] for i in range(trace.n_layers))
+    attention = tuple(torch.from_numpy(trace.weights[i].copy())[None] for i in range(trace.n_layers))
     tokens = list(trace.tokens)
     out: dict[str, int | None] = {
         "raw_head": len(head_view(attention, tokens, html_action="return").data.encode()),

@@ -57,8 +57,8 @@ def main() -> None:
         masked = synthetic_trace(n, 12, 12, d_head=32, seed=1, head_mask=head_mask_from_off(12, 12, [(3, 4)]))
         cases: dict[str, Callable[[], object]] = {
             "contexts (compare_word 'flies')": lambda t=trace: compare_word(t, "flies"),
-            "rollout": lambda t=trace: attention_rollout(t.attentions),
-            "norm-weighted attention": lambda t=trace: norm_weighted_attention(t.attentions, t.value_norms),
+            "rollout": lambda t=trace: attention_rollout(t.weights),
+            "norm-weighted attention": lambda t=trace: norm_weighted_attention(t.weights, t.value_norms),
             "special-token mass": lambda t=trace: special_token_mass(t),
             "head statistics": lambda t=trace: head_stats(t),
             "masking comparison": lambda t=trace, m=masked: compare_masking(t, m),
@@ -71,11 +71,11 @@ def main() -> None:
             print(f"{name:<34}{n:>8}{best_ms(fn, args.repeat):>12.1f}", flush=True)
     for n in FLOW_SIZES:
         trace = synthetic_trace(n, 12, 12, d_head=8, seed=0)
-        ms = best_ms(lambda t=trace: attention_flow(t.attentions), 1)
+        ms = best_ms(lambda t=trace: attention_flow(t.weights), 1)
         print(f"{'flow, full matrix':<34}{n:>8}{ms:>12.1f}", flush=True)
     for n in FLOW_ROW_SIZES:
         trace = synthetic_trace(n, 12, 12, d_head=8, seed=0)
-        ms = best_ms(lambda t=trace: attention_flow(t.attentions, rows=[0]), 1)
+        ms = best_ms(lambda t=trace: attention_flow(t.weights, rows=[0]), 1)
         print(f"{'flow, [CLS] row only':<34}{n:>8}{ms:>12.1f}", flush=True)
 
 

@@ -55,7 +55,7 @@ def raw_views(trace, model_dir: Path, text_a: str, text_b: str) -> dict[str, str
     from bertviz.neuron_view import show
     from bertviz.transformers_neuron_view import BertModel, BertTokenizer
 
-    attention = tuple(torch.from_numpy(trace.attentions[layer].copy())[None] for layer in range(trace.n_layers))
+    attention = tuple(torch.from_numpy(trace.weights[layer].copy())[None] for layer in range(trace.n_layers))
     tokens = list(trace.tokens)
     pages = {
         "head": head_view(attention, tokens, trace.sentence_b_start, html_action="return").data,
@@ -77,7 +77,7 @@ def neuron_model_dir() -> Path:
     import torch
     from safetensors.torch import load_file
 
-    from model_core.loading import bundled_model_path
+    from model_core.models.loading import bundled_model_path
 
     src = bundled_model_path()
     out = Path(tempfile.mkdtemp(prefix="bench_bertviz_"))

@@ -53,7 +53,7 @@ def _ids(tokenizer, n: int):
 def child(mode: str, n: int) -> dict:
     import torch
 
-    from model_core.bundled import ensure_bundled_decoder
+    from model_core.models.bundled import ensure_bundled_decoder
     from model_core.settings import BUNDLED_DECODER_ID
 
     torch.set_num_threads(int(os.environ.get("AE_TORCH_THREADS") or os.cpu_count() or 1))
@@ -69,8 +69,8 @@ def child(mode: str, n: int) -> dict:
             t = time.perf_counter()
             model.model(input_ids=ids, use_cache=False)
             return {"seconds": time.perf_counter() - t}
-    from model_core.compact_build import build_compact
-    from model_core.request import Models, TraceRequest
+    from model_core.compact.build import build_compact
+    from model_core.trace.request import Models, TraceRequest
 
     models = Models()
     loaded = models.pretrained(BUNDLED_DECODER_ID, torch.device("cpu"))

@@ -36,7 +36,7 @@ def prompt(n: int) -> str:
     from transformers import AutoTokenizer
 
     from bench_compact import long_text
-    from model_core.bundled import ensure_bundled_decoder
+    from model_core.models.bundled import ensure_bundled_decoder
 
     tok = AutoTokenizer.from_pretrained(ensure_bundled_decoder())
     ids = tok(long_text(n), add_special_tokens=False)["input_ids"][:n]

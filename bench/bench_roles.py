@@ -87,7 +87,7 @@ def bench_probes(repeat: int) -> dict:
 
 
 def n_tokens(model_id: str, text: str) -> int:
-    from model_core.loading import load_pretrained
+    from model_core.models.loading import load_pretrained
 
     loaded = load_pretrained(model_id, device="cpu")
     return len(loaded.family.encode(loaded.tokenizer, text, max_tokens=8192).tokens)
@@ -102,7 +102,7 @@ def open_link(context, origin: str, path: str, params: dict, n: int) -> tuple[fl
 
 
 def bench_pages(repeat: int, shots: Path) -> None:
-    from model_core.loading import load_pretrained
+    from model_core.models.loading import load_pretrained
     from model_core.roles import probe_texts
 
     tok = load_pretrained(SMOL, device="cpu").tokenizer

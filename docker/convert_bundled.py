@@ -1,6 +1,6 @@
 """Convert the bundled decoder (SmolLM2-135M-Instruct) into ``$AE_MODEL_CACHE`` at image build time, and check it.
 
-Usage: ``python docker/convert_bundled.py``. Loads ``model_core/bundled.py`` by file path, not through the
+Usage: ``python docker/convert_bundled.py``. Loads ``model_core/models/bundled.py`` by file path, not through the
 package, so the Dockerfile can run it in a layer of its own before the rest of the code is copied: a code
 change does not redo the conversion. The check then loads the folder offline, as the app will.
 """
@@ -32,7 +32,7 @@ OFFLINE_CHECK = (
 
 
 def load_bundled_module():
-    """``model_core/bundled.py`` as a stand-alone module (it imports nothing from the package at import time)."""
+    """``model_core/models/bundled.py`` as a stand-alone module (it imports nothing from the package at import time)."""
     spec = importlib.util.spec_from_file_location("_ae_bundled", BUNDLED_FILE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from model_core.cli_compact import (
+from model_core.cli.compact import (
     add_export_options,
     add_weights_parser,
     export_compact,
     read_text,
     weights_main,
 )
-from model_core.export import write_trace
+from model_core.io.export import write_trace
 from model_core.roles.cli import add_roles_parser, roles_main
 
 MODEL_CHOICES = ["pretrained", "custom", "bert"]
@@ -120,7 +120,7 @@ def _read_corpus(args: argparse.Namespace):
 def corpus_main(args: argparse.Namespace) -> int:
     """The ``corpus`` verb: read, run with a progress bar, print where the run is."""
     from model_core.corpus import CorpusModel, RunOptions, run_corpus
-    from model_core.memory import fixed_mmap_threshold
+    from model_core.models.memory import fixed_mmap_threshold
 
     fixed_mmap_threshold()  # a long run's peak memory stays that of its largest batch
     if args.model != "custom" and (args.causal or args.weights != "random"):
@@ -216,7 +216,7 @@ def models_main(args: argparse.Namespace) -> int:
     import json
 
     if args.prepare:
-        from model_core.bundled import ensure_bundled_decoder
+        from model_core.models.bundled import ensure_bundled_decoder
 
         try:
             folder = ensure_bundled_decoder(progress=lambda message: print(message, file=sys.stderr))
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_NOT_PRETRAINED, file=sys.stderr)
         return 2
     try:
-        from model_core.request import TraceRequest, build_trace
+        from model_core.trace.request import TraceRequest, build_trace
 
         request = TraceRequest(args.model, text, args.text_b, model_id=args.model_id, weights=args.weights,
                                seed=args.seed, causal=args.causal, norm_placement=args.norm, num_hidden_layers=args.layers,

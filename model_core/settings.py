@@ -15,7 +15,7 @@ HARD_MAX_TOKENS = 8192
 """The most ``AE_MAX_TOKENS`` may be (SmolLM2's position table has 8,192 rows; BERT's 512 limit it further)."""
 
 DEFAULT_MAX_TOKENS = 4096
-"""The longest input by default: a decoder's long prompt is traced in compact form (``model_core.compact``)."""
+"""The longest input by default: a decoder's long prompt is traced in compact form (``model_core.compact.trace``)."""
 
 DEFAULT_FULL_TRACE_MB = 320
 """The largest full trace by default, in MB of float32 weights (layer x head x n²): SmolLM2 (270 heads) up to 544

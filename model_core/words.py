@@ -160,7 +160,7 @@ def word_level_trace(trace, words: WordSpans, attentions: np.ndarray | None = No
     Args:
         trace: the piece-level ``AttentionTrace``.
         words: ``word_spans(trace.tokens)``.
-        attentions: ``words.merge(trace.attentions)`` when it is already at hand (a cache).
+        attentions: ``words.merge(trace.weights)`` when it is already at hand (a cache).
     """
     from dataclasses import replace
 
@@ -172,7 +172,7 @@ def word_level_trace(trace, words: WordSpans, attentions: np.ndarray | None = No
         return np.moveaxis(np.tensordot(mean, np.moveaxis(np.asarray(x, dtype=np.float64), axis, 0), axes=1),
                            0, axis).astype(np.float32)
 
-    merged = words.merge(trace.attentions) if attentions is None else attentions
+    merged = words.merge(trace.weights) if attentions is None else attentions
     mask = (member @ np.asarray(trace.mask, dtype=np.float64) @ member.T) > 0
     lasts = [b - 1 for _, b in words.spans]  # a decoder's next token after a word is the one after its last piece
     predictions = {} if trace.next_token_ids is None else dict(
@@ -181,7 +181,7 @@ def word_level_trace(trace, words: WordSpans, attentions: np.ndarray | None = No
     new = replace(
         trace, tokens=words.words, token_ids=np.asarray(trace.token_ids)[firsts],
         token_type_ids=np.asarray(trace.token_type_ids)[firsts],
-        sentence_b_start=words.word_start(trace.sentence_b_start), attentions=np.array(merged), mask=mask,
+        sentence_b_start=words.word_start(trace.sentence_b_start), weights=np.array(merged), mask=mask,
         queries=rows(trace.queries, 2), keys=rows(trace.keys, 2), values=rows(trace.values, 2),
         value_norms=rows(trace.value_norms, 2), hidden_states=rows(trace.hidden_states, 1),
         description=trace.description + " · words", **predictions)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from model_core.analysis import grid_to_csv, norm_weighted_attention, special_token_mass
-from model_core.tables import token_matrix_to_csv
+from model_core.io.tables import token_matrix_to_csv
 from attention_explorer.analysis_figures import special_mass_figure
 from ui.analysis_widgets import (
     bundle_buttons,
@@ -45,8 +45,8 @@ csv_labels = [f"{i} {t}" for i, t in enumerate(ctx.labels(raw=True)[0])]  # the 
 
 def _head(layer: int, head: int) -> None:
     """Raw and norm-weighted attention of the focused head, with their CSVs: a head change reruns only this."""
-    raw, tokens, b = ctx.shown(trace.attentions[layer, head])  # merged into words when the sidebar asks
-    weighted = ctx.shown(norm_weighted_attention(trace.attentions[layer : layer + 1, head : head + 1],
+    raw, tokens, b = ctx.shown(trace.weights[layer, head])  # merged into words when the sidebar asks
+    weighted = ctx.shown(norm_weighted_attention(trace.weights[layer : layer + 1, head : head + 1],
                                                  trace.value_norms[layer : layer + 1, head : head + 1])[0, 0])[0]
     st.markdown(f"**Layer {layer}, head {head}**")
     hide = positions_outside_window(len(tokens), "norms_window", "two matrices")

@@ -8,7 +8,7 @@ import streamlit as st
 from attention_explorer.analysis_figures import relevance_figure
 from attention_explorer.figures import attention_heatmap
 from model_core.analysis import FLOW_MAX_TOKENS, FLOW_MAX_TOKENS_ONE_ROW, normalize_rows
-from model_core.tables import matrix_to_csv, position_labels, token_matrix_to_csv
+from model_core.io.tables import matrix_to_csv, position_labels, token_matrix_to_csv
 from model_core.words import markdown_text
 from ui.analysis_widgets import (
     bundle_buttons,

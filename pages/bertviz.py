@@ -61,7 +61,7 @@ if ctx.words is not None:
                    "belong to pieces.")
     else:
         # The head and model views read only the weights and the tokens: give them the words.
-        t = word_level_trace(t, ctx.words, ctx.attentions())
+        t = word_level_trace(t, ctx.words, ctx.weights())
         st.info(ctx.words_note(), icon=":material/join:")
 
 layers: list[int] | None

@@ -2,16 +2,16 @@
 
 One forward pass: the model's own steps come from the trace, and the other variant (the causal mask on a
 bidirectional model, no mask on a causal one) is derived from the same head's real queries and keys
-(``model_core.mask_steps``), so the page costs no second run of the model.
+(``model_core.analysis.mask_steps``), so the page costs no second run of the model.
 """
 
 import math
 
 import streamlit as st
 
-from model_core.tables import token_matrix_to_csv
-from model_core.compact_views import window_steps
-from model_core.mask_steps import MaskSteps, mask_steps
+from model_core.io.tables import token_matrix_to_csv
+from model_core.compact.views import window_steps
+from model_core.analysis.mask_steps import MaskSteps, mask_steps
 from ui.analysis_widgets import positions_outside_window
 from ui.context import require_trace
 from attention_explorer.figures import SCORE_SCALE, attention_heatmap

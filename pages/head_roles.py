@@ -17,7 +17,7 @@ from model_core.roles import (
     SEQ_LEN,
 )
 from model_core.roles.retrieval import DEPTHS
-from model_core.tables import rows_to_csv
+from model_core.io.tables import rows_to_csv
 from ui.analysis_widgets import (
     clicked_cell,
     csv_button,

@@ -4,9 +4,9 @@ import numpy as np
 import streamlit as st
 
 from model_core.analysis import stat_titles
-from model_core.export import trace_to_npz_bytes
-from model_core.tables import matrix_to_csv, position_labels, token_matrix_to_csv
-from model_core.aggregate import marker_positions, selection_attention
+from model_core.io.export import trace_to_npz_bytes
+from model_core.io.tables import matrix_to_csv, position_labels, token_matrix_to_csv
+from model_core.analysis.aggregate import marker_positions, selection_attention
 from ui.context import require_trace
 from ui.derived import cached_head_stats, overview_mosaic_cells
 from ui.downloads import figure_config
@@ -66,7 +66,7 @@ def _focus_clicked_head() -> None:
 
 
 with view_guard("overview"):
-    st.plotly_chart(overview_mosaic(ctx.attentions(), max_cells=cells,
+    st.plotly_chart(overview_mosaic(ctx.weights(), max_cells=cells,
                                     mosaic=overview_mosaic_cells(t, ctx.words is not None, cells)),
                     config=figure_config("attention_overview"),
                     key="overview", on_select=_focus_clicked_head, selection_mode="points")
@@ -128,7 +128,7 @@ selected = s1.multiselect("Tokens", range(n_shown), format_func=lambda i: f"{i}:
 direction = s2.radio("Show", ["sent", "received"], horizontal=True, key="sel_direction",
                      format_func={"sent": "what the selection attends to", "received": "what attends to it"}.get)
 if selected:
-    values = selection_attention(ctx.attentions(), selected, direction)  # (layer, head, pos)
+    values = selection_attention(ctx.weights(), selected, direction)  # (layer, head, pos)
     what = ("the mean of the selected rows: how much the selection sends to each token" if direction == "sent" else
             "the sum of the selected columns: how much each token sends to the selection")
     with view_guard("selection grid"):

@@ -47,7 +47,7 @@ else:
         st.subheader(f"Layer {layer}, head {head}")
         st.caption(t.description)
         with view_guard("heatmap"):
-            matrix, labels, b = ctx.shown(t.attentions[layer, head])  # words, when the sidebar asks for them
+            matrix, labels, b = ctx.shown(t.weights[layer, head])  # words, when the sidebar asks for them
             st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b), config=figure_config(f"attention_L{layer}_H{head}"),
                             key="home_heatmap")
         st.caption("Darker = more attention. The dotted line marks where sentence B starts. Pick another layer "

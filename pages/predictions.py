@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from model_core.predictions import next_token_rows
+from model_core.analysis.predictions import next_token_rows
 from model_core.settings import BUNDLED_DECODER_ID
-from model_core.tables import rows_to_csv
+from model_core.io.tables import rows_to_csv
 from ui.analysis_widgets import csv_button, how_to_read, show_figure
 from ui.context import require_trace
 from ui.derived import trace_key

@@ -18,7 +18,7 @@ REAL_BASES = {"PYTHON_IMAGE": "docker.io/library/python:3.11-slim-bookworm",
 STANDINS = {"PYTHON_IMAGE": ("localhost/ae-standin-python:bookworm", "standin-python.Containerfile"),
             "NODE_IMAGE": ("localhost/ae-standin-node:bookworm", "standin-node.Containerfile")}
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-BUNDLED_DECODER_ID, BUNDLED_DECODER_DIR = "bundled:SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"  # model_core/bundled.py
+BUNDLED_DECODER_ID, BUNDLED_DECODER_DIR = "bundled:SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"  # model_core/models/bundled.py
 IMAGE = "localhost/attention-explorer:image-test"
 PRELOAD_DIR = "docker/models/ae-image-test-tiny-bert"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}

@@ -147,7 +147,7 @@ def check_bundled_decoder(report: Report, box: Container) -> None:
         return
     megabytes = int(listing.stdout.split()[0]) / 1024
     report.figures["bundled decoder MB"] = round(megabytes)
-    found = box.run("python", "-c", FIND_BUNDLED, f"{app}/model_core/bundled.py")
+    found = box.run("python", "-c", FIND_BUNDLED, f"{app}/model_core/models/bundled.py")
     try:
         path, messages = json.loads(found.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):

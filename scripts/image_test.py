@@ -203,7 +203,7 @@ def make_tiny_bert(folder: Path) -> None:
     """A tiny random BERT with the bundled model's tokenizer: a real model folder, made offline."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from model_core.loading import bundled_model_path
+    from model_core.models.loading import bundled_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(bundled_model_path()), local_files_only=True)
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def bundled():
-    from model_core.loading import load_pretrained
+    from model_core.models.loading import load_pretrained
 
     return load_pretrained(None, device="cpu")
 

@@ -54,13 +54,13 @@ class Forward:
         logits: final next-token logits. Shape: (pos, vocab).
         hidden_states: the input of the first layer (the embeddings), then every decoder layer's output,
             before the final norm. Shape: (layer + 1, pos, hidden).
-        attentions: eager softmax weights. Shape: (layer, head, q_pos, k_pos).
+        weights: eager softmax weights. Shape: (layer, head, q_pos, k_pos).
     """
 
     tokens: tuple[str, ...]
     logits: np.ndarray
     hidden_states: np.ndarray
-    attentions: np.ndarray
+    weights: np.ndarray
 
     def __post_init__(self) -> None:
         _freeze(self)
@@ -158,14 +158,14 @@ def _run(folder, text: str, pre_hooks: dict | None = None) -> Forward:
         tokens=tokens,
         logits=out.logits[0].float().numpy(),
         hidden_states=torch.cat(captured).float().numpy(),  # (layer + 1, pos, hidden)
-        attentions=torch.cat(out.attentions).float().numpy(),  # (layer, head, q_pos, k_pos)
+        weights=torch.cat(out.attentions).float().numpy(),  # (layer, head, q_pos, k_pos)
     )
 
 
 def eager_attentions(folder, text: str) -> tuple[tuple[str, ...], np.ndarray]:
     """The tokens and the eager model's ``output_attentions``, stacked. Shape: (layer, head, q_pos, k_pos)."""
     ref = reference_forward(folder, text)
-    return ref.tokens, ref.attentions
+    return ref.tokens, ref.weights
 
 
 @lru_cache(maxsize=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 DEFAULT_A = ("time", "flies", "like", "an", "arrow")
 DEFAULT_B = ("fruit", "flies", "like", "a", "banana")
@@ -72,7 +72,7 @@ def synthetic_trace(
         token_ids=np.arange(n, dtype=np.int64),
         token_type_ids=types,
         sentence_b_start=sentence_b_start,
-        attentions=weights,
+        weights=weights,
         mask=mask,
         queries=queries,
         keys=keys,

@@ -90,7 +90,7 @@ def _naive_binned(trace, span, support, window):
         for head in range(trace.n_heads):
             for q in range(span.start, span.end):
                 for k in range(trace.n_tokens):
-                    out[layer, head, assignment[k]] += trace.attentions[layer, head, q, k] / span.n_subtokens
+                    out[layer, head, assignment[k]] += trace.weights[layer, head, q, k] / span.n_subtokens
     return out
 
 

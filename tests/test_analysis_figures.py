@@ -23,10 +23,10 @@ def test_plotly_config_sets_the_download_format_and_name():
 
 def test_token_matrix_keeps_repeated_tokens_apart():
     trace = synthetic_trace(13, 1, 1)
-    fig = attention_heatmap(trace.attentions[0, 0], trace.tokens, title="t")
+    fig = attention_heatmap(trace.weights[0, 0], trace.tokens, title="t")
     assert list(fig.layout.xaxis.ticktext).count("flies") == 2
     assert len(set(fig.data[0].x)) == 13  # "2: flies" and "8: flies" are two columns
-    np.testing.assert_allclose(np.asarray(fig.data[0].z), trace.attentions[0, 0], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(fig.data[0].z), trace.weights[0, 0], atol=1e-5)
 
 
 def test_clickable_grid_has_one_point_per_defined_head():

@@ -12,7 +12,7 @@ PUNCT_PAIR = ("[CLS]", "time", "flies", ",", "fast", "[SEP]", "fruit", "flies", 
 
 
 def _with_attentions(trace, att):
-    return type(trace)(**{**trace.__dict__, "attentions": np.asarray(att, dtype=np.float32)})
+    return type(trace)(**{**trace.__dict__, "weights": np.asarray(att, dtype=np.float32)})
 
 
 def test_head_stats_match_naive_loops_on_a_pair_with_punctuation():
@@ -21,7 +21,7 @@ def test_head_stats_match_naive_loops_on_a_pair_with_punctuation():
     n = trace.n_tokens
     for layer in range(2):
         for head in range(3):
-            a = trace.attentions[layer, head].astype(np.float64)
+            a = trace.weights[layer, head].astype(np.float64)
             ent = np.mean([-sum(p * math.log2(p) for p in row if p > 0) for row in a])
             assert stats.entropy[layer, head] == pytest.approx(ent, rel=1e-9)
             assert stats.to_cls[layer, head] == pytest.approx(np.mean([a[i, 0] for i in range(n)]))
@@ -74,4 +74,4 @@ def test_max_weight_is_the_largest_single_weight_of_each_head():
     stats = head_stats(trace)
     for layer in range(3):
         for head in range(2):
-            assert stats.max_weight[layer, head] == max(max(row) for row in trace.attentions[layer, head].tolist())
+            assert stats.max_weight[layer, head] == max(max(row) for row in trace.weights[layer, head].tolist())

@@ -26,8 +26,8 @@ def test_effect_matches_naive_loops_and_blanks_switched_off_heads():
     assert effect.first_masked_layer == 1
     assert np.isnan(effect.attention_tv[1, 2]) and np.isnan(effect.attention_js[1, 2])
     for layer, head in [(0, 0), (1, 1)]:
-        p = base.attentions[layer, head].astype(np.float64)
-        q = masked.attentions[layer, head].astype(np.float64)
+        p = base.weights[layer, head].astype(np.float64)
+        q = masked.weights[layer, head].astype(np.float64)
         tv = np.mean([0.5 * sum(abs(p[i, k] - q[i, k]) for k in range(13)) for i in range(13)])
         assert effect.attention_tv[layer, head] == pytest.approx(tv)
     h1 = base.hidden_states[:, 0].astype(np.float64)
@@ -64,8 +64,8 @@ def test_tv_and_js_equal_naive_loops_across_row_blocks(causal):
     masked = synthetic_trace(n, 2, 2, seed=4, causal=causal, head_mask=head_mask_from_off(2, 2, [(1, 1)]))
     effect = compare_masking(base, masked)
     for layer, head in [(0, 0), (0, 1), (1, 0)]:
-        p = base.attentions[layer, head].astype(np.float64)
-        q = masked.attentions[layer, head].astype(np.float64)
+        p = base.weights[layer, head].astype(np.float64)
+        q = masked.weights[layer, head].astype(np.float64)
         tvs, jss = [], []
         for i in range(n):
             pi, qi = p[i] / p[i].sum(), q[i] / q[i].sum()

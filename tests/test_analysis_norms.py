@@ -37,7 +37,7 @@ def test_special_token_mass_hand_worked_small_sep_value():
     trace = synthetic_trace(tokens=tokens, n_layers=1, n_heads=1)
     att = np.tile(np.array([0.1, 0.1, 0.8], dtype=np.float32), (1, 1, 3, 1))
     norms = np.array([[[1.0, 1.0, 0.01]]], dtype=np.float32)
-    trace = type(trace)(**{**trace.__dict__, "attentions": att, "value_norms": norms})
+    trace = type(trace)(**{**trace.__dict__, "weights": att, "value_norms": norms})
     mass = special_token_mass(trace)
     assert mass.raw_sep[0, 0] == pytest.approx(0.8)
     assert mass.raw_cls[0, 0] == pytest.approx(0.1)
@@ -51,8 +51,8 @@ def test_special_token_mass_matches_naive_loop_on_a_pair():
     seps = [k for k, t in enumerate(trace.tokens) if t == "[SEP]"]
     for layer in range(2):
         for head in range(3):
-            weighted = trace.attentions[layer, head].astype(np.float64) * trace.value_norms[layer, head]
+            weighted = trace.weights[layer, head].astype(np.float64) * trace.value_norms[layer, head]
             assert mass.norm_sep[layer, head] == pytest.approx(weighted[:, seps].sum() / weighted.sum())
-            assert mass.raw_sep[layer, head] == pytest.approx(trace.attentions[layer, head][:, seps].sum() / 13)
+            assert mass.raw_sep[layer, head] == pytest.approx(trace.weights[layer, head][:, seps].sum() / 13)
     assert set(mass.per_layer()) == {"raw [CLS]", "raw [SEP]", "norm-weighted [CLS]", "norm-weighted [SEP]"}
     assert mass.per_layer()["raw [SEP]"].shape == (2,)

@@ -38,7 +38,7 @@ def test_contexts_of_flies_match_a_naive_recomputation(bert):
     for span, dist in ((first, result.dist_first), (second, result.dist_second)):
         bins = bin_assignment(bert, span, "categories")
         for layer, head in [(0, 0), (3, 7), (5, 11)]:
-            expected = np.bincount(bins, weights=bert.attentions[layer, head, span.start], minlength=7)
+            expected = np.bincount(bins, weights=bert.weights[layer, head, span.start], minlength=7)
             np.testing.assert_allclose(dist[layer, head], expected, atol=1e-6)
     for layer, head in [(0, 0), (3, 7), (5, 11)]:
         ref = jensenshannon(result.dist_first[layer, head], result.dist_second[layer, head], base=2) ** 2
@@ -51,17 +51,17 @@ def test_contexts_of_flies_match_a_naive_recomputation(bert):
 
 
 def test_flow_on_real_bert_matches_networkx_and_rollout_rows_sum_to_one(bert):
-    mixed = mixed_attention(bert.attentions)
+    mixed = mixed_attention(bert.weights)
     graph = nx.DiGraph()
     n_layers, n, _ = mixed.shape
     for layer in range(n_layers):
         for i in range(n):
             for j in range(n):
                 graph.add_edge((layer, j), (layer + 1, i), capacity=float(mixed[layer, i, j]))
-    flow = attention_flow(bert.attentions)
+    flow = attention_flow(bert.weights)
     for i, j in [(0, 0), (0, 2), (0, 12), (5, 8), (12, 1)]:
         assert flow[i, j] == pytest.approx(nx.maximum_flow_value(graph, (0, j), (n_layers, i)), abs=1e-4)
-    rollout = attention_rollout(bert.attentions)
+    rollout = attention_rollout(bert.weights)
     np.testing.assert_allclose(rollout.sum(-1), 1.0, atol=1e-6)
     assert np.argmax(rollout[-1, 0]) == 0  # the residual keeps [CLS] its own largest source
 
@@ -74,8 +74,8 @@ def test_value_norms_are_norms_of_values_through_bert_output_projection(bert):
         for head in (0, 11):
             f = bert.values[layer, head].astype(np.float64) @ w_o[:, head * d_head : (head + 1) * d_head].T
             np.testing.assert_allclose(bert.value_norms[layer, head], np.linalg.norm(f, axis=-1), rtol=1e-4)
-    weighted = norm_weighted_attention(bert.attentions, bert.value_norms)
-    assert weighted.shape == bert.attentions.shape
+    weighted = norm_weighted_attention(bert.weights, bert.value_norms)
+    assert weighted.shape == bert.weights.shape
 
 
 def test_bert_attention_to_cls_carries_little(bert):
@@ -88,7 +88,7 @@ def test_bert_attention_to_cls_carries_little(bert):
 def test_bert_has_a_previous_token_head_and_stats_match_a_loop(bert):
     stats = head_stats(bert)
     assert stats.to_prev.max() > 0.8  # Clark et al. found heads that attend to the previous token
-    a = bert.attentions[2, 3].astype(np.float64)
+    a = bert.weights[2, 3].astype(np.float64)
     assert stats.to_prev[2, 3] == pytest.approx(np.mean([a[i, i - 1] for i in range(1, 13)]), abs=1e-6)
     assert stats.a_to_b[2, 3] == pytest.approx(np.mean([a[i, 7:12].sum() for i in range(1, 6)]), abs=1e-6)
 

@@ -86,8 +86,8 @@ def test_flow_matches_networkx_max_flow_on_small_graphs(seed):
 
 def test_flow_matches_networkx_on_a_causal_trace():
     trace = synthetic_trace(6, 2, 2, seed=3, causal=True)
-    expected = _networkx_flow(mixed_attention(trace.attentions))
-    np.testing.assert_allclose(attention_flow(trace.attentions), expected, atol=1e-5)
+    expected = _networkx_flow(mixed_attention(trace.weights))
+    np.testing.assert_allclose(attention_flow(trace.weights), expected, atol=1e-5)
 
 
 def test_flow_hand_worked_two_layers():

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 from attention_explorer.views import size
 from bertviz_decode import decode_params
 from attention_explorer import views as bv
@@ -38,7 +38,7 @@ def synthetic_trace(n_a: int = 6, n_b: int = 0, n_layers: int = 3, n_heads: int 
     w /= w.sum(-1, keepdims=True)
     return AttentionTrace(
         tokens=tuple(tokens), token_ids=np.arange(n), token_type_ids=np.array([0] * n_a + [1] * n_b),
-        sentence_b_start=n_a if n_b else None, attentions=w.astype(np.float32), mask=mask, queries=q, keys=k,
+        sentence_b_start=n_a if n_b else None, weights=w.astype(np.float32), mask=mask, queries=q, keys=k,
         values=rng.normal(size=q.shape).astype(np.float32), value_norms=np.ones((n_layers, n_heads, n), np.float32),
         hidden_states=np.zeros((n_layers + 1, n, 16), np.float32), model_kind="custom", causal=causal,
         description="synthetic",
@@ -62,8 +62,8 @@ def test_head_view_weights_decode_within_5e_4_of_the_trace():
     trace = synthetic_trace(7, 5, seed=2)
     params = decode_params(bv.head_view_html(trace))
     sent = np.asarray(params["attention"][0]["attn"])
-    assert sent.shape == trace.attentions.shape
-    assert np.abs(sent - trace.attentions).max() <= 5e-4 + 1e-7
+    assert sent.shape == trace.weights.shape
+    assert np.abs(sent - trace.weights).max() <= 5e-4 + 1e-7
 
 
 def test_neuron_view_queries_and_keys_decode_within_5e_4_of_the_trace():
@@ -72,7 +72,7 @@ def test_neuron_view_queries_and_keys_decode_within_5e_4_of_the_trace():
     full = params["attention"]["all"]
     assert np.abs(np.asarray(full["queries"][0]) - trace.queries[2]).max() <= 5e-4 + 1e-7
     assert np.abs(np.asarray(full["keys"][0]) - trace.keys[2]).max() <= 5e-4 + 1e-7
-    assert np.abs(np.asarray(full["attn"][0]) - trace.attentions[2]).max() <= 5e-4 + 1e-7
+    assert np.abs(np.asarray(full["attn"][0]) - trace.weights[2]).max() <= 5e-4 + 1e-7
 
 
 def test_neuron_view_dot_products_from_sent_vectors_match_the_trace_scores():
@@ -92,7 +92,7 @@ def test_inputs_have_one_tensor_per_shown_layer_with_a_batch_of_one():
     for layer in range(3):
         assert tuple(args["attention"][layer].shape) == (1, 4, 10, 10)
     assert args["attention"][1].untyped_storage().nbytes() == 4  # not shown: a broadcast zero, not sent
-    assert np.abs(args["attention"][2][0].numpy() / bv.SCALE - trace.attentions[2]).max() <= 5e-4 + 1e-7
+    assert np.abs(args["attention"][2][0].numpy() / bv.SCALE - trace.weights[2]).max() <= 5e-4 + 1e-7
     assert args["include_layers"] == [0, 2]
     assert args["tokens"] == list(trace.tokens) and args["sentence_b_start"] == 6
 
@@ -113,7 +113,7 @@ def test_bertviz_accepts_the_inputs_and_names_the_four_pair_filters():
 def test_pair_blocks_are_the_slices_of_the_full_matrix():
     trace = synthetic_trace(6, 4, seed=5)
     params = decode_params(bv.head_view_html(trace, layers=[1]))
-    full = trace.attentions[[1]]
+    full = trace.weights[[1]]
     a, b = slice(0, 6), slice(6, 10)
     for name, rows, cols in (("Sentence A -> Sentence A", a, a), ("Sentence A -> Sentence B", a, b),
                              ("Sentence B -> Sentence A", b, a), ("Sentence B -> Sentence B", b, b)):
@@ -143,10 +143,10 @@ def test_only_the_shown_layers_and_heads_are_sent():
     head = decode_params(bv.head_view_html(trace, layers=[2]))
     assert np.asarray(head["attention"][0]["attn"]).shape == (1, 4, 5, 5) and head["include_layers"] == [2]
     two_heads = decode_params(bv.head_view_html(trace, layers=[1], heads=[3, 1]))
-    np.testing.assert_allclose(two_heads["attention"][0]["attn"][0], trace.attentions[1, [3, 1]], atol=5e-4 + 1e-7)
+    np.testing.assert_allclose(two_heads["attention"][0]["attn"][0], trace.weights[1, [3, 1]], atol=5e-4 + 1e-7)
     model = decode_params(bv.model_view_html(trace, layers=[1, 3], heads=[0, 2]))
     assert np.asarray(model["attention"][0]["attn"]).shape == (2, 2, 5, 5)
-    np.testing.assert_allclose(model["attention"][0]["attn"][1][1], trace.attentions[3, 2], atol=5e-4 + 1e-7)
+    np.testing.assert_allclose(model["attention"][0]["attn"][1][1], trace.weights[3, 2], atol=5e-4 + 1e-7)
     assert model["include_layers"] == [1, 3] and model["include_heads"] == [0, 2]
     neuron = decode_params(bv.neuron_view_html(trace, layer=3))
     assert np.asarray(neuron["attention"]["all"]["attn"]).shape == (1, 4, 5, 5)
@@ -198,7 +198,7 @@ def test_token_window_slices_and_renumbers_the_pair():
     trace = synthetic_trace(6, 6, seed=6)
     args = bv.bertviz_inputs(trace, layers=[0], token_window=(4, 9))
     assert args["tokens"] == list(trace.tokens[4:9]) and args["sentence_b_start"] == 2
-    np.testing.assert_allclose(args["attention"][0][0].numpy() / bv.SCALE, trace.attentions[0, :, 4:9, 4:9], atol=5e-4 + 1e-7)
+    np.testing.assert_allclose(args["attention"][0][0].numpy() / bv.SCALE, trace.weights[0, :, 4:9, 4:9], atol=5e-4 + 1e-7)
 
 
 def test_a_window_inside_one_sentence_is_shown_as_one_sentence():
@@ -303,7 +303,7 @@ def test_every_view_of_both_models_carries_the_trace(real_traces, model, kind):
     full = params["attention"]["all"] if kind == "neuron" else params["attention"][0]
     assert full["left_text"] == list(trace.tokens)
     sent = np.asarray(full["attn"])
-    expected = trace.attentions[[1]] if kind == "neuron" else trace.attentions[[1]][:, [0]]
+    expected = trace.weights[[1]] if kind == "neuron" else trace.weights[[1]][:, [0]]
     assert sent.shape == expected.shape and np.abs(sent - expected).max() <= 5e-4 + 1e-7
 
 

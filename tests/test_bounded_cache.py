@@ -1,4 +1,4 @@
-"""model_core.memory.BoundedCache: the server's one cache of traces, bounded by the bytes they hold."""
+"""model_core.models.memory.BoundedCache: the server's one cache of traces, bounded by the bytes they hold."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from model_core.memory import BoundedCache
+from model_core.models.memory import BoundedCache
 
 
 def _array(mb: float) -> np.ndarray:
@@ -73,9 +73,9 @@ def test_two_threads_asking_for_the_same_key_build_it_once():
 
 
 def test_sizes_come_from_nbytes_an_attribute_or_a_method():
-    from model_core.memory import nbytes_of
+    from model_core.models.memory import nbytes_of
 
-    class Compact:  # model_core.compact.CompactTrace has nbytes() as a method
+    class Compact:  # model_core.compact.trace.CompactTrace has nbytes() as a method
         def nbytes(self) -> int:
             return 123
 

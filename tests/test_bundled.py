@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from model_core import bundled
-from model_core.bundled import (
+from model_core.models import bundled
+from model_core.models.bundled import (
     BUNDLED_DECODER_ID, GGUF_NAME, MARKER, bundled_decoder_dir, ensure_bundled_decoder, is_complete, smollm2_gguf_path,
 )
-from model_core.loading import ModelLoadError
+from model_core.models.loading import ModelLoadError
 
 
 # --- the GGUF file -------------------------------------------------------------------------------

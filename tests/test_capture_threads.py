@@ -26,6 +26,6 @@ def test_concurrent_traces_of_one_model_equal_their_sequential_traces(tiny_decod
     for i, trace in enumerate(together):
         ref = alone[i % 4]
         assert trace.tokens == ref.tokens
-        np.testing.assert_allclose(trace.attentions, ref.attentions, atol=1e-4)
+        np.testing.assert_allclose(trace.weights, ref.weights, atol=1e-4)
         np.testing.assert_allclose(trace.hidden_states, ref.hidden_states, atol=1e-4)
         np.testing.assert_allclose(trace.queries, ref.queries, atol=1e-4)

@@ -13,9 +13,9 @@ import pytest
 
 from model_core import TraceRequest, build_trace
 from model_core.analysis.per_head import head_stats
-from model_core.compact import CompactFormatError, load_compact, parse_window
-from model_core.compact_build import build_compact
-from model_core.compact_summary import largest_weights
+from model_core.compact.trace import CompactFormatError, load_compact, parse_window
+from model_core.compact.build import build_compact
+from model_core.compact.summary import largest_weights
 from tiny_models import build_tiny_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,9 +50,9 @@ def _check_equal(full, compact) -> None:
     assert compact.tokens == full.tokens
     for layer in range(full.n_layers):
         for head in range(full.n_heads):
-            np.testing.assert_allclose(compact.weights(layer, head), full.attentions[layer, head], atol=1e-5)
+            np.testing.assert_allclose(compact.weights(layer, head), full.weights[layer, head], atol=1e-5)
     np.testing.assert_allclose(compact.weights(1, 2, slice(30, 41), slice(3, 37)),
-                               full.attentions[1, 2, 30:41, 3:37], atol=1e-5)
+                               full.weights[1, 2, 30:41, 3:37], atol=1e-5)
     stats = head_stats(full)
     for ours, theirs in [("entropy", "entropy"), ("to_first", "to_cls"), ("to_self", "to_self"),
                          ("to_prev", "to_prev"), ("to_next", "to_next"), ("max_weight", "max_weight")]:
@@ -89,7 +89,7 @@ def test_overview_cells_are_exact_block_means_and_rows_sum_to_one(llama):
     p, n = compact.pool, full.n_tokens
     m = compact.overview.shape[-1]
     assert m == -(-n // p)
-    w = full.attentions[1, 3].astype(np.float64)
+    w = full.weights[1, 3].astype(np.float64)
     for r in range(m):
         for c in range(m):
             block = w[r * p:(r + 1) * p, c * p:(c + 1) * p]
@@ -106,16 +106,16 @@ def _group_means_from_full(w: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])  # the fused kernel, and Gemma 2's capped scores in blocks
 def test_grouped_and_pooled_heads_equal_the_full_weights_grouped(tiny_decoders, family):
-    from model_core.compact_views import group_means, pooled_head
+    from model_core.compact.views import group_means, pooled_head
 
     full, compact = _pair(tiny_decoders[family])
     starts = np.array([0, 5, 6, 30, 31, 60])
     for layer, head in ((0, 0), (1, 3)):
         np.testing.assert_allclose(group_means(compact, layer, head, starts),
-                                   _group_means_from_full(full.attentions[layer, head], starts), atol=1e-6)
+                                   _group_means_from_full(full.weights[layer, head], starts), atol=1e-6)
     cells, pool = pooled_head(compact, 1, 2, cells=16)
     assert cells.shape[0] == -(-full.n_tokens // pool) <= 16
-    np.testing.assert_allclose(cells, _group_means_from_full(full.attentions[1, 2], np.arange(0, full.n_tokens, pool)),
+    np.testing.assert_allclose(cells, _group_means_from_full(full.weights[1, 2], np.arange(0, full.n_tokens, pool)),
                                atol=1e-6)
     np.testing.assert_allclose(cells.sum(-1), 1.0, atol=1e-6)
 
@@ -174,7 +174,7 @@ def test_cli_exports_a_compact_trace_and_writes_exact_windows(llama, tmp_path):
                "--cols", "0:15", "--out", str(tmp_path / "w.npy"))
     assert got.returncode == 0, got.stderr
     full = build_trace(TraceRequest("pretrained", TEXT, model_id=str(llama)), device="cpu")
-    np.testing.assert_allclose(np.load(tmp_path / "w.npy"), full.attentions[1, 2, 10:20, 0:15], atol=1e-5)
+    np.testing.assert_allclose(np.load(tmp_path / "w.npy"), full.weights[1, 2, 10:20, 0:15], atol=1e-5)
     bad = _cli("weights", "--trace", str(tmp_path / "c.npz"), "--layer", "1", "--head", "2", "--rows", "0:9999",
                "--out", str(tmp_path / "w.npy"))
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "out of range" in bad.stderr
@@ -196,14 +196,14 @@ def test_smollm2_windows_equal_eager_attention():
     assert full.n_tokens > 400
     for layer in (0, 14, 29):
         for head in range(full.n_heads):
-            np.testing.assert_allclose(compact.weights(layer, head), full.attentions[layer, head], atol=1e-5)
+            np.testing.assert_allclose(compact.weights(layer, head), full.weights[layer, head], atol=1e-5)
 
 
 def test_rollout_into_the_last_token_equals_the_full_rollout(llama):
     from model_core.analysis.rollout import attention_rollout
-    from model_core.compact_views import rollout_row
+    from model_core.compact.views import rollout_row
 
     full, compact = _pair(llama)
-    expected = attention_rollout(full.attentions)[-1, -1]  # after the last layer, the row of the last token
+    expected = attention_rollout(full.weights)[-1, -1]  # after the last layer, the row of the last token
     np.testing.assert_allclose(rollout_row(compact, -1), expected, atol=1e-6)
-    np.testing.assert_allclose(rollout_row(compact, 7), attention_rollout(full.attentions)[-1, 7], atol=1e-6)
+    np.testing.assert_allclose(rollout_row(compact, 7), attention_rollout(full.weights)[-1, 7], atol=1e-6)

@@ -82,7 +82,7 @@ def test_a_short_input_stays_full(compact_env, tiny_decoders):
     at = _open(tiny_decoders["llama"], "pages/heatmaps.py", text="time flies like an arrow")
     ctx = _context(at)
     assert ctx.trace is not None and ctx.compact is None
-    np.testing.assert_allclose(ctx.trace.attentions.sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(ctx.trace.weights.sum(-1), 1.0, atol=1e-5)
 
 
 def test_head_statistics_read_the_compact_form(compact_env, tiny_decoders):
@@ -128,7 +128,7 @@ def test_the_causal_page_shows_an_exact_window_of_a_long_input(compact_env, tiny
 
 def test_the_rollout_page_computes_the_row_into_a_token_of_a_long_input(compact_env, tiny_decoders, monkeypatch):
     from model_core.analysis import attention_rollout
-    from model_core.compact_views import rollout_row
+    from model_core.compact.views import rollout_row
 
     at = _open(tiny_decoders["llama"], "pages/analysis_rollout.py")
     compact = _context(at).compact
@@ -149,14 +149,14 @@ def test_the_rollout_page_computes_the_row_into_a_token_of_a_long_input(compact_
 
     monkeypatch.setenv("AE_FULL_TRACE_MB", "320")  # the same text traced in full, as a short input would be
     full = build_trace(_context(at).request)
-    np.testing.assert_allclose(row, attention_rollout(full.attentions)[-1, 40], atol=1e-6)
+    np.testing.assert_allclose(row, attention_rollout(full.weights)[-1, 40], atol=1e-6)
 
 
 def test_window_steps_equal_the_full_traces_steps(tiny_decoders):
     from model_core import TraceRequest, build_trace
-    from model_core.compact_build import build_compact
-    from model_core.compact_views import window_steps
-    from model_core.mask_steps import mask_steps
+    from model_core.compact.build import build_compact
+    from model_core.compact.views import window_steps
+    from model_core.analysis.mask_steps import mask_steps
 
     request = TraceRequest("pretrained", TEXT, model_id=str(tiny_decoders["llama"]))
     full, compact = build_trace(request, device="cpu"), build_compact(request, device="cpu")
@@ -167,7 +167,7 @@ def test_window_steps_equal_the_full_traces_steps(tiny_decoders):
         np.testing.assert_allclose(b.scores, a.scores, atol=1e-4)
         assert b.illustrative == a.illustrative and b.causal == a.causal
     part = window_steps(compact, 1, 2, 10, 20)
-    np.testing.assert_allclose(part.weights, full.attentions[1, 2, 10:30, 10:30], atol=1e-5)
+    np.testing.assert_allclose(part.weights, full.weights[1, 2, 10:30, 10:30], atol=1e-5)
 
 
 def test_the_head_roles_page_scores_a_long_text_from_its_compact_trace(compact_env, tiny_decoders):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, TraceRequest, build_trace
-from model_core.loading import load_pretrained, select_device
+from model_core.models.loading import load_pretrained, select_device
 
 pytestmark = pytest.mark.cuda
 
@@ -18,7 +18,7 @@ def test_bert_runs_on_cuda_and_matches_cpu():
     assert next(loaded.model.parameters()).is_cuda
     gpu = build_trace(TraceRequest("bert", DEFAULT_TEXT_A, DEFAULT_TEXT_B), device="cuda")
     cpu = build_trace(TraceRequest("bert", DEFAULT_TEXT_A, DEFAULT_TEXT_B), device="cpu")
-    np.testing.assert_allclose(gpu.attentions, cpu.attentions, atol=1e-4)
+    np.testing.assert_allclose(gpu.weights, cpu.weights, atol=1e-4)
     np.testing.assert_allclose(gpu.hidden_states, cpu.hidden_states, atol=1e-3)
 
 
@@ -27,4 +27,4 @@ def test_custom_encoder_on_cuda_matches_cpu_at_512_tokens():
     gpu = build_trace(TraceRequest("custom", text, causal=True), device="cuda")
     cpu = build_trace(TraceRequest("custom", text, causal=True), device="cpu")
     assert gpu.n_tokens == 512
-    np.testing.assert_allclose(gpu.attentions, cpu.attentions, atol=1e-4)
+    np.testing.assert_allclose(gpu.weights, cpu.weights, atol=1e-4)

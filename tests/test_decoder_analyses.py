@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from model_core import TraceRequest, build_trace
-from model_core.aggregate import marker_positions
+from model_core.analysis.aggregate import marker_positions
 from model_core.analysis import (
     attention_flow,
     compare_masking,
@@ -24,8 +24,8 @@ from model_core.analysis import (
     stat_titles,
     text_words,
 )
-from model_core.loading import load_pretrained
-from model_core.mask_steps import mask_steps, softmax_rows
+from model_core.models.loading import load_pretrained
+from model_core.analysis.mask_steps import mask_steps, softmax_rows
 from synthetic import synthetic_trace
 
 PAIR = ("time flies like an arrow", "fruit flies like a banana")
@@ -51,7 +51,7 @@ def family(request) -> str:
 def test_first_token_share_is_the_mean_weight_of_column_0(traces, family):
     t = traces[family]
     stats = head_stats(t)
-    np.testing.assert_allclose(stats.to_cls, t.attentions[..., 0].astype(np.float64).mean(-1), rtol=1e-6)
+    np.testing.assert_allclose(stats.to_cls, t.weights[..., 0].astype(np.float64).mean(-1), rtol=1e-6)
     assert t.tokens[0] not in ("[CLS]", "<s>")  # the column is position 0 whatever its token is
     assert stat_titles(t)["to_cls"] == "Share to the first token"
 
@@ -67,7 +67,7 @@ def test_a_special_token_after_the_first_counts_as_the_decoders_sep(tiny_decoder
     at = t.tokens.index("<|endoftext|>")
     assert at > 0
     stats = head_stats(t)
-    np.testing.assert_allclose(stats.to_sep, t.attentions[..., at].astype(np.float64).mean(-1), rtol=1e-6)
+    np.testing.assert_allclose(stats.to_sep, t.weights[..., at].astype(np.float64).mean(-1), rtol=1e-6)
     assert marker_positions(t) == [0, at]
 
 
@@ -81,7 +81,7 @@ def test_a_decoder_never_looks_ahead_so_a_to_b_is_zero(traces, family):
 def test_largest_weight_leaves_out_the_first_query_which_has_no_choice(traces, family):
     t = traces[family]
     stats = head_stats(t)
-    np.testing.assert_allclose(stats.max_weight, t.attentions[:, :, 1:].max(axis=(-1, -2)), rtol=1e-6)
+    np.testing.assert_allclose(stats.max_weight, t.weights[:, :, 1:].max(axis=(-1, -2)), rtol=1e-6)
     assert (stats.max_weight < 1).any()  # with row 0, every causal head would score 1
 
 
@@ -98,16 +98,16 @@ def test_rollout_relevance_is_to_the_last_token(traces, family):
     t = traces[family]
     names = markers(t)
     assert (names.readout, names.readout_label) == (t.n_tokens - 1, "the last token")
-    result = rollout_and_flow(t.attentions, t.head_mask, target=names.readout)
+    result = rollout_and_flow(t.weights, t.head_mask, target=names.readout)
     np.testing.assert_array_equal(result.target_rollout, result.rollout[-1, t.n_tokens - 1])
     assert result.target_rollout.sum() == pytest.approx(1.0)
     assert (result.target_rollout > 0).all()  # the last token sees every token
     np.testing.assert_allclose(result.target_flow,
-                               attention_flow(t.attentions, t.head_mask, rows=[t.n_tokens - 1])[-1])
+                               attention_flow(t.weights, t.head_mask, rows=[t.n_tokens - 1])[-1])
 
 
 def test_a_causal_rollout_is_a_lower_triangle(traces):
-    result = rollout_and_flow(traces["llama"].attentions, target=-1)
+    result = rollout_and_flow(traces["llama"].weights, target=-1)
     assert np.triu(result.rollout[-1], 1).max() == 0.0
     assert result.target == traces["llama"].n_tokens - 1
     assert result.rollout[-1, 0, 0] == pytest.approx(1.0)  # the first token comes from itself alone
@@ -118,7 +118,7 @@ def test_special_mass_names_the_first_token_and_leaves_out_absent_specials(trace
     t = traces[family]
     mass = special_token_mass(t)
     assert list(mass.per_layer()) == ["raw first token", "norm-weighted first token"]
-    raw = t.attentions.astype(np.float64)
+    raw = t.weights.astype(np.float64)
     np.testing.assert_allclose(mass.raw_cls, raw[..., 0].sum(-1) / raw.sum((-1, -2)), rtol=1e-6)
     weighted = raw * t.value_norms[:, :, None, :]
     np.testing.assert_allclose(mass.norm_cls, weighted[..., 0].sum(-1) / weighted.sum((-1, -2)), rtol=1e-6)
@@ -184,7 +184,7 @@ def test_decoder_mask_steps_are_the_models_own(traces, family):
     s = mask_steps(t, 1, 2)
     assert s.causal and not s.illustrative
     np.testing.assert_array_equal(s.mask, np.tril(np.ones((t.n_tokens,) * 2, dtype=bool)))
-    np.testing.assert_allclose(softmax_rows(s.masked_scores), t.attentions[1, 2], atol=1e-5)
+    np.testing.assert_allclose(softmax_rows(s.masked_scores), t.weights[1, 2], atol=1e-5)
 
 
 def test_unmasked_steps_are_derived_from_the_same_scores_without_a_second_run(traces, family):
@@ -200,9 +200,9 @@ def test_custom_encoder_causal_steps_derived_from_a_bidirectional_run_match_a_ca
     bidirectional = build_trace(TraceRequest("custom", "time flies like an arrow", **kw))
     causal = build_trace(TraceRequest("custom", "time flies like an arrow", causal=True, **kw))
     derived = mask_steps(bidirectional, 0, 1, apply_causal=True)
-    np.testing.assert_allclose(derived.weights, causal.attentions[0, 1], atol=1e-5)
+    np.testing.assert_allclose(derived.weights, causal.weights[0, 1], atol=1e-5)
     back = mask_steps(causal, 0, 1, apply_causal=False)
-    np.testing.assert_allclose(back.weights, bidirectional.attentions[0, 1], atol=1e-5)
+    np.testing.assert_allclose(back.weights, bidirectional.weights[0, 1], atol=1e-5)
 
 
 # -- one word, two contexts -------------------------------------------------------------------------
@@ -215,7 +215,7 @@ def test_bpe_words_repeat_and_the_bins_name_the_first_token(traces, family):
     np.testing.assert_allclose(result.dist_first.sum(-1), 1.0, atol=1e-5)
     first = result.first
     # The first bin holds exactly column 0 of the word's rows.
-    rows = t.attentions[:, :, first.start:first.end, 0].astype(np.float64).mean(-1)
+    rows = t.weights[:, :, first.start:first.end, 0].astype(np.float64).mean(-1)
     np.testing.assert_allclose(result.dist_first[..., 0], rows, atol=1e-6)
 
 

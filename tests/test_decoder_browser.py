@@ -26,7 +26,7 @@ LINK = urlencode({"model": "pretrained", "model_id": BUNDLED_DECODER_ID})
 @pytest.fixture(scope="module", autouse=True)
 def converted():
     """The bundled decoder converted before the server needs it (the conversion is tested on its own)."""
-    from model_core.bundled import ensure_bundled_decoder
+    from model_core.models.bundled import ensure_bundled_decoder
 
     ensure_bundled_decoder()
 

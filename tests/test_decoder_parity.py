@@ -71,19 +71,19 @@ def test_pair_is_joined_by_a_newline(tiny_decoder):
 # -- attention ----------------------------------------------------------------------------------------------
 def test_attentions_equal_eager(tiny_decoder):
     trace = trace_of(tiny_decoder)
-    assert trace.attentions.dtype == np.float32
-    np.testing.assert_allclose(trace.attentions, reference_forward(tiny_decoder, PAIR).attentions,
+    assert trace.weights.dtype == np.float32
+    np.testing.assert_allclose(trace.weights, reference_forward(tiny_decoder, PAIR).weights,
                                atol=ATOL, rtol=0)
 
 
 def test_rows_sum_to_one(tiny_decoder):
-    np.testing.assert_allclose(trace_of(tiny_decoder).attentions.sum(-1), 1.0, atol=ATOL)
+    np.testing.assert_allclose(trace_of(tiny_decoder).weights.sum(-1), 1.0, atol=ATOL)
 
 
 def test_future_entries_are_exactly_zero(tiny_decoder):
     trace = trace_of(tiny_decoder)
     future = np.triu(np.ones((trace.n_tokens, trace.n_tokens), dtype=bool), k=1)
-    assert (trace.attentions[..., future] == 0).all()
+    assert (trace.weights[..., future] == 0).all()
     np.testing.assert_array_equal(trace.mask, ~future)
 
 
@@ -98,7 +98,7 @@ def test_masked_scores_are_minus_inf_above_the_diagonal(tiny_decoder):
 def test_masked_scores_reproduce_the_attentions(tiny_decoder):
     """softmax(q·k * score_scale, causal) is the eager pattern: the stored q, k and scale are the model's."""
     trace = trace_of(tiny_decoder)
-    np.testing.assert_allclose(_softmax(trace.masked_scores), trace.attentions, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(_softmax(trace.masked_scores), trace.weights, atol=ATOL, rtol=0)
 
 
 # -- per-head vectors -------------------------------------------------------------------------------------
@@ -166,14 +166,14 @@ def test_head_off_equals_zeroing_its_output_projection_slice(tiny_decoder, off):
 @pytest.mark.parametrize("off", [(0, 1), (1, NUM_HEADS - 1)], ids=["layer0-head1", "layer1-last-head"])
 def test_head_off_has_zero_attention_and_the_rest_is_eager(tiny_decoder, off):
     trace = trace_of(tiny_decoder, off)
-    expected = reference_masked_logits(tiny_decoder, PAIR, *off).attentions.copy()
+    expected = reference_masked_logits(tiny_decoder, PAIR, *off).weights.copy()
     expected[off] = 0  # BERT's convention: a head that is off shows no attention
-    assert (trace.attentions[off] == 0).all()
-    np.testing.assert_allclose(trace.attentions, expected, atol=ATOL, rtol=0)
+    assert (trace.weights[off] == 0).all()
+    np.testing.assert_allclose(trace.weights, expected, atol=ATOL, rtol=0)
 
 
 def test_head_off_changes_what_follows(tiny_decoder):
     """The masked reference differs from the plain run, so the masking tests above can fail."""
     plain, masked = trace_of(tiny_decoder), trace_of(tiny_decoder, (0, 1))
     assert np.abs(plain.hidden_states[-1] - masked.hidden_states[-1]).max() > 1e-3
-    assert np.abs(plain.attentions[1] - masked.attentions[1]).max() > 1e-3
+    assert np.abs(plain.weights[1] - masked.weights[1]).max() > 1e-3

@@ -28,7 +28,7 @@ def _causal_softmax(scores: np.ndarray) -> np.ndarray:
 def test_post_rotary_qk_reproduce_eager_attention(tiny_decoder):
     ref = reference_qkv(tiny_decoder, TEXT)
     scores = ref.scores()
-    attentions = reference_forward(tiny_decoder, TEXT).attentions
+    attentions = reference_forward(tiny_decoder, TEXT).weights
     np.testing.assert_allclose(_causal_softmax(scores), attentions, atol=ATOL, rtol=0)
 
 
@@ -51,7 +51,7 @@ def test_heads_rebuild_the_output_projection(tiny_decoder):
     """Σ_h A_h V_h W_Oʰ (+ bias) is what the output projection returns: values and W_O blocks line up."""
     tokenizer, model = load(str(tiny_decoder))
     ref = reference_qkv(tiny_decoder, TEXT)
-    attentions = reference_forward(tiny_decoder, TEXT).attentions
+    attentions = reference_forward(tiny_decoder, TEXT).weights
     layer = 1
     block = model.transformer.h[layer].attn if tiny_decoder.name == "gpt2" else model.model.layers[layer].self_attn
     proj = block.c_proj if tiny_decoder.name == "gpt2" else getattr(block, "o_proj", getattr(block, "dense", None))
@@ -106,16 +106,16 @@ def test_masked_reference_switches_one_head_off(tiny_decoder):
     plain = reference_forward(tiny_decoder, TEXT)
     masked = reference_masked_logits(tiny_decoder, TEXT, layer=0, head=1)
     # The head's own layer attends as before (the mask acts after attention); everything after it changes.
-    np.testing.assert_array_equal(masked.attentions[0], plain.attentions[0])
+    np.testing.assert_array_equal(masked.weights[0], plain.weights[0])
     np.testing.assert_array_equal(masked.hidden_states[0], plain.hidden_states[0])
     assert np.abs(masked.hidden_states[1] - plain.hidden_states[1]).max() > 1e-3
-    assert np.abs(masked.attentions[1] - plain.attentions[1]).max() > 1e-3
+    assert np.abs(masked.weights[1] - plain.weights[1]).max() > 1e-3
     assert np.abs(masked.logits - plain.logits).max() > 1e-3
 
 
 def test_attention_is_far_from_uniform(tiny_decoder):
     """Every head of the tiny models has a sharp pattern, so a test comparing patterns can fail."""
-    attentions = reference_forward(tiny_decoder, TEXT).attentions
+    attentions = reference_forward(tiny_decoder, TEXT).weights
     n = attentions.shape[-1]
     uniform = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
     assert (np.abs(attentions - uniform).max(axis=(-1, -2)) > 0.3).all()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from model_core.bundled import BUNDLED_DECODER_ID
+from model_core.models.bundled import BUNDLED_DECODER_ID
 from model_core.settings import BUNDLED_MODEL_ID, ENV_VARS, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -264,7 +264,7 @@ def test_bundled_decoder_is_converted_as_the_user_into_its_cache_before_the_code
     copy_code = next(i for i, ins in enumerate(stage) if ins.keyword == "COPY" and ins.args.endswith(" . ."))
     assert user < convert < preload < copy_code  # a code change or another PRELOAD_MODEL keeps the layer
     copied = [ins.args.split()[-1] for ins in stage[:convert] if ins.keyword == "COPY"]
-    assert "model_core/bundled.py" in copied and "docker/convert_bundled.py" in copied
+    assert "model_core/models/bundled.py" in copied and "docker/convert_bundled.py" in copied
     env = image_env({})
     assert env["AE_MODEL_CACHE"].startswith(env["HOME"] + "/")
 

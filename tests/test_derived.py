@@ -29,7 +29,7 @@ def test_derived_results_equal_the_model_core_functions_and_are_read_only():
         np.testing.assert_array_equal(grid, expected.to_dict()[name])
         assert not grid.flags.writeable
     merged = derived.word_attentions(trace)
-    np.testing.assert_array_equal(merged, word_spans(trace.tokens).merge(trace.attentions))
+    np.testing.assert_array_equal(merged, word_spans(trace.tokens).merge(trace.weights))
     assert not merged.flags.writeable and merged.shape[-1] == 4  # [CLS] embeddings rock [SEP]
     np.testing.assert_array_equal(derived.overview_mosaic_cells(trace, True, 32), head_mosaic(merged, 32))
 

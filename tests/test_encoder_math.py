@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from model_core.config import EncoderConfig
-from model_core.encoder import (
+from model_core.chapter3.config import EncoderConfig
+from model_core.chapter3.model import (
     FeedForward,
     TransformerEncoderLayer,
     attention_step,

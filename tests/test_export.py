@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from model_core.export import EXPORT_KEYS, trace_arrays, write_trace
+from model_core.io.export import EXPORT_KEYS, trace_arrays, write_trace
 from model_core import TraceRequest, build_trace
 
 
@@ -16,7 +16,7 @@ def test_npz_round_trip(tmp_path, bert_pair_trace):
     data = np.load(path)
     assert set(data.files) == set(EXPORT_KEYS)
     assert list(data["tokens"]) == list(bert_pair_trace.tokens)
-    np.testing.assert_array_equal(data["attentions"], bert_pair_trace.attentions)
+    np.testing.assert_array_equal(data["attentions"], bert_pair_trace.weights)
     for key in ("attentions", "scores", "masked_scores", "mask", "hidden_states", "queries", "keys"):
         assert data[key].dtype == np.float32
     assert data["scores"].shape == (6, 12, 13, 13) and data["mask"].shape == (13, 13)
@@ -26,7 +26,7 @@ def test_json_round_trip_writes_minus_inf_as_null(tmp_path):
     trace = build_trace(TraceRequest("custom", "a b c", causal=True, num_hidden_layers=1, num_attention_heads=2, hidden_size=8))
     data = json.loads(write_trace(trace, tmp_path / "t.json").read_text())
     assert data["masked_scores"][0][0][0][1] is None
-    np.testing.assert_allclose(np.array(data["attentions"], dtype=np.float32), trace.attentions, atol=1e-6)
+    np.testing.assert_allclose(np.array(data["attentions"], dtype=np.float32), trace.weights, atol=1e-6)
     assert data["tokens"] == list(trace.tokens)
 
 
@@ -83,7 +83,7 @@ def test_trace_arrays_masks_are_float(bert_pair_trace):
 
 def test_csv_labels_carry_each_tokens_position_when_specials_are_hidden():
     """The heatmap shows "1: time" with [CLS] hidden; its CSV must say 1:time, not 0:time."""
-    from model_core.tables import token_matrix_to_csv
+    from model_core.io.tables import token_matrix_to_csv
 
     tokens = ["[CLS]", "time", "flies", "[SEP]"]
     keep = [1, 2]

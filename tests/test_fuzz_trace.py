@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from model_core import InputError, TraceRequest, build_trace
 from model_core.settings import Settings
-from model_core.encoding import MAX_TEXT_CHARS
+from model_core.trace.encoding import MAX_TEXT_CHARS
 
 # Every Unicode category hypothesis draws (control and private-use included), plus hostile snippets;
 # lone surrogates, which hypothesis does not draw, are among the snippets.
@@ -41,9 +41,9 @@ def _check(make) -> None:
     assert all(isinstance(t, str) and t for t in trace.tokens)
     assert trace.tokens[0] == "[CLS]" and trace.tokens[-1] == "[SEP]"
     assert 3 <= n <= SMALL.max_tokens
-    assert trace.attentions.shape[2:] == (n, n)
-    assert np.isfinite(trace.attentions).all()
-    np.testing.assert_allclose(trace.attentions.sum(-1), 1.0, atol=1e-4)
+    assert trace.weights.shape[2:] == (n, n)
+    assert np.isfinite(trace.weights).all()
+    np.testing.assert_allclose(trace.weights.sum(-1), 1.0, atol=1e-4)
     assert trace.hidden_states.shape[1] == n and trace.value_norms.shape[-1] == n
 
 

@@ -22,7 +22,7 @@ def test_model_core_source_has_no_ui_imports():
 
 
 def test_importing_model_core_loads_no_streamlit():
-    code = "import sys, model_core, model_core.export, model_core.request; " \
+    code = "import sys, model_core, model_core.io.export, model_core.trace.request; " \
            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('streamlit', 'IPython')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr

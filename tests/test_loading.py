@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from model_core.loading import ModelLoadError, load_pretrained, resolve_model_source, select_device
+from model_core.models.loading import ModelLoadError, load_pretrained, resolve_model_source, select_device
 from model_core.settings import BUNDLED_MODEL_ID, Settings
 
 
@@ -39,7 +39,7 @@ def test_load_is_cached(bundled):
 
 
 def test_folder_loads_as_model(tmp_path, tiny_bert):
-    from model_core.loading import load_tokenizer
+    from model_core.models.loading import load_tokenizer
 
     tiny_bert.save_pretrained(tmp_path)
     load_tokenizer().save_pretrained(tmp_path)
@@ -105,7 +105,7 @@ def test_allowlist(tmp_path):
 
 def test_the_deployments_own_default_folder_loads_with_local_folders_off(tmp_path, tiny_bert):
     """An image built with PRELOAD_MODEL=docker/models/X runs with that folder as default and folders off."""
-    from model_core.loading import resolve_model_source
+    from model_core.models.loading import resolve_model_source
     from model_core.settings import Settings
 
     tiny_bert.save_pretrained(tmp_path / "baked")

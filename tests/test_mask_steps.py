@@ -3,7 +3,7 @@
 import numpy as np
 
 from model_core import TraceRequest, build_trace
-from model_core.mask_steps import causal_mask_np, mask_steps, softmax_rows
+from model_core.analysis.mask_steps import causal_mask_np, mask_steps, softmax_rows
 
 
 def test_causal_mask_equals_naive_loop():

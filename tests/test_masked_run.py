@@ -10,7 +10,7 @@ from model_core import TraceRequest, build_trace
 from model_core.analysis import compare_masking, head_mask_from_off, next_token_effect, next_token_probs
 from model_core.analysis.masked_run import run_masked
 from model_core.analysis.masking import attention_change
-from model_core.request import Models
+from model_core.trace.request import Models
 
 TEXT = "the old tree near the river, and the children who play there every day"
 
@@ -29,8 +29,8 @@ def test_a_masked_run_compares_as_a_masked_trace_does(tiny_decoders, kind):
     full = build_trace(TraceRequest(**{**request.__dict__, "head_mask": tuple(map(tuple, mask.tolist()))}),
                        device="cpu")
     lean = run_masked(request, baseline, mask, device="cpu")
-    assert not hasattr(lean, "attentions")  # compared as it ran, not kept
-    tv, js = attention_change(baseline.attentions, full.attentions, baseline.mask)
+    assert not hasattr(lean, "weights")  # compared as it ran, not kept
+    tv, js = attention_change(baseline.weights, full.weights, baseline.mask)
     np.testing.assert_allclose(lean.attention_tv, tv, atol=1e-6)
     np.testing.assert_allclose(lean.attention_js, js, atol=1e-6)
     # layer 1 moved; in layer 0 only the switched-off head did (its weights are zeroed, blanked by compare_masking)

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from model_core.bert_weights import custom_from_bert
-from model_core.loading import load_tokenizer
-from model_core.encoding import encode
-from model_core.forward import trace_bert, trace_custom
+from model_core.chapter3.from_bert import custom_from_bert
+from model_core.models.loading import load_tokenizer
+from model_core.trace.encoding import encode
+from model_core.trace.forward import trace_bert, trace_custom
 
 LONG_TEXT = ("Attention lets every token look at every other token. " * 20).strip()
 
@@ -47,7 +47,7 @@ def test_trace_of_both_models_agree_on_bundled_weights(bundled):
     enc = encode(bundled.tokenizer, "time flies like an arrow", "fruit flies like a banana")
     a = trace_bert(bundled, enc)
     b = trace_custom(custom_from_bert(bundled.model), enc, "custom")
-    np.testing.assert_allclose(a.attentions, b.attentions, atol=1e-4)
+    np.testing.assert_allclose(a.weights, b.weights, atol=1e-4)
     np.testing.assert_allclose(a.queries, b.queries, atol=1e-4)
     np.testing.assert_allclose(a.value_norms, b.value_norms, atol=1e-3)
     np.testing.assert_allclose(a.head_scores(2, 5), b.head_scores(2, 5), atol=1e-3)
@@ -60,7 +60,7 @@ def test_bert_head_masking_matches_custom_gate(bundled):
     a = trace_bert(bundled, enc, head_mask=mask)
     b = trace_custom(custom_from_bert(bundled.model), enc, "custom", head_mask=mask)
     np.testing.assert_allclose(a.hidden_states, b.hidden_states, atol=1e-4)
-    assert (a.attentions[1, 0] == 0).all() and (b.attentions[1, 4] == 0).all()
+    assert (a.weights[1, 0] == 0).all() and (b.weights[1, 4] == 0).all()
     plain = trace_bert(bundled, enc)
     assert np.abs(plain.hidden_states[-1] - a.hidden_states[-1]).max() > 1e-3
 

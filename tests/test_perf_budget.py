@@ -27,8 +27,8 @@ def _page_specs(trace) -> dict[str, str]:
     """The JSON Streamlit sends for each figure of the heatmaps page (plotly.io.to_json, as st.plotly_chart)."""
     s = head_stats(trace)
     figures = {
-        "overview": overview_mosaic(trace.attentions),
-        "focus": attention_heatmap(trace.attentions[0, 0], trace.tokens, sentence_b_start=trace.sentence_b_start),
+        "overview": overview_mosaic(trace.weights),
+        "focus": attention_heatmap(trace.weights[0, 0], trace.tokens, sentence_b_start=trace.sentence_b_start),
         **{name: layer_head_figure(getattr(s, name), name, cell_text=True)
            for name in ("entropy", "max_weight", "to_cls", "to_sep")},
     }
@@ -48,24 +48,24 @@ def test_focused_head_at_512_tokens_is_a_typed_array_without_customdata():
     heatmap = spec["data"][0]
     assert "customdata" not in heatmap  # (512, 512, 2) strings were 9 MB of JSON
     assert heatmap["z"]["dtype"] == "f4" and "bdata" in heatmap["z"]
-    assert len(pio.to_json(attention_heatmap(trace.attentions[0, 0], trace.tokens), validate=False)) < 2 * MB
+    assert len(pio.to_json(attention_heatmap(trace.weights[0, 0], trace.tokens), validate=False)) < 2 * MB
 
 
 def test_focused_head_hover_stays_exact():
     """The hover reads 'i: token' from the category axes and the weight to 4 decimals from z."""
     trace = _bert_base(128)
-    fig = attention_heatmap(trace.attentions[3, 5], trace.tokens)
+    fig = attention_heatmap(trace.weights[3, 5], trace.tokens)
     heatmap = fig.data[0]
     labels = [f"{i}: {t}" for i, t in enumerate(trace.tokens)]
     assert list(heatmap.x) == labels and list(heatmap.y) == labels
     assert "%{y}" in heatmap.hovertemplate and "%{x}" in heatmap.hovertemplate
-    np.testing.assert_allclose(np.asarray(heatmap.z, dtype=np.float64), trace.attentions[3, 5], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(heatmap.z, dtype=np.float64), trace.weights[3, 5], atol=1e-5)
 
 
 def test_overview_hover_reads_layer_and_head_from_the_coordinates():
     """Each head's cells lie within ±0.5 of its index, so %{x:.0f} and %{y:.0f} name the head exactly."""
     trace = _bert_base(512)
-    fig = overview_mosaic(trace.attentions)
+    fig = overview_mosaic(trace.weights)
     heatmap = fig.data[0]
     z = np.asarray(heatmap.z, dtype=np.float64)
     xs, ys = np.asarray(heatmap.x), np.asarray(heatmap.y)
@@ -99,9 +99,9 @@ def test_long_focused_head_is_laid_out_once_with_room_for_its_labels():
     trace = _bert_base(512)
     tokens = list(trace.tokens)
     tokens[0] = "internationalisation"  # a long label on a shown tick (the first is always shown)
-    fig = attention_heatmap(trace.attentions[1, 2], tuple(tokens))
+    fig = attention_heatmap(trace.weights[1, 2], tuple(tokens))
     heatmap, layout = fig.data[0], fig.layout
-    assert heatmap.zmin == 0 and heatmap.zmax == pytest.approx(float(trace.attentions[1, 2].max()), abs=1e-5)
+    assert heatmap.zmin == 0 and heatmap.zmax == pytest.approx(float(trace.weights[1, 2].max()), abs=1e-5)
     assert layout.margin.autoexpand is False
     assert layout.xaxis.automargin is False and layout.yaxis.automargin is False
     assert layout.xaxis.tickangle == -90
@@ -109,13 +109,13 @@ def test_long_focused_head_is_laid_out_once_with_room_for_its_labels():
     assert layout.margin.l >= TICK_CHAR_PX * len("internationalisation")
     assert layout.margin.t >= TICK_CHAR_PX * len("internationalisation")
     # Short inputs keep Plotly's own measured margins.
-    short = attention_heatmap(trace.attentions[1, 2, :FIXED_MARGIN_TOKENS, :FIXED_MARGIN_TOKENS],
+    short = attention_heatmap(trace.weights[1, 2, :FIXED_MARGIN_TOKENS, :FIXED_MARGIN_TOKENS],
                               tuple(tokens[:FIXED_MARGIN_TOKENS]))
     assert short.layout.margin.autoexpand is None and short.layout.xaxis.automargin is None
 
 
 def test_pooling_averages_queries_and_sums_keys_so_rows_still_sum_to_one():
-    from model_core.aggregate import pool_matrix
+    from model_core.analysis.aggregate import pool_matrix
 
     rng = np.random.default_rng(3)
     a = rng.random((2, 3, 70, 70))

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from model_core import TraceRequest, build_trace
-from model_core.loading import load_pretrained
-from model_core.predictions import LogitLens, actual_next_ranks, logit_lens, next_token_rows
-from model_core.tables import rows_to_csv
+from model_core.models.loading import load_pretrained
+from model_core.analysis.predictions import LogitLens, actual_next_ranks, logit_lens, next_token_rows
+from model_core.io.tables import rows_to_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_A, TEXT_B = "time flies like an arrow", "fruit flies like a banana"

@@ -162,7 +162,7 @@ def test_remote_code_in_a_model_folder_is_never_run(tmp_path):
 
 
 def test_local_folders_refused_when_switched_off(monkeypatch):
-    from model_core.loading import bundled_model_path
+    from model_core.models.loading import bundled_model_path
 
     monkeypatch.setenv("AE_ALLOW_LOCAL_MODELS", "false")
     at = _run({"ctl_model_id": str(bundled_model_path())})  # a real BERT folder, still refused

@@ -63,13 +63,13 @@ def test_build_trace_runs_the_request():
     assert trace.sentence_b_start is not None
     masked = build_trace(TraceRequest("custom", "time flies", "fast", causal=True, num_hidden_layers=2, num_attention_heads=2,
                                       hidden_size=16, head_mask=[[True, False], [True, True]]), device="cpu")
-    assert not masked.attentions[0, 1].any() and masked.attentions[0, 0].any()
+    assert not masked.weights[0, 1].any() and masked.weights[0, 0].any()
 
 
 def test_the_app_keeps_its_models_in_one_cache():
     """The app's loaders take models from st.cache_resource only: nothing lands in model_core's own cache,
     so Streamlit's eviction frees them."""
-    from model_core.loading import _load_kept
+    from model_core.models.loading import _load_kept
     from ui.loaders import get_pretrained, get_trace
 
     def lookups() -> int:

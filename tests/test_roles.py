@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from model_core.request import TraceRequest, build_trace
+from model_core.trace.request import TraceRequest, build_trace
 from model_core.roles import (
     RoleInput,
     probe_request,
@@ -23,7 +23,7 @@ CUSTOM = TraceRequest("custom", REPEATED, num_hidden_layers=2, num_attention_hea
 
 def _naive(x: RoleInput) -> dict[str, np.ndarray]:
     """Every role by plain loops over layers, heads and positions."""
-    att, ids, special = x.attentions, x.token_ids.tolist(), x.special.tolist()
+    att, ids, special = x.weights, x.token_ids.tolist(), x.special.tolist()
     n_layers, n_heads, n, _ = att.shape
     out = {r: np.zeros((n_layers, n_heads)) for r in ("previous_token", "duplicate_token", "induction", "sink")}
     for la in range(n_layers):

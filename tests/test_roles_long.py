@@ -7,7 +7,7 @@ import pytest
 
 from model_core import TraceRequest, build_trace
 from model_core.analysis._common import trace_flags
-from model_core.compact_build import build_compact
+from model_core.compact.build import build_compact
 from model_core.roles import role_scores
 from model_core.roles.long_text import compact_role_scores, duplicate_pairs
 

@@ -67,7 +67,7 @@ def build_planted(folder, previous_token_head: bool = True):
 
 
 def _scores(folder):
-    from model_core.request import TraceRequest
+    from model_core.trace.request import TraceRequest
     from model_core.roles import score_roles
 
     return score_roles(TraceRequest("pretrained", model_id=str(folder)), seed=3, n_sequences=3, seq_len=12,

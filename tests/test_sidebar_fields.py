@@ -1,4 +1,4 @@
-"""The sidebar's fields are the request's: one list (model_core.request.REQUEST_FIELDS) gives the query parameters,
+"""The sidebar's fields are the request's: one list (model_core.trace.request.REQUEST_FIELDS) gives the query parameters,
 the session keys, the defaults and the request; links with the older parameter names still open."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from model_core import TraceRequest
-from model_core.config import EncoderConfig
+from model_core.chapter3.config import EncoderConfig
 from model_core.corpus import CorpusModel
-from model_core.custom_spec import CustomOptions
-from model_core.request import MODEL_FIELDS, REQUEST_FIELDS
+from model_core.chapter3.spec import CustomOptions
+from model_core.trace.request import MODEL_FIELDS, REQUEST_FIELDS
 from ui.corpus import link_params, sidebar_state
 from ui.fields import OLD_PARAM_NAMES, QUERY_PARAMS, control_key, request_params
 

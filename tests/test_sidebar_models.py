@@ -156,7 +156,7 @@ def test_switching_to_the_custom_encoder_and_back_keeps_the_chosen_pretrained_mo
 
 def test_the_first_use_of_the_bundled_decoder_shows_its_conversion(monkeypatch):
     """With the converted folder missing, the app converts it in a status box that names the step and the wait."""
-    from model_core import bundled
+    from model_core.models import bundled
 
     real_folder = bundled.ensure_bundled_decoder()  # the real conversion, done once for this machine
     steps: list[str] = []

@@ -5,8 +5,8 @@ import pytest
 from scipy.special import softmax
 
 from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, InputError, TraceRequest, build_trace
-from model_core.loading import load_tokenizer
-from model_core.encoding import encode
+from model_core.models.loading import load_tokenizer
+from model_core.trace.encoding import encode
 
 SMALL = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32)
 
@@ -15,7 +15,7 @@ def test_bert_trace_shapes_and_pair(bert_pair_trace):
     t = bert_pair_trace
     assert t.tokens == ("[CLS]", "time", "flies", "like", "an", "arrow", "[SEP]",
                         "fruit", "flies", "like", "a", "banana", "[SEP]")
-    assert t.attentions.shape == (6, 12, 13, 13)
+    assert t.weights.shape == (6, 12, 13, 13)
     assert t.queries.shape == t.keys.shape == (6, 12, 13, 32)
     assert t.hidden_states.shape == (7, 13, 384)
     assert t.sentence_b_start == 7
@@ -24,8 +24,8 @@ def test_bert_trace_shapes_and_pair(bert_pair_trace):
 
 
 def test_bert_scores_from_hooks_reproduce_the_weights(bert_pair_trace):
-    np.testing.assert_allclose(softmax(bert_pair_trace.scores, axis=-1), bert_pair_trace.attentions, atol=1e-5)
-    np.testing.assert_allclose(bert_pair_trace.attentions.sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(softmax(bert_pair_trace.scores, axis=-1), bert_pair_trace.weights, atol=1e-5)
+    np.testing.assert_allclose(bert_pair_trace.weights.sum(-1), 1.0, atol=1e-5)
 
 
 def test_custom_causal_trace_masks_the_future():
@@ -34,9 +34,9 @@ def test_custom_causal_trace_masks_the_future():
     assert (t.mask == ~upper).all()
     ms = t.masked_scores
     assert np.isneginf(ms[..., upper]).all() and np.isfinite(ms[..., ~upper]).all()
-    assert (t.attentions[..., upper] == 0).all()
-    np.testing.assert_allclose(t.attentions.sum(-1), 1.0, atol=1e-5)
-    np.testing.assert_allclose(softmax(ms, axis=-1), t.attentions, atol=1e-5)
+    assert (t.weights[..., upper] == 0).all()
+    np.testing.assert_allclose(t.weights.sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(softmax(ms, axis=-1), t.weights, atol=1e-5)
     assert t.masked_scores[1, 2, 0, 1] == -np.inf
 
 
@@ -44,14 +44,14 @@ def test_custom_trace_is_deterministic_per_seed():
     a = build_trace(TraceRequest("custom", "hello world", seed=3, **SMALL))
     b = build_trace(TraceRequest("custom", "hello world", seed=3, **SMALL))
     c = build_trace(TraceRequest("custom", "hello world", seed=4, **SMALL))
-    assert np.array_equal(a.attentions, b.attentions)
-    assert not np.array_equal(a.attentions, c.attentions)
+    assert np.array_equal(a.weights, b.weights)
+    assert not np.array_equal(a.weights, c.weights)
     assert a.logits.shape == (2,)
 
 
 def test_trace_arrays_are_read_only(bert_pair_trace):
     with pytest.raises(ValueError):
-        bert_pair_trace.attentions[0, 0, 0, 0] = 1.0
+        bert_pair_trace.weights[0, 0, 0, 0] = 1.0
 
 
 def test_out_of_range_head_gives_a_clear_error(bert_pair_trace):
@@ -77,7 +77,7 @@ def test_too_many_tokens_gives_the_count_unless_truncating():
 def test_512_tokens_trace_on_bert():
     t = build_trace(TraceRequest("bert", "word " * 510))
     assert t.n_tokens == 512
-    np.testing.assert_allclose(t.attentions[-1].sum(-1), 1.0, atol=1e-4)
+    np.testing.assert_allclose(t.weights[-1].sum(-1), 1.0, atol=1e-4)
 
 
 def test_odd_unicode_traces():
@@ -91,7 +91,7 @@ def test_empty_sentence_b_means_single_sentence():
 
 
 def test_trace_nbytes_counts_arrays(bert_pair_trace):
-    assert bert_pair_trace.nbytes > bert_pair_trace.attentions.nbytes
+    assert bert_pair_trace.nbytes > bert_pair_trace.weights.nbytes
 
 
 def test_value_norms_equal_a_naive_loop_over_heads(bundled, bert_pair_trace):

@@ -1,4 +1,4 @@
-"""model_core.walkthrough: each step equals the trace every other page reads, and the steps chain up."""
+"""model_core.walk.encoder: each step equals the trace every other page reads, and the steps chain up."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, CustomSpec, TraceRequest, build_custom_model, encode, trace_custom
-from model_core.bert_weights import custom_from_bert
-from model_core.loading import load_tokenizer
-from model_core.custom_spec import describe_custom
-from model_core.walkthrough import Walkthrough, encoded_from_trace, walk_layer
+from model_core.chapter3.from_bert import custom_from_bert
+from model_core.models.loading import load_tokenizer
+from model_core.chapter3.spec import describe_custom
+from model_core.walk.encoder import Walkthrough, encoded_from_trace, walk_layer
 
 SMALL = dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=32, seed=7)
 
@@ -45,7 +45,7 @@ def bert_case(bundled, bert_pair_trace):
 def test_custom_walk_equals_the_trace_at_every_layer(custom_case):
     _, trace, walks = custom_case
     for layer, wt in walks.items():
-        np.testing.assert_allclose(wt.weights, trace.attentions[layer], atol=1e-6)
+        np.testing.assert_allclose(wt.weights, trace.weights[layer], atol=1e-6)
         np.testing.assert_allclose(wt.queries, trace.queries[layer], atol=1e-6)
         np.testing.assert_allclose(wt.keys, trace.keys[layer], atol=1e-6)
         np.testing.assert_allclose(wt.values, trace.values[layer], atol=1e-6)
@@ -77,7 +77,7 @@ def test_bert_walk_equals_bert_to_1e_4(bert_case):
     assert wt.tokens == trace.tokens
     np.testing.assert_array_equal(wt.token_ids, trace.token_ids)
     np.testing.assert_array_equal(wt.token_type_ids, trace.token_type_ids)
-    np.testing.assert_allclose(wt.weights, trace.attentions[2], atol=1e-4)
+    np.testing.assert_allclose(wt.weights, trace.weights[2], atol=1e-4)
     np.testing.assert_allclose(wt.embeddings, trace.hidden_states[0], atol=1e-4)
     np.testing.assert_allclose(wt.layer_output, trace.hidden_states[3], atol=1e-4)
     np.testing.assert_allclose(wt.final_hidden, trace.hidden_states[-1], atol=1e-4)
@@ -205,7 +205,7 @@ def test_loader_walks_the_same_inputs_as_get_trace():
     trace = get_trace(request)
     wt = get_walkthrough(request, 1)
     assert wt.tokens == trace.tokens
-    np.testing.assert_allclose(wt.weights, trace.attentions[1], atol=1e-6)
+    np.testing.assert_allclose(wt.weights, trace.weights[1], atol=1e-6)
     np.testing.assert_allclose(wt.logits, trace.logits, atol=1e-6)
     assert get_walkthrough(request, 1) is wt  # cached
 

@@ -1,4 +1,4 @@
-"""model_core.walkthrough_decoder: a Llama-like block's walk equals the trace every other page reads, each step
+"""model_core.walk.decoder: a Llama-like block's walk equals the trace every other page reads, each step
 chains into the next as transformers computes it, and the families without a block walk say why."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model_core import TraceRequest, build_trace
-from model_core.request import build_walkthrough
+from model_core.trace.request import build_walkthrough
 
 WALKED = ("llama", "qwen3", "gemma2")  # plain; q/k norms before the rotary embedding; norms around each sublayer
 TEXT = "time flies like an arrow"
@@ -17,7 +17,7 @@ LAYER = 1
 
 @pytest.fixture(scope="module", params=WALKED)
 def walked(request, tiny_decoders):
-    from model_core.loading import load_pretrained
+    from model_core.models.loading import load_pretrained
 
     folder = str(tiny_decoders[request.param])
     req = TraceRequest(model="pretrained", model_id=folder, text_a=TEXT)
@@ -32,7 +32,7 @@ def _repeat(kv: np.ndarray, kv_heads: np.ndarray) -> np.ndarray:
 def test_the_walk_reads_the_traces_tokens_weights_and_residual_stream(walked):
     _, trace, wt, _ = walked
     assert wt.tokens == trace.tokens and wt.labels == trace.labels
-    np.testing.assert_allclose(wt.weights, trace.attentions[LAYER], atol=1e-6)
+    np.testing.assert_allclose(wt.weights, trace.weights[LAYER], atol=1e-6)
     np.testing.assert_allclose(wt.queries, trace.queries[LAYER], atol=1e-5)
     np.testing.assert_allclose(wt.layer_input, trace.hidden_states[LAYER], atol=1e-5)
     np.testing.assert_allclose(wt.layer_output, trace.hidden_states[LAYER + 1], atol=1e-5)
@@ -106,7 +106,7 @@ def test_a_layer_out_of_range_says_the_range(tiny_decoders):
 
 
 def test_the_walk_stops_after_its_block_and_reads_the_next_token_from_the_trace(tiny_decoders):
-    from model_core.loading import load_pretrained
+    from model_core.models.loading import load_pretrained
 
     folder = str(tiny_decoders["llama"])
     req = TraceRequest(model="pretrained", model_id=folder, text_a=TEXT)

@@ -30,18 +30,18 @@ def test_pieces_group_into_words_and_specials_stay_alone():
 def test_merge_equals_a_naive_loop_over_words(split_trace):
     words = word_spans(split_trace.tokens)
     assert words.any_split
-    a = split_trace.attentions[2, 5]
+    a = split_trace.weights[2, 5]
     expected = np.zeros((words.n_words, words.n_words))
     for i, (qa, qb) in enumerate(words.spans):
         for j, (ka, kb) in enumerate(words.spans):
             expected[i, j] = np.mean([a[q, ka:kb].sum() for q in range(qa, qb)])
     np.testing.assert_allclose(words.merge(a), expected, atol=1e-6)
     # A stack of heads merges head by head.
-    np.testing.assert_allclose(words.merge(split_trace.attentions)[2, 5], expected, atol=1e-6)
+    np.testing.assert_allclose(words.merge(split_trace.weights)[2, 5], expected, atol=1e-6)
 
 
 def test_merged_rows_still_sum_to_one(split_trace):
-    merged = word_spans(split_trace.tokens).merge(split_trace.attentions)
+    merged = word_spans(split_trace.tokens).merge(split_trace.weights)
     np.testing.assert_allclose(merged.sum(-1), 1.0, atol=1e-5)
 
 
@@ -49,7 +49,7 @@ def test_a_text_without_split_words_changes_only_in_its_labels():
     trace = build_trace(TraceRequest("bert", "time flies like an arrow", "fruit flies like a banana"))
     words = word_spans(trace.tokens)
     assert not words.any_split and words.words == trace.tokens
-    np.testing.assert_allclose(words.merge(trace.attentions), trace.attentions, atol=1e-6)
+    np.testing.assert_allclose(words.merge(trace.weights), trace.weights, atol=1e-6)
 
 
 def test_pieces_read_as_the_text_reads():
@@ -91,9 +91,9 @@ def test_export_words_adds_the_word_keys_to_npz_and_json(tmp_path):
 
 
 def test_aggregates_equal_numpys_mean_and_max(split_trace):
-    from model_core.aggregate import aggregate_heads
+    from model_core.analysis.aggregate import aggregate_heads
 
-    a = split_trace.attentions
+    a = split_trace.weights
     np.testing.assert_allclose(aggregate_heads(a, "layer_mean", 3), a[3].mean(0), atol=1e-6)
     np.testing.assert_array_equal(aggregate_heads(a, "layer_max", 3), a[3].max(0))
     np.testing.assert_allclose(aggregate_heads(a, "all_mean"), a.mean((0, 1)), atol=1e-6)
@@ -104,9 +104,9 @@ def test_aggregates_equal_numpys_mean_and_max(split_trace):
 
 
 def test_the_selections_rows_are_the_mean_of_the_selected_rows(split_trace):
-    from model_core.aggregate import selection_attention
+    from model_core.analysis.aggregate import selection_attention
 
-    a = split_trace.attentions
+    a = split_trace.weights
     sent = selection_attention(a, [4, 1, 4, 2], "sent")
     np.testing.assert_allclose(sent, a[:, :, [1, 2, 4], :].mean(2), atol=1e-6)
     np.testing.assert_allclose(sent.sum(-1), 1.0, atol=1e-5)
@@ -124,7 +124,7 @@ def test_the_word_level_trace_carries_the_merged_weights_and_the_words(split_tra
     words = word_spans(split_trace.tokens)
     merged = word_level_trace(split_trace, words)
     assert merged.tokens == words.words and merged.n_tokens == words.n_words
-    np.testing.assert_allclose(merged.attentions, words.merge(split_trace.attentions), atol=1e-6)
+    np.testing.assert_allclose(merged.weights, words.merge(split_trace.weights), atol=1e-6)
     assert merged.sentence_b_start == words.word_of(split_trace.sentence_b_start)
     assert merged.tokens[merged.sentence_b_start] == "they"
 
@@ -135,14 +135,14 @@ def test_with_words_on_the_maximum_over_heads_is_taken_over_the_word_matrices(sp
 
     words = word_spans(split_trace.tokens)
     ctx = AppContext(request=None, settings=None, trace=split_trace, error=None, words=words)
-    merged = words.merge(split_trace.attentions)
+    merged = words.merge(split_trace.weights)
     np.testing.assert_array_equal(ctx.aggregate("layer_max", 2), merged[2].max(0))
-    np.testing.assert_allclose(ctx.aggregate("layer_mean", 2), words.merge(split_trace.attentions[2].mean(0)),
+    np.testing.assert_allclose(ctx.aggregate("layer_mean", 2), words.merge(split_trace.weights[2].mean(0)),
                                atol=1e-6)
     np.testing.assert_array_equal(ctx.aggregate("head", 2, 5), merged[2, 5])
     assert ctx.labels() == (words.words, words.word_start(split_trace.sentence_b_start))
     plain = AppContext(request=None, settings=None, trace=split_trace, error=None)
-    np.testing.assert_array_equal(plain.aggregate("layer_max", 2), split_trace.attentions[2].max(0))
+    np.testing.assert_array_equal(plain.aggregate("layer_max", 2), split_trace.weights[2].max(0))
     assert plain.labels() == (split_trace.tokens, split_trace.sentence_b_start)
 
 
@@ -194,7 +194,7 @@ def test_a_special_token_of_other_characters_leaves_the_text_byte_level():
     bos = "<｜begin▁of▁sentence｜>"  # DeepSeek's: full-width bars and SentencePiece's space, no byte-level alphabet
     pieces = (bos, "Hello", "Ġworld", "Ã©")
     decoder = replace(trace, tokens=pieces, token_ids=np.arange(4), token_type_ids=np.zeros(4, dtype=np.int64),
-                      attentions=np.tile(np.eye(4, dtype=np.float32), (1, 2, 1, 1)), mask=np.ones((4, 4), bool),
+                      weights=np.tile(np.eye(4, dtype=np.float32), (1, 2, 1, 1)), mask=np.ones((4, 4), bool),
                       queries=np.zeros((1, 2, 4, 8), np.float32), keys=np.zeros((1, 2, 4, 8), np.float32),
                       values=np.zeros((1, 2, 4, 8), np.float32), value_norms=np.zeros((1, 2, 4), np.float32),
                       hidden_states=np.zeros((2, 4, 16), np.float32), model_kind="llama",

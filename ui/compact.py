@@ -8,8 +8,8 @@ import math
 import streamlit as st
 
 from model_core import TraceRequest
-from model_core.compact import CompactTrace
-from model_core.compact_views import TraceForm
+from model_core.compact.trace import CompactTrace
+from model_core.compact.views import TraceForm
 from ui.loaders import get_compact
 
 CANCELLED_KEY = "compact_cancelled"

@@ -1,4 +1,4 @@
-"""Figures of a compact trace (``model_core.compact``): one head pooled at full extent with numeric position axes
+"""Figures of a compact trace (``model_core.compact.trace``): one head pooled at full extent with numeric position axes
 (so a box selection reads positions), an exact rectangular window with token labels, and the first-token share."""
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ import numpy as np
 import streamlit as st
 
 from attention_explorer.figures import layer_head_figure, overview_mosaic
-from model_core.compact import CompactTrace
-from model_core.compact_summary import largest_weights
-from model_core.compact_views import (
+from model_core.compact.trace import CompactTrace
+from model_core.compact.summary import largest_weights
+from model_core.compact.views import (
     coarser_overview,
     first_token_share,
     group_labels,
@@ -19,7 +19,7 @@ from model_core.compact_views import (
     segment_starts,
     window_without_first,
 )
-from model_core.tables import matrix_to_csv, token_matrix_to_csv
+from model_core.io.tables import matrix_to_csv, token_matrix_to_csv
 from ui.compact import compact_key
 from ui.compact_figures import (
     first_token_figure,

@@ -1,5 +1,5 @@
 """The rollout page for a long input in compact form: attention rollout into one token, each layer's head mean
-recomputed in blocks from the queries, keys and log-sum-exps (``model_core.compact_views.rollout_row``), on
+recomputed in blocks from the queries, keys and log-sum-exps (``model_core.compact.views.rollout_row``), on
 request and with a progress bar."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pandas as pd
 import streamlit as st
 
 from model_core.analysis import FLOW_MAX_TOKENS_ONE_ROW
-from model_core.compact import CompactTrace
-from model_core.compact_views import rollout_row
-from model_core.tables import matrix_to_csv, position_labels
+from model_core.compact.trace import CompactTrace
+from model_core.compact.views import rollout_row
+from model_core.io.tables import matrix_to_csv, position_labels
 from ui.compact import compact_key
 from ui.compact_figures import relevance_line_figure
 from ui.context import AppContext

@@ -10,7 +10,7 @@ import numpy as np
 
 from model_core import AttentionTrace, TraceRequest
 from model_core.analysis import Markers, markers
-from model_core.compact import CompactTrace
+from model_core.compact.trace import CompactTrace
 from model_core.settings import Settings
 from model_core.words import WordSpans, readable_tokens
 
@@ -32,7 +32,7 @@ class AppContext:
     head_slot: "object | None" = None
     # The trace's words when the sidebar's "Words, not WordPieces" is on, else None.
     words: WordSpans | None = None
-    # A long input's compact trace (``model_core.compact``); ``trace`` is None then.
+    # A long input's compact trace (``model_core.compact.trace``); ``trace`` is None then.
     compact: CompactTrace | None = None
 
     def labels(self, raw: bool = False) -> tuple[tuple[str, ...], int | None]:
@@ -54,13 +54,13 @@ class AppContext:
         """
         return (matrix if self.words is None else self.words.merge(matrix)), *self.labels()
 
-    def attentions(self) -> np.ndarray:
+    def weights(self) -> np.ndarray:
         """The trace's whole attention stack as the views show it (merged into words when the toggle is on).
 
         Shape: (layer, head, pos, pos) or (layer, head, word, word).
         """
         if self.words is None:
-            return self.trace.attentions
+            return self.trace.weights
         from ui.derived import word_attentions
 
         return word_attentions(self.trace)
@@ -111,12 +111,12 @@ class AppContext:
         return ~allowed
 
     def aggregate(self, how: str, layer: int = 0, head: int = 0) -> np.ndarray:
-        """``model_core.aggregate.aggregate_heads`` of the stack as the views show it: with words on, a maximum
+        """``model_core.analysis.aggregate.aggregate_heads`` of the stack as the views show it: with words on, a maximum
         over heads is the maximum of the heads' word matrices (merging after the maximum would sum the pieces'
         maxima). Shape: (pos, pos) or (word, word)."""
-        from model_core.aggregate import aggregate_heads
+        from model_core.analysis.aggregate import aggregate_heads
 
-        return aggregate_heads(self.attentions(), how, layer, head)
+        return aggregate_heads(self.weights(), how, layer, head)
 
 
 def set_context(ctx: AppContext) -> None:

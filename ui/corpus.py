@@ -13,8 +13,8 @@ from typing import Any
 import streamlit as st
 
 from model_core import TraceRequest
-from model_core.custom_spec import CustomOptions
-from model_core.request import MODEL_FIELDS
+from model_core.chapter3.spec import CustomOptions
+from model_core.trace.request import MODEL_FIELDS
 from model_core.corpus import CorpusModel, CorpusRun, CorpusRunError, LoadedCorpusModel, RunOptions, open_run, run_corpus
 from model_core.corpus.run import CORPUS_MAX_TOKENS
 from model_core.corpus.sample import DEFAULT_CAP

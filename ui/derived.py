@@ -87,7 +87,7 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 @per_trace(spinner="Merging pieces into words…", max_entries=4)
 def word_attentions(trace: AttentionTrace) -> np.ndarray:
     """Every head's attention merged into words (``model_core.words``). Shape: (layer, head, word, word)."""
-    return _read_only(trace.words().merge(trace.attentions))
+    return _read_only(trace.words().merge(trace.weights))
 
 
 @per_trace(max_entries=8)
@@ -95,7 +95,7 @@ def overview_mosaic_cells(trace: AttentionTrace, words: bool, max_cells: int) ->
     """The overview's mosaic (``ui.figures.head_mosaic``) of the trace's tokens, or of its words."""
     from attention_explorer.figures import head_mosaic
 
-    return _read_only(head_mosaic(word_attentions(trace) if words else trace.attentions, max_cells))
+    return _read_only(head_mosaic(word_attentions(trace) if words else trace.weights, max_cells))
 
 
 @per_trace(max_entries=16)
@@ -114,7 +114,7 @@ def rollout_and_flow(trace: AttentionTrace) -> Any:
     from model_core.analysis import markers
     from model_core.analysis import rollout_and_flow as compute
 
-    return compute(trace.attentions, trace.head_mask, target=markers(trace).readout)
+    return compute(trace.weights, trace.head_mask, target=markers(trace).readout)
 
 
 @per_trace(spinner="Reading the next-token distribution…", max_entries=16)

@@ -1,4 +1,4 @@
-"""The sidebar's fields, derived once from the request's (``model_core.request.REQUEST_FIELDS``): each field's
+"""The sidebar's fields, derived once from the request's (``model_core.trace.request.REQUEST_FIELDS``): each field's
 query parameter (its own name; older links' names still read), session key (``ctl_<field>``) and parser, and a
 request written as query parameters or session state. No streamlit: the benches and links use it too."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Literal, get_args, get_origin, get_type_hints
 
 from model_core import TraceRequest
-from model_core.request import REQUEST_FIELDS
+from model_core.trace.request import REQUEST_FIELDS
 
 MODEL_LABELS = {"pretrained": "Pretrained model", "custom": "Custom encoder"}
 OLD_MODEL_NAMES = {"bert": "pretrained"}

@@ -1,4 +1,4 @@
-"""The steps of "Inside the model" for a Llama-like decoder block (``model_core.walkthrough_decoder.DecoderWalk``):
+"""The steps of "Inside the model" for a Llama-like decoder block (``model_core.walk.decoder.DecoderWalk``):
 RMSNorm, the q/k/v projections, the rotary embedding, key/value heads, scores, the causal mask, softmax, the output
 projection, the gated MLP and the next token, one folded step each, a shape line per step as chapter 3 has."""
 

@@ -1,5 +1,5 @@
 """What both walks on "Inside the model" draw alike: a tensor as tokens x dimensions, its shape line, per-token
-norms. Each walk (``model_core.walkthrough.Walkthrough``, ``model_core.walkthrough_decoder.DecoderWalk``) labels
+norms. Each walk (``model_core.walk.encoder.Walkthrough``, ``model_core.walk.decoder.DecoderWalk``) labels
 its rows with ``labels``."""
 
 from __future__ import annotations

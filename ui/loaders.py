@@ -25,15 +25,15 @@ from model_core import (
     build_walkthrough,
 )
 from model_core.analysis.masked_run import MaskedRun, run_masked
-from model_core.compact import CompactTrace
-from model_core.compact_build import build_compact, trace_form
-from model_core.compact_views import TraceForm
-from model_core.custom_spec import build_custom_model
-from model_core.loading import LoadedModel, load_pretrained_uncached, select_device
-from model_core.memory import BoundedCache, release_freed_memory
-from model_core.predictions import LogitLens, logit_lens
+from model_core.compact.trace import CompactTrace
+from model_core.compact.build import build_compact, trace_form
+from model_core.compact.views import TraceForm
+from model_core.chapter3.spec import build_custom_model
+from model_core.models.loading import LoadedModel, load_pretrained_uncached, select_device
+from model_core.models.memory import BoundedCache, release_freed_memory
+from model_core.analysis.predictions import LogitLens, logit_lens
 from model_core.settings import BUNDLED_DECODER_ID, Settings, load_settings
-from model_core.walkthrough import Walkthrough
+from model_core.walk.encoder import Walkthrough
 from ui.derived import per_trace
 
 # Traces are immutable (read-only arrays), so all sessions share one copy: a cache_data copy per session would
@@ -166,13 +166,13 @@ get_trace.clear = TRACES.clear  # type: ignore[attr-defined]
 
 
 def get_trace_form(request: TraceRequest) -> TraceForm:
-    """Full or compact for this request (``model_core.compact_build.trace_form``): the text is tokenised, the model
+    """Full or compact for this request (``model_core.compact.build.trace_form``): the text is tokenised, the model
     comes from the cache."""
     return trace_form(request, models=CACHED_MODELS)
 
 
 def get_compact(request: TraceRequest, progress: Any = None) -> CompactTrace:
-    """The compact trace of a long input (``model_core.compact``), once per request and process; ``progress`` is
+    """The compact trace of a long input (``model_core.compact.trace``), once per request and process; ``progress`` is
     called with ("forward" | "summary", fraction done) while it is built.
 
     In ``TRACES``, not ``st.cache_resource``: the progress bar is drawn while the function runs, which Streamlit's
@@ -225,7 +225,7 @@ def prepare_bundled_decoder(model_id: str) -> None:
     Raises:
         ModelLoadError: the conversion cannot run; the message says what to do.
     """
-    from model_core import bundled
+    from model_core.models import bundled
 
     if model_id != BUNDLED_DECODER_ID or bundled.is_complete(bundled.bundled_decoder_dir()):
         return
@@ -263,6 +263,6 @@ def pretrained_for(request: TraceRequest, settings: Settings | None = None) -> L
 
 @per_trace(spinner="Reading the residual stream through the unembedding…", max_entries=32)
 def get_logit_lens(trace: AttentionTrace, model_id: str, device_name: str, position: int, k: int) -> LogitLens:
-    """``model_core.predictions.logit_lens`` of ``trace`` at ``position``, once per (trace, position, k), with the
+    """``model_core.analysis.predictions.logit_lens`` of ``trace`` at ``position``, once per (trace, position, k), with the
     cached model ``get_pretrained(model_id, device_name)``."""
     return logit_lens(get_pretrained(model_id, device_name), trace, position, k)

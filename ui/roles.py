@@ -10,8 +10,8 @@ import numpy as np
 import streamlit as st
 
 from model_core import AttentionTrace, TraceRequest
-from model_core.compact import CompactTrace
-from model_core.request import MODEL_FIELDS
+from model_core.compact.trace import CompactTrace
+from model_core.trace.request import MODEL_FIELDS
 from model_core.roles import (
     TEXT_ROLES,
     RetrievalResult,

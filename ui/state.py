@@ -7,7 +7,7 @@ from typing import Any, Callable
 import streamlit as st
 
 from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, TraceRequest
-from model_core.request import REQUEST_FIELDS
+from model_core.trace.request import REQUEST_FIELDS
 from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID, Settings, load_settings
 from model_core.words import RULE as WORD_RULE
 from ui.fields import (

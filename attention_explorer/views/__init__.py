@@ -32,7 +32,7 @@ from attention_explorer.views.size import (
     SizeCheck,
     check_size,
 )
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 __all__ = [
     "DEFAULT_ASSET_BASE",

@@ -24,7 +24,7 @@ from attention_explorer.views.page import (
     shown,
 )
 from attention_explorer.views.size import check_indices, count_elements
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 # bertviz layout constants (head_view.js, model_view.js), for the page height.
 _HEAD_BOX_HEIGHT, _HEAD_TEXT_TOP = 22.5, 30
@@ -55,7 +55,7 @@ def bertviz_inputs(
     unsent = torch.zeros((1, 1, 1, 1), dtype=torch.int32).expand(1, trace.n_heads, n, n)
     attention: list[Any] = [unsent] * trace.n_layers
     for layer in layers:
-        attention[layer] = torch.from_numpy(quantize(window.attentions[layer]))[None]  # (1, head, q_pos, k_pos)
+        attention[layer] = torch.from_numpy(quantize(window.weights[layer]))[None]  # (1, head, q_pos, k_pos)
     return {
         "attention": attention,
         "tokens": window.tokens,

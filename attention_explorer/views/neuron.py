@@ -28,7 +28,7 @@ from attention_explorer.views.page import (
     shown,
 )
 from attention_explorer.views.size import check_indices, count_elements
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 # bertviz layout constants (neuron_view.js), for the page height.
 _NEURON_BOX_HEIGHT, _NEURON_PADDING = 26, 100
@@ -89,7 +89,7 @@ def neuron_params(
         queries = queries * np.float32(query_scale)
     params: dict[str, dict[str, Any]] = {
         "all": {
-            "attn": [quantize(window.attentions[layer]).tolist()],
+            "attn": [quantize(window.weights[layer]).tolist()],
             "queries": [quantize(queries).tolist()],
             "keys": [quantize(window.keys[layer]).tolist()],
             "left_text": tokens,

@@ -22,7 +22,7 @@ import numpy as np
 
 from attention_explorer.views.assets import inline_scripts, serve_scripts
 from attention_explorer.views.size import VIEW_KINDS, check_window
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 SCALE = 1000
 """Weights, queries and keys travel as integers in 1/SCALE: rounding error at most 5e-4."""
@@ -61,7 +61,7 @@ class Shown:
     """The part of a trace a view shows: a token window, with positions renumbered from 0."""
 
     tokens: list[str]
-    attentions: np.ndarray  # (layer, head, q_pos, k_pos), all layers and heads of the window
+    weights: np.ndarray  # (layer, head, q_pos, k_pos), all layers and heads of the window
     queries: np.ndarray  # (layer, head, pos, d_head)
     keys: np.ndarray  # (layer, head, pos, d_head)
     sentence_b_start: int | None
@@ -75,7 +75,7 @@ def shown(trace: AttentionTrace, token_window: tuple[int, int] | None) -> Shown:
     b_start = b - start if b is not None and start < b < stop else None
     return Shown(
         tokens=list(trace.labels[start:stop]),  # byte-level pieces decoded, a word's space drawn ␣
-        attentions=trace.attentions[:, :, start:stop, start:stop],
+        weights=trace.weights[:, :, start:stop, start:stop],
         queries=trace.queries[:, :, start:stop],
         keys=trace.keys[:, :, start:stop],
         sentence_b_start=b_start,

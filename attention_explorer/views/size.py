@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 VIEW_KINDS = ("head", "model", "neuron")
 

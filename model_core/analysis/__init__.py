@@ -25,7 +25,7 @@ from model_core.analysis.per_head import (
 from model_core.analysis.masking import MaskingEffect, compare_masking, head_mask_from_off
 from model_core.analysis.next_token import NextTokenEffect, next_token_effect, next_token_probs
 from model_core.analysis.norms import SpecialTokenMass, norm_weighted_attention, special_token_mass
-from model_core.tables import grid_to_csv, matrix_to_csv, rows_to_csv  # the one CSV writer
+from model_core.io.tables import grid_to_csv, matrix_to_csv, rows_to_csv  # the one CSV writer
 from model_core.analysis.rollout import (
     FLOW_MAX_TOKENS,
     FLOW_MAX_TOKENS_ONE_ROW,

@@ -13,7 +13,7 @@ import numpy as np
 from model_core.words import CLS_TOKENS, SEP_TOKENS, SPECIAL_TOKENS, WORD_STARTS  # noqa: F401
 
 if TYPE_CHECKING:
-    from model_core.trace import AttentionTrace
+    from model_core.trace.trace import AttentionTrace
 
 _EPS = 1e-12
 

@@ -21,7 +21,7 @@ from model_core.analysis._common import (
     markers,
     trace_flags,
 )
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 Support = Literal["categories", "offsets"]
 
@@ -103,7 +103,7 @@ def word_attention(trace: AttentionTrace, span: WordSpan) -> np.ndarray:
     Shape: (layer, head, k_pos).
     """
     _check_span(trace, span)
-    return trace.attentions[:, :, span.start : span.end, :].astype(np.float64).mean(axis=2)
+    return trace.weights[:, :, span.start : span.end, :].astype(np.float64).mean(axis=2)
 
 
 def word_hidden_states(trace: AttentionTrace, span: WordSpan) -> np.ndarray:
@@ -271,7 +271,7 @@ def compare_contexts(
         ValueError: a span lies outside its trace, or the two traces come from different models.
     """
     other = trace if second_trace is None else second_trace
-    if other.attentions.shape[:2] != trace.attentions.shape[:2] or other.hidden_size != trace.hidden_size:
+    if other.weights.shape[:2] != trace.weights.shape[:2] or other.hidden_size != trace.hidden_size:
         raise ValueError("Both traces must come from the same model (same layers, heads and hidden size).")
     dist_first = binned_word_attention(trace, first, support, window)
     dist_second = binned_word_attention(other, second, support, window)

@@ -1,5 +1,5 @@
-"""The whole analysis of a trace as named arrays, for the one NPZ/JSON writer (``model_core.export``; CSV is
-``model_core.tables``).
+"""The whole analysis of a trace as named arrays, for the one NPZ/JSON writer (``model_core.io.export``; CSV is
+``model_core.io.tables``).
 
 The analyses exported here come from Abnar & Zuidema (2020), Kobayashi et al. (2020) and Clark et
 al. (2019); see the modules ``rollout``, ``norms`` and ``per_head``.
@@ -12,8 +12,8 @@ import numpy as np
 from model_core.analysis.per_head import head_stats
 from model_core.analysis.norms import norm_weighted_attention, special_token_mass
 from model_core.analysis.rollout import FLOW_MAX_TOKENS, attention_flow, attention_rollout
-from model_core.export import to_json_str, to_npz_bytes  # noqa: F401 - the one writer, re-exported for the pages
-from model_core.trace import AttentionTrace
+from model_core.io.export import to_json_str, to_npz_bytes  # noqa: F401 - the one writer, re-exported for the pages
+from model_core.trace.trace import AttentionTrace
 
 
 JSON_MAX_TOKENS_PER_HEAD = 64
@@ -30,10 +30,10 @@ def analysis_arrays(trace: AttentionTrace, *, per_head_matrices: bool = True) ->
     """
     arrays: dict[str, np.ndarray] = {"tokens": np.asarray(trace.tokens)}
     if per_head_matrices:
-        arrays["norm_weighted"] = norm_weighted_attention(trace.attentions, trace.value_norms).astype(np.float32)
-    arrays["rollout"] = attention_rollout(trace.attentions, trace.head_mask).astype(np.float32)
+        arrays["norm_weighted"] = norm_weighted_attention(trace.weights, trace.value_norms).astype(np.float32)
+    arrays["rollout"] = attention_rollout(trace.weights, trace.head_mask).astype(np.float32)
     if trace.n_tokens <= FLOW_MAX_TOKENS:
-        arrays["flow"] = attention_flow(trace.attentions, trace.head_mask).astype(np.float32)
+        arrays["flow"] = attention_flow(trace.weights, trace.head_mask).astype(np.float32)
     mass = special_token_mass(trace)
     for name in ("raw_cls", "raw_sep", "norm_cls", "norm_sep"):
         arrays[f"special_mass/{name}"] = getattr(mass, name)

@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 from model_core.analysis.masking import attention_change
-from model_core.forward import head_gate, to_numpy
-from model_core.request import Models, TraceRequest, _resolve
+from model_core.trace.forward import head_gate, to_numpy
+from model_core.trace.request import Models, TraceRequest, _resolve
 from model_core.settings import Settings
-from model_core.trace import AttentionTrace
-from model_core.trace_shape import arrays_nbytes, freeze_arrays
-from model_core.walkthrough import encoded_from_trace
+from model_core.trace.trace import AttentionTrace
+from model_core.trace.shape import arrays_nbytes, freeze_arrays
+from model_core.walk.encoder import encoded_from_trace
 
 TOP_K = 10
 
@@ -92,7 +92,7 @@ def run_masked(request: TraceRequest, baseline: AttentionTrace, head_mask: np.nd
     encoded = encoded_from_trace(baseline)
     out = family.forward(model, encoded.input_ids.to(device_), encoded.token_type_ids.to(device_), None,
                          head_mask=gate, vectors=False)
-    tv, js = attention_change(baseline.attentions, [w[0] for w in out.weights], baseline.mask)
+    tv, js = attention_change(baseline.weights, [w[0] for w in out.weights], baseline.mask)
     hidden = torch.stack([h[0] for h in out.hidden])  # (layer + 1, pos, hidden)
     extra: dict = {}
     if family.is_decoder:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from model_core.analysis._common import markers, row_blocks
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 
 def head_mask_from_off(n_layers: int, n_heads: int, off: Iterable[tuple[int, int]]) -> np.ndarray:
@@ -182,7 +182,7 @@ def compare_masking(baseline: AttentionTrace, masked: Any, position: int | None 
         ValueError: the two traces are not of the same input and model.
     """
     head_shape = np.shape(masked.head_mask)
-    if baseline.tokens != masked.tokens or head_shape != baseline.attentions.shape[:2]:
+    if baseline.tokens != masked.tokens or head_shape != baseline.weights.shape[:2]:
         raise ValueError("Compare two traces of the same model and the same input; only head_mask may differ.")
     if baseline.hidden_states.shape != masked.hidden_states.shape:
         raise ValueError("The two traces have different hidden sizes; use the same model for both.")
@@ -195,8 +195,8 @@ def compare_masking(baseline: AttentionTrace, masked: Any, position: int | None 
     h1 = np.asarray(baseline.hidden_states[:, position, :], dtype=np.float64)  # (layer + 1, hidden)
     h2 = np.asarray(masked.hidden_states[:, position, :], dtype=np.float64)
     cosine = (h1 * h2).sum(-1) / np.maximum(np.linalg.norm(h1, axis=-1) * np.linalg.norm(h2, axis=-1), 1e-12)
-    if getattr(masked, "attentions", None) is not None:
-        tv, js = attention_change(baseline.attentions, masked.attentions, baseline.mask)
+    if getattr(masked, "weights", None) is not None:
+        tv, js = attention_change(baseline.weights, masked.weights, baseline.mask)
     else:  # a lean run compared its weights with this baseline's as it ran (masked_run.MaskedRun)
         tv, js = np.array(masked.attention_tv, dtype=np.float64), np.array(masked.attention_js, dtype=np.float64)
     tv = np.where(off, np.nan, tv)

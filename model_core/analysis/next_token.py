@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 
 def next_token_probs(family: Any, model: Any, trace: AttentionTrace, position: int = -1) -> np.ndarray:
@@ -32,7 +32,7 @@ def next_token_probs(family: Any, model: Any, trace: AttentionTrace, position: i
     """
     import torch
 
-    from model_core.predictions import unembed_residual
+    from model_core.analysis.predictions import unembed_residual
 
     n = trace.n_tokens
     pos = position + n if position < 0 else position

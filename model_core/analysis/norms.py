@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model_core.analysis._common import markers, trace_flags
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 
 def norm_weighted_attention(attentions: np.ndarray, value_norms: np.ndarray) -> np.ndarray:
@@ -80,7 +80,7 @@ def special_token_mass(trace: AttentionTrace) -> SpecialTokenMass:
     already per query head."""
     flags = trace_flags(trace)
     names = markers(trace)
-    raw = np.asarray(trace.attentions, dtype=np.float64)
+    raw = np.asarray(trace.weights, dtype=np.float64)
     weighted = norm_weighted_attention(raw, trace.value_norms)
 
     def share(matrix: np.ndarray, keys: np.ndarray) -> np.ndarray:

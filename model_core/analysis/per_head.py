@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from model_core.analysis._common import entropy_bits, markers, row_blocks, trace_flags
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 STAT_NAMES: tuple[str, ...] = (
     "entropy", "to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "a_to_b", "b_to_a"
@@ -115,7 +115,7 @@ def head_stats(trace: AttentionTrace) -> HeadStats:
     each only over the keys its rows may see (``_common.row_blocks``): its entropy, and every share at once as one
     product with the token classes' indicator columns.
     """
-    att = np.asarray(trace.attentions)  # (layer, head, q_pos, k_pos)
+    att = np.asarray(trace.weights)  # (layer, head, q_pos, k_pos)
     n_layers, n_heads, n, _ = att.shape
     flags = trace_flags(trace)
     columns = [flags["cls"], flags["sep"], flags["punct"]]

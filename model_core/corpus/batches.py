@@ -14,7 +14,7 @@ import torch
 
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.corpus.stats import N_STATS, BatchMasks, batch_head_stats
-from model_core.encoding import MAX_TEXT_CHARS, clean_text
+from model_core.trace.encoding import MAX_TEXT_CHARS, clean_text
 from model_core.families import Family
 
 LongPolicy = Literal["truncate", "skip"]

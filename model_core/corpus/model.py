@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import torch
 
 from model_core.corpus.stats import TokenClasses
-from model_core.custom_spec import CustomSpec, describe_custom
+from model_core.chapter3.spec import CustomSpec, describe_custom
 from model_core.families import Family, family_of
-from model_core.loading import load_tokenizer, select_device
+from model_core.models.loading import load_tokenizer, select_device
 from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
 
 if TYPE_CHECKING:
-    from model_core.request import Models, TraceRequest
+    from model_core.trace.request import Models, TraceRequest
 
 _OLD_KIND = {"bert": "pretrained"}  # run folders written before decoders named every pretrained model "bert"
 _OLD_SHAPE_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads"}  # before EncoderConfig's names
@@ -56,7 +56,7 @@ class CorpusModel:
                      causal: bool = False, norm_placement: str = "pre", num_hidden_layers: int = 12, num_attention_heads: int = 12,
                      hidden_size: int = 768) -> "CorpusModel":
         """From the command line's options (those that do not apply are ignored), through a TraceRequest."""
-        from model_core.request import TraceRequest
+        from model_core.trace.request import TraceRequest
 
         if model not in ("pretrained", "bert", "custom"):
             raise ValueError(f"--model must be 'pretrained' or 'custom', got {model!r}.")
@@ -100,7 +100,7 @@ class CorpusModel:
             return FAMILIES["custom"]
         from transformers import AutoConfig
 
-        from model_core.loading import resolve_model_source
+        from model_core.models.loading import resolve_model_source
 
         source = resolve_model_source(self.model_id)
         config = AutoConfig.from_pretrained(source.location, local_files_only=source.kind != "hub")
@@ -117,7 +117,7 @@ class CorpusModel:
              models: "Models | None" = None) -> "LoadedCorpusModel":
         """Load (or build) the model on ``device`` (default: the settings', cuda → mps → cpu) from ``models``
         (default: ``model_core.Models()``; the app passes its cached ones), the same models traces use."""
-        from model_core.request import Models
+        from model_core.trace.request import Models
 
         settings = settings or load_settings()
         models = models or Models()

@@ -16,7 +16,7 @@ from model_core.corpus.sample import array_path, create_arrays, plan_sample, wri
 from model_core.corpus.sources import Corpus
 from model_core.corpus.stats import PatternRules, StatSums
 from model_core.corpus import store
-from model_core.memory import release_freed_memory
+from model_core.models.memory import release_freed_memory
 
 CORPUS_MAX_TOKENS = 512
 """The longest corpus text: a batch holds every layer x head x n² weights of its texts at once."""

@@ -302,7 +302,7 @@ def read_hub_dataset(dataset_id: str, *, split: str = "train", column: str | Non
         import datasets
     except ImportError:
         raise CorpusInputError("Reading hub datasets needs the `datasets` package: pip install datasets.") from None
-    from model_core.loading import _hub_reachable
+    from model_core.models.loading import _hub_reachable
 
     local = Path(dataset_id).expanduser().exists()
     if not local and not _hub_reachable():

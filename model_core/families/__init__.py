@@ -4,7 +4,7 @@ off, joining pieces into words) lives in its module here, and nowhere else.
 
 | family   | module      | model types |
 |----------|-------------|-------------|
-| custom   | custom.py   | the chapter-3 encoder of ``model_core.encoder`` |
+| custom   | custom.py   | the chapter-3 encoder of ``model_core.chapter3.model`` |
 | bert     | bert.py     | bert |
 | gpt2     | gpt2.py     | gpt2 |
 | llama    | llama.py    | llama, qwen2, qwen3, mistral, gemma, gemma2, gemma3_text, phi3, phi, ... |
@@ -43,7 +43,7 @@ def family_of_type(model_type: str | None) -> Family | None:
 
 def family_of(model: Any) -> Family:
     """The adapter of a loaded model (transformers or the chapter-3 encoder)."""
-    from model_core.encoder import TransformerForSequenceClassification
+    from model_core.chapter3.model import TransformerForSequenceClassification
 
     if isinstance(model, TransformerForSequenceClassification):
         return FAMILIES["custom"]

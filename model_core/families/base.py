@@ -86,7 +86,7 @@ class Family:
         Raises:
             InputError: the text cannot be traced; the message says what to change.
         """
-        from model_core.encoding import encode
+        from model_core.trace.encoding import encode
 
         return encode(tokenizer, text, text_b, max_tokens=max_tokens, truncate=truncate, limit_hint=limit_hint)
 

@@ -41,7 +41,7 @@ class Recorder:
     scaling: dict[int, float] = field(default_factory=dict)
     residual: list[torch.Tensor] | None = None  # the residual stream: the first layer's input, then each layer's output
     softcap: dict[int, float | None] = field(default_factory=dict)
-    # Compact: attention runs through sdpa and no weights are kept; queries and keys are (model_core.compact).
+    # Compact: attention runs through sdpa and no weights are kept; queries and keys are (model_core.compact.trace).
     compact: bool = False
     on_layer: Any = None  # called with the layer index after each attention layer (progress)
     plain_masks: dict[int, bool] = field(default_factory=dict)  # mask data_ptr -> the module's own default mask

@@ -1,4 +1,4 @@
-"""The chapter-3 encoder (``model_core.encoder``): our own module records every head's tensors itself."""
+"""The chapter-3 encoder (``model_core.chapter3.model``): our own module records every head's tensors itself."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ class DecoderFamily(TransformersFamily):
 
     def encode(self, tokenizer: Any, text: str, text_b: str = "", *, max_tokens: int, truncate: bool = False,
                limit_hint: str = "") -> Any:
-        from model_core.encoding import encode_decoder
+        from model_core.trace.encoding import encode_decoder
 
         return encode_decoder(tokenizer, text, text_b, max_tokens=max_tokens, truncate=truncate,
                               limit_hint=limit_hint)
@@ -34,7 +34,7 @@ class DecoderFamily(TransformersFamily):
         raise NotImplementedError
 
     def block_parts(self, model: Any, layer: int) -> dict[str, tuple[torch.nn.Module, str]]:
-        """The modules of block ``layer`` that the decoder walk (``model_core.walkthrough_decoder``) reads: name ->
+        """The modules of block ``layer`` that the decoder walk (``model_core.walk.decoder``) reads: name ->
         (module, "input" or "output").
 
         Raises:

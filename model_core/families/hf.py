@@ -12,7 +12,7 @@ from model_core.families.capture import current_recorder, recording
 
 
 class TransformersFamily(Family):
-    """A transformers model whose attention layers call ``AttentionInterface`` (loaded by ``model_core.loading``)."""
+    """A transformers model whose attention layers call ``AttentionInterface`` (loaded by ``model_core.models.loading``)."""
 
     uses_token_types: ClassVar[bool] = False
 
@@ -47,7 +47,7 @@ class TransformersFamily(Family):
         n_layers = len(layers) if stop_after is None else stop_after + 1
         if len(rec.weights) != (n_layers if stop_after is None else 1):
             raise RuntimeError(f"Recorded {len(rec.weights)} of {n_layers} attention layers: load the model with "
-                               "model_core.loading so its attention goes through the capturing function.")
+                               "model_core.models.loading so its attention goes through the capturing function.")
         pick = lambda d: [d.get(i) for i in range(n_layers)]  # noqa: E731
         first = min(rec.masks)
         mask = rec.masks[first]

@@ -32,7 +32,7 @@ def add_roles_parser(sub: Any) -> None:
 
 def run_roles(args: argparse.Namespace) -> tuple[RoleScores, dict[str, Any]]:
     """Score the model of ``args``: the four probes, then retrieval where the model is a decoder."""
-    from model_core.request import TraceRequest
+    from model_core.trace.request import TraceRequest
     from model_core.roles.probes import score_roles
     from model_core.roles.retrieval import retrieval_scores
 

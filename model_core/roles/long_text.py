@@ -1,4 +1,4 @@
-"""Role scores on a long input's compact trace (``model_core.compact``), with no n x n weights: previous-token and
+"""Role scores on a long input's compact trace (``model_core.compact.trace``), with no n x n weights: previous-token and
 sink are the statistics streamed while tracing; duplicate-token and induction read the exact weights at their
 (query, key) pairs only."""
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from model_core.compact import CompactTrace
+from model_core.compact.trace import CompactTrace
 from model_core.roles.scores import induction_pairs
 
 PAIR_CHUNK = 32_768

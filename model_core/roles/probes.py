@@ -30,7 +30,7 @@ import torch
 
 from model_core.analysis._common import is_special
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
-from model_core.request import Models, TraceRequest
+from model_core.trace.request import Models, TraceRequest
 from model_core.roles.scores import PROBE_ROLES, RoleInput, role_scores
 
 N_SEQUENCES = 4
@@ -144,7 +144,7 @@ class RoleScores:
         return dataclasses.replace(self, scores={**self.scores, role: np.asarray(grid, dtype=np.float64)}, notes=notes)
 
     def to_rows(self) -> list[dict[str, float | int]]:
-        """One dict per head (layer, head, then each role), for ``model_core.tables.rows_to_csv``."""
+        """One dict per head (layer, head, then each role), for ``model_core.io.tables.rows_to_csv``."""
         n_layers, n_heads = self.shape
         return [{"layer": layer, "head": head, **{r: float(g[layer, head]) for r, g in self.scores.items()}}
                 for layer in range(n_layers) for head in range(n_heads)]

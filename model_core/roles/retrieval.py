@@ -28,7 +28,7 @@ import torch
 
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.families.capture import recording
-from model_core.request import Models, TraceRequest
+from model_core.trace.request import Models, TraceRequest
 from model_core.roles.haystack import HAYSTACK, haystack_prompt, password
 from model_core.roles.probes import ENCODER_NOTES
 

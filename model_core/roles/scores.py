@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model_core.analysis._common import trace_flags
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 PROBE_ROLES: tuple[str, ...] = ("previous_token", "duplicate_token", "induction", "sink")
 """The roles scored from the repeated random sequences (``model_core.roles.probes``)."""
@@ -27,30 +27,30 @@ TEXT_ROLES: tuple[str, ...] = ("previous_token", "duplicate_token", "sink")
 class RoleInput:
     """What the scores read of one input: its weights, token ids, which tokens are special, and the mask.
 
-    Shape: attentions (layer, head, q_pos, k_pos); token_ids, special (pos,); mask (q_pos, k_pos) bool.
+    Shape: weights (layer, head, q_pos, k_pos); token_ids, special (pos,); mask (q_pos, k_pos) bool.
     """
 
-    attentions: np.ndarray
+    weights: np.ndarray
     token_ids: np.ndarray
     special: np.ndarray
     mask: np.ndarray
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
-        if self.attentions.ndim != 4 or self.attentions.shape[2:] != (n, n) or self.mask.shape != (n, n) \
+        if self.weights.ndim != 4 or self.weights.shape[2:] != (n, n) or self.mask.shape != (n, n) \
                 or self.special.shape != (n,):
-            raise ValueError(f"attentions {self.attentions.shape}, mask {self.mask.shape} and special "
+            raise ValueError(f"weights {self.weights.shape}, mask {self.mask.shape} and special "
                              f"{self.special.shape} do not fit {n} tokens.")
 
     @classmethod
     def from_trace(cls, trace: AttentionTrace) -> RoleInput:
         """A trace's weights, ids, special tokens (as its family reads them) and mask."""
-        return cls(np.asarray(trace.attentions), np.asarray(trace.token_ids), trace_flags(trace)["special"],
+        return cls(np.asarray(trace.weights), np.asarray(trace.token_ids), trace_flags(trace)["special"],
                    np.asarray(trace.mask, dtype=bool))
 
     @property
     def grid_shape(self) -> tuple[int, int]:
-        return self.attentions.shape[:2]  # type: ignore[return-value]
+        return self.weights.shape[:2]  # type: ignore[return-value]
 
 
 def duplicate_pattern(x: RoleInput) -> np.ndarray:
@@ -94,7 +94,7 @@ def previous_token_scores(x: RoleInput) -> np.ndarray:
     """Mean over queries i >= 1 of the weight on i - 1 (``HeadStats.to_prev``). Shape: (layer, head) float64."""
     if len(x.token_ids) < 2:
         return np.full(x.grid_shape, np.nan)
-    return np.diagonal(x.attentions, offset=-1, axis1=2, axis2=3).mean(axis=-1, dtype=np.float64)
+    return np.diagonal(x.weights, offset=-1, axis1=2, axis2=3).mean(axis=-1, dtype=np.float64)
 
 
 def sink_scores(x: RoleInput) -> np.ndarray:
@@ -102,7 +102,7 @@ def sink_scores(x: RoleInput) -> np.ndarray:
 
     Shape: (layer, head) float64.
     """
-    return x.attentions[..., 0].mean(axis=-1, dtype=np.float64)
+    return x.weights[..., 0].mean(axis=-1, dtype=np.float64)
 
 
 def duplicate_token_scores(x: RoleInput) -> np.ndarray:
@@ -116,7 +116,7 @@ def duplicate_token_scores(x: RoleInput) -> np.ndarray:
         return np.full(x.grid_shape, np.nan)
     pattern = same[rows].astype(np.float64)  # (query, k_pos)
     return np.stack([np.einsum("hqk,qk->h", layer[:, rows].astype(np.float64), pattern) / rows.sum()
-                     for layer in x.attentions])
+                     for layer in x.weights])
 
 
 def induction_scores(x: RoleInput) -> np.ndarray:
@@ -127,7 +127,7 @@ def induction_scores(x: RoleInput) -> np.ndarray:
     queries, keys = induction_targets(x)
     if not len(queries):
         return np.full(x.grid_shape, np.nan)
-    return x.attentions[:, :, queries, keys].astype(np.float64).mean(axis=-1)
+    return x.weights[:, :, queries, keys].astype(np.float64).mean(axis=-1)
 
 
 _SCORERS = {"previous_token": previous_token_scores, "duplicate_token": duplicate_token_scores,

@@ -7,10 +7,10 @@ from typing import Literal
 
 import torch
 
-from model_core.bert_weights import custom_from_bert
-from model_core.config import EncoderConfig
-from model_core.encoder import TransformerForSequenceClassification, build_random_model
-from model_core.loading import ModelLoadError, load_pretrained_uncached
+from model_core.chapter3.from_bert import custom_from_bert
+from model_core.chapter3.config import EncoderConfig
+from model_core.chapter3.model import TransformerForSequenceClassification, build_random_model
+from model_core.models.loading import ModelLoadError, load_pretrained_uncached
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -83,7 +83,7 @@ def resolve_model_source(model_id: str | None, settings: Settings | None = None)
     if model_id in (BUNDLED_MODEL_ID, "bundled"):
         return ModelSource(BUNDLED_MODEL_ID, "bundled", str(bundled_model_path()))
     if model_id == BUNDLED_DECODER_ID:
-        from model_core.bundled import ensure_bundled_decoder
+        from model_core.models.bundled import ensure_bundled_decoder
 
         return ModelSource(BUNDLED_DECODER_ID, "bundled", str(ensure_bundled_decoder()))
     if not settings.is_model_allowed(model_id):

@@ -1,4 +1,4 @@
-"""Build a compact trace (``model_core.compact``) of a long input: one sdpa forward pass that keeps queries and keys,
+"""Build a compact trace (``model_core.compact.trace``) of a long input: one sdpa forward pass that keeps queries and keys,
 then each layer summarised in blocks of query rows."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.compact import OVERVIEW_CELLS, CompactTrace, Progress
-from model_core.compact_summary import LayerMask, summarise_layer
-from model_core.compact_views import TraceForm, choose_form
+from model_core.compact.trace import OVERVIEW_CELLS, CompactTrace, Progress
+from model_core.compact.summary import LayerMask, summarise_layer
+from model_core.compact.views import TraceForm, choose_form
 from model_core.families.capture import recording
-from model_core.request import TraceRequest, _resolve
+from model_core.trace.request import TraceRequest, _resolve
 from model_core.settings import Settings
 
 COMPACT_MAX_TOKENS = 4096
@@ -146,7 +146,7 @@ def trace_form(request: TraceRequest, *, device: str | torch.device | None = Non
         InputError: the text cannot be traced (empty, or over AE_MAX_TOKENS or the model's positions).
         ModelLoadError: the model cannot be loaded.
     """
-    from model_core.request import token_limit
+    from model_core.trace.request import token_limit
 
     dev, settings, models = _resolve(device, settings, models)
     if request.model != "pretrained" or request.head_mask is not None:

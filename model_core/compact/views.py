@@ -1,4 +1,4 @@
-"""What the pages draw from a compact trace (``model_core.compact``), each exact and at the cost of what is drawn:
+"""What the pages draw from a compact trace (``model_core.compact.trace``), each exact and at the cost of what is drawn:
 coarser overviews, one head grouped by sentence or line, the share to the first token, and the switch point
 between the full and the compact form."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.compact import QUERY_BLOCK, CompactTrace, _scores
-from model_core.compact_summary import group_shares
+from model_core.compact.trace import QUERY_BLOCK, CompactTrace, _scores
+from model_core.compact.summary import group_shares
 from model_core.words import piece_text, span_text
 
 MAX_GROUPS = 256
@@ -168,7 +168,7 @@ def describe(trace: CompactTrace) -> dict[str, Any]:
 
 def window_steps(trace: CompactTrace, layer: int, head: int, start: int, size: int,
                  apply_causal: bool | None = None) -> Any:
-    """The causal page's four steps (``model_core.mask_steps.MaskSteps``) for a square window of one head on the
+    """The causal page's four steps (``model_core.analysis.mask_steps.MaskSteps``) for a square window of one head on the
     diagonal, positions ``start`` to ``start + size``, exact.
 
     ``apply_causal=None`` gives the model's own numbers: its weights over the whole input, shown in the window (a
@@ -178,7 +178,7 @@ def window_steps(trace: CompactTrace, layer: int, head: int, start: int, size: i
     Raises:
         ValueError: the layer, head or window is out of range.
     """
-    from model_core.mask_steps import MaskSteps
+    from model_core.analysis.mask_steps import MaskSteps
 
     trace._check(layer, head)
     n = trace.n_tokens

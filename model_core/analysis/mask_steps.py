@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def mask_steps(trace: AttentionTrace, layer: int, head: int, *, apply_causal: bo
     unscaled_std = float((q @ k.T).std())  # QKᵀ itself, before the 1/√d_head
     if apply_causal is None or apply_causal == trace.causal:
         masked = np.where(trace.mask, scores, np.float32(-np.inf))
-        return MaskSteps(scores, trace.mask, masked, trace.attentions[layer, head], trace.causal, False,
+        return MaskSteps(scores, trace.mask, masked, trace.weights[layer, head], trace.causal, False,
                          unscaled_std, scaled_std)
     causal = causal_mask_np(trace.n_tokens)
     # The trace's mask is causal & padding: without the causal part, a key stays masked only if padding hid it

@@ -35,15 +35,15 @@ Progress = Callable[[str], None]
 
 
 def _load_error(message: str) -> Exception:
-    """``model_core.loading.ModelLoadError`` with ``message``.
+    """``model_core.models.loading.ModelLoadError`` with ``message``.
 
     Imported late: ``loading`` may import this module, and the image build runs this file without the package,
     where a plain RuntimeError says the same.
     """
     try:
-        from model_core.loading import ModelLoadError
+        from model_core.models.loading import ModelLoadError
     except ModuleNotFoundError as exc:
-        if exc.name not in ("model_core", "model_core.loading"):
+        if exc.name not in ("model_core", "model_core.models.loading"):
             raise
         return RuntimeError(message)
     return ModelLoadError(message)

@@ -14,10 +14,10 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from model_core.encoder import TransformerForSequenceClassification
-from model_core.encoding import EncodedInput
-from model_core.trace import AttentionTrace
-from model_core.trace_shape import arrays_nbytes, freeze_arrays
+from model_core.chapter3.model import TransformerForSequenceClassification
+from model_core.trace.encoding import EncodedInput
+from model_core.trace.trace import AttentionTrace
+from model_core.trace.shape import arrays_nbytes, freeze_arrays
 
 
 class WalkArrays:
@@ -185,7 +185,7 @@ def walk_layer(model: TransformerForSequenceClassification, encoded: EncodedInpu
 
     Args:
         model: the from-scratch encoder (random, or BERT's weights via ``custom_from_bert``), eval mode.
-        encoded: the tokenised input (``model_core.encoding.encode``).
+        encoded: the tokenised input (``model_core.trace.encoding.encode``).
         layer: which encoder layer to walk through.
 
     Raises:

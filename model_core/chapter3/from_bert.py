@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model_core.config import EncoderConfig
-from model_core.encoder import TransformerForSequenceClassification, build_random_model
+from model_core.chapter3.config import EncoderConfig
+from model_core.chapter3.model import TransformerForSequenceClassification, build_random_model
 
 
 def _copy(dst: nn.Module, src: nn.Module) -> None:

@@ -1,5 +1,5 @@
 """The walk through one Llama-like decoder block (Llama, Qwen2/3, Mistral, Gemma, SmolLM2): every step's tensor, for
-the "Inside the model" page, as chapter 3's walk does for the encoder (``model_core.walkthrough``).
+the "Inside the model" page, as chapter 3's walk does for the encoder (``model_core.walk.encoder``).
 
 The numbers come from one forward pass through the app's one route (``Family.forward``), stopped after the block:
 the capturing attention function gives the queries and keys after the rotary embedding, the key/value heads' values
@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.trace import AttentionTrace
-from model_core.trace_shape import freeze_arrays
-from model_core.walkthrough import WalkArrays, encoded_from_trace
+from model_core.trace.trace import AttentionTrace
+from model_core.trace.shape import freeze_arrays
+from model_core.walk.encoder import WalkArrays, encoded_from_trace
 
 TOP_NEXT = 10  # next tokens listed after the final norm and the unembedding
 
@@ -131,7 +131,7 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: Attention
 
     Args:
         family: the model's family adapter (``model_core.families.llama.LlamaFamily``).
-        model: the causal LM, loaded by ``model_core.loading`` (eval mode, the capturing attention function).
+        model: the causal LM, loaded by ``model_core.models.loading`` (eval mode, the capturing attention function).
         tokenizer: its tokenizer, for the next tokens' text.
         trace: the model's trace of the text (``build_trace``): the walk reads its tokens, labels and scores, and
             its last block's output, so the pass can stop after ``layer``.

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.loading import LoadedModel
-from model_core.trace import AttentionTrace
-from model_core.trace_shape import freeze_arrays
+from model_core.models.loading import LoadedModel
+from model_core.trace.trace import AttentionTrace
+from model_core.trace.shape import freeze_arrays
 
 
 def unembed_residual(family: Any, model: Any, trace: AttentionTrace, position: int,

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model_core.trace_shape import TraceShape
+from model_core.trace.shape import TraceShape
 
 FORMAT = "attention-explorer-compact"
 VERSION = 1
@@ -116,7 +116,7 @@ class CompactTrace(TraceShape):
     def layer_mask(self, layer: int):
         """The layer's mask as ``compact_summary.LayerMask``, its checks (causal? a key ahead?) made once per
         distinct mask and kept: each is a pass over n x n booleans, 30 ms at 4,096 tokens."""
-        from model_core.compact_summary import LayerMask
+        from model_core.compact.summary import LayerMask
 
         index = int(self.mask_of_layer[layer])
         cache = self.__dict__.setdefault("_layer_masks", {})  # frozen: the dict is set once, then filled

@@ -1,4 +1,4 @@
-"""The command line of long inputs: ``export --compact`` (a compact trace, ``model_core.compact``) and ``weights``
+"""The command line of long inputs: ``export --compact`` (a compact trace, ``model_core.compact.trace``) and ``weights``
 (exact weights of any window of one)."""
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def read_text(args: argparse.Namespace) -> str | None:
 
 def export_compact(args: argparse.Namespace, text: str) -> int:
     """``export --compact``: build, save, and say what was written; progress on stderr."""
-    from model_core.compact_build import COMPACT_MAX_TOKENS, build_compact
-    from model_core.request import TraceRequest
+    from model_core.compact.build import COMPACT_MAX_TOKENS, build_compact
+    from model_core.trace.request import TraceRequest
 
     if args.model == "custom":
         print("error: --compact is for pretrained models (any supported family); the chapter-3 encoder is exported "
@@ -85,7 +85,7 @@ def weights_main(args: argparse.Namespace) -> int:
     """The ``weights`` verb: one window of exact weights into a .npy file."""
     import numpy as np
 
-    from model_core.compact import load_compact, parse_window
+    from model_core.compact.trace import load_compact, parse_window
 
     if not args.out.lower().endswith(".npy"):
         print(f"error: --out {args.out!r} must end in .npy", file=sys.stderr)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model_core.compact import QUERY_BLOCK, STAT_NAMES, _scores
+from model_core.compact.trace import QUERY_BLOCK, STAT_NAMES, _scores
 
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """torch's fused CPU attention: (output, logsumexp) for given queries, keys and values."""

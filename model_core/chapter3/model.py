@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_core.config import EncoderConfig
+from model_core.chapter3.config import EncoderConfig
 
 
 # -- attention maths -----------------------------------------------------------------------

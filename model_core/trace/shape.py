@@ -1,4 +1,4 @@
-"""What a full trace (``model_core.trace``) and a compact one (``model_core.compact``) say alike about their shape
+"""What a full trace (``model_core.trace.trace``) and a compact one (``model_core.compact.trace``) say alike about their shape
 and family, from their ``tokens``, ``queries``, ``kv_heads`` and ``model_kind``."""
 
 from __future__ import annotations

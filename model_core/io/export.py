@@ -1,5 +1,5 @@
 """The one NPZ/JSON writer (``to_npz_bytes``, ``to_json_str``), and an AttentionTrace written with it as .npz or
-.json with the documented keys (float32, batch dropped). CSV is ``model_core.tables``."""
+.json with the documented keys (float32, batch dropped). CSV is ``model_core.io.tables``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from model_core.trace import AttentionTrace
+from model_core.trace.trace import AttentionTrace
 
 EXPORT_KEYS = ("tokens", "token_type_ids", "attentions", "scores", "masked_scores", "mask",
                "hidden_states", "queries", "keys", "kv_heads")
@@ -26,7 +26,7 @@ def word_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
     Clark et al.'s rule (see ``model_core.words``), and ``word_spans`` (word, 2): start and end piece, end excluded.
     """
     words = trace.words()
-    return {"words": np.array(words.words, dtype=str), "word_attentions": words.merge(trace.attentions),
+    return {"words": np.array(words.words, dtype=str), "word_attentions": words.merge(trace.weights),
             "word_spans": words.array()}
 
 
@@ -43,7 +43,7 @@ def _piece_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
     return {
         "tokens": np.array(trace.tokens, dtype=str),
         "token_type_ids": trace.token_type_ids.astype(np.int64),
-        "attentions": trace.attentions.astype(np.float32),
+        "attentions": trace.weights.astype(np.float32),
         "scores": trace.scores.astype(np.float32),
         "masked_scores": trace.masked_scores.astype(np.float32),
         "mask": trace.mask.astype(np.float32),

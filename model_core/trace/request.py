@@ -2,7 +2,7 @@
 
 The sidebar, the walk-through, the command line and the tests describe what they want as a ``TraceRequest``;
 ``build_trace`` turns it into an ``AttentionTrace`` through the model family's one forward pass
-(``model_core.forward``). The corpus runner takes only the model from a request (``CorpusModel.from_request``)
+(``model_core.trace.forward``). The corpus runner takes only the model from a request (``CorpusModel.from_request``)
 and runs its padded batches through the same ``Family.forward``, not through ``build_trace``. The app only caches
 these.
 """
@@ -15,13 +15,13 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 
-from model_core.custom_spec import CustomOptions, CustomSpec, build_custom_model, describe_custom
-from model_core.encoding import DEFAULT_TEXT_A, encode
-from model_core.forward import trace_custom, trace_pretrained
-from model_core.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
+from model_core.chapter3.spec import CustomOptions, CustomSpec, build_custom_model, describe_custom
+from model_core.trace.encoding import DEFAULT_TEXT_A, encode
+from model_core.trace.forward import trace_custom, trace_pretrained
+from model_core.models.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
 from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
-from model_core.trace import AttentionTrace
-from model_core.walkthrough import Walkthrough, encoded_from_trace, walk_layer
+from model_core.trace.trace import AttentionTrace
+from model_core.walk.encoder import Walkthrough, encoded_from_trace, walk_layer
 
 _CUSTOM_ONLY = tuple(f.name for f in fields(CustomOptions))
 _SHAPE = ("norm_placement", "num_hidden_layers", "num_attention_heads", "hidden_size")
@@ -194,7 +194,7 @@ def build_walkthrough(request: TraceRequest, layer: int, trace: AttentionTrace, 
                       models: Models | None = None) -> Walkthrough | Any:
     """Walk through ``layer`` on the tokens of ``trace``, the trace ``build_trace(request)`` gave, so the walk reads
     exactly what every page reads: an encoder's in the chapter-3 encoder (``TraceRequest.walk_spec``), a
-    Llama-like decoder's block in the model itself (``model_core.walkthrough_decoder.DecoderWalk``).
+    Llama-like decoder's block in the model itself (``model_core.walk.decoder.DecoderWalk``).
 
     Raises:
         ValueError: the layer does not exist, an option is out of range, or the decoder's family has no block walk
@@ -202,7 +202,7 @@ def build_walkthrough(request: TraceRequest, layer: int, trace: AttentionTrace, 
     """
     dev, settings, models = _resolve(device, settings, models)
     if trace.is_decoder:  # a decoder block's own walk (Llama-like families; the others say why not)
-        from model_core.walkthrough_decoder import walk_decoder_layer
+        from model_core.walk.decoder import walk_decoder_layer
 
         loaded = models.pretrained(request.model_id or settings.default_model, dev)
         return walk_decoder_layer(loaded.family, loaded.model, loaded.tokenizer, trace, layer)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model_core.trace_shape import TraceShape, arrays_nbytes, freeze_arrays
+from model_core.trace.shape import TraceShape, arrays_nbytes, freeze_arrays
 
 NEG_INF = float("-inf")
 
@@ -25,7 +25,7 @@ class AttentionTrace(TraceShape):
         token_ids: vocabulary ids. Shape: (pos,) int64.
         token_type_ids: 0 for sentence A, 1 for sentence B. Shape: (pos,) int64.
         sentence_b_start: index of the first token of sentence B, or None for one sentence.
-        attentions: softmax weights. Shape: (layer, head, q_pos, k_pos).
+        weights: the attention pattern, softmax of the masked scores. Shape: (layer, head, q_pos, k_pos).
         mask: True where a query may attend to a key (causal and/or padding). Shape: (q_pos, k_pos) bool.
         queries: after the rotary embedding where the model has one. Shape: (layer, head, pos, d_head).
         keys: each query head's key (its key/value head's, ``kv_heads``). Shape: (layer, head, pos, d_head).
@@ -52,7 +52,7 @@ class AttentionTrace(TraceShape):
     token_ids: np.ndarray
     token_type_ids: np.ndarray
     sentence_b_start: int | None
-    attentions: np.ndarray
+    weights: np.ndarray
     mask: np.ndarray
     queries: np.ndarray
     keys: np.ndarray
@@ -72,10 +72,15 @@ class AttentionTrace(TraceShape):
     next_token_probs: np.ndarray | None = None
     next_token_strings: tuple[tuple[str, ...], ...] | None = None
 
+    @property
+    def attentions(self) -> np.ndarray:
+        """The old name of ``weights`` (transformers' ``output_attentions``), for notebooks written against it."""
+        return self.weights
+
     def __post_init__(self) -> None:
-        n_layers, n_heads, n_q, n_k = self.attentions.shape
+        n_layers, n_heads, n_q, n_k = self.weights.shape
         n = len(self.tokens)
-        assert n_q == n_k == n, (self.attentions.shape, n)
+        assert n_q == n_k == n, (self.weights.shape, n)
         assert self.mask.shape == (n, n)
         assert self.queries.shape[:3] == (n_layers, n_heads, n) == self.keys.shape[:3] == self.values.shape[:3]
         assert self.value_norms.shape == (n_layers, n_heads, n)

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.encoding import EncodedInput
+from model_core.trace.encoding import EncodedInput
 from model_core.families import Family, ForwardOutput, family_of
-from model_core.loading import LoadedModel
-from model_core.trace import AttentionTrace
-from model_core.value_norms import value_norms
+from model_core.models.loading import LoadedModel
+from model_core.trace.trace import AttentionTrace
+from model_core.trace.value_norms import value_norms
 
 TOP_K = 10
 """How many next-token predictions a decoder's trace keeps per position."""
@@ -39,8 +39,8 @@ def check_full_size(n_layers: int, n_heads: int, n_tokens: int, full_trace_mb: i
     Raises:
         InputError: with the size, the limit, and the compact form to use instead.
     """
-    from model_core.compact_views import full_trace_bytes
-    from model_core.encoding import InputError
+    from model_core.compact.views import full_trace_bytes
+    from model_core.trace.encoding import InputError
     from model_core.settings import load_settings
 
     limit = load_settings().full_trace_mb if full_trace_mb is None else full_trace_mb
@@ -89,7 +89,7 @@ def trace_model(family: Family, model: Any, encoded: EncodedInput, description: 
 
     Args:
         family: the model's adapter.
-        model: a loaded model (a transformers model from ``model_core.loading``, or the chapter-3 encoder).
+        model: a loaded model (a transformers model from ``model_core.models.loading``, or the chapter-3 encoder).
         encoded: a text or pair for a batch of one (``Family.encode``).
         description: one line naming the model, for the pages.
         head_mask: (layer, head) bools; False switches a head off.
@@ -110,7 +110,7 @@ def trace_model(family: Family, model: Any, encoded: EncodedInput, description: 
     predictions = _predictions(out.lm_logits, tokenizer, top_k) if out.lm_logits is not None else {}
     return AttentionTrace(
         **_input_fields(encoded),
-        attentions=to_numpy(torch.stack([w[0] for w in out.weights])),  # (layer, head, q_pos, k_pos)
+        weights=to_numpy(torch.stack([w[0] for w in out.weights])),  # (layer, head, q_pos, k_pos)
         mask=to_numpy(out.mask[0]) > 0.5,
         queries=to_numpy(torch.stack([q[0] for q in out.queries])),
         keys=to_numpy(_per_query_head(out.keys, kv)),
@@ -137,7 +137,7 @@ def trace_custom(model: Any, encoded: EncodedInput, description: str,
 
 
 def trace_pretrained(loaded: LoadedModel, encoded: EncodedInput, head_mask: np.ndarray | None = None) -> AttentionTrace:
-    """``trace_model`` for a pretrained model from ``model_core.loading`` (any family)."""
+    """``trace_model`` for a pretrained model from ``model_core.models.loading`` (any family)."""
     return trace_model(loaded.family, loaded.model, encoded, loaded.description, head_mask=head_mask,
                        tokenizer=loaded.tokenizer)
 
