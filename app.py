@@ -9,12 +9,14 @@ import streamlit as st
 
 from model_core import InputError, ModelLoadError
 from model_core.settings import BUNDLED_MODEL_ID, load_settings
+from model_core.trace.resolve import model_id_of
 from ui.context import AppContext, set_context
 from ui.downloads import format_picker
 from ui.compact import trace_compact
 from ui.loaders import collect_after_run, get_trace, get_trace_form, prepare_bundled_decoder
-from ui.state import (choose_model, clamp_head, drop_stale_widget_callbacks, head_picker, init_state,
-                      render_controls, request_from_state, sync_query_params)
+from ui.focus import Focus, clamp_focus, focus_picker
+from ui.st_private import drop_stale_widget_callbacks
+from ui.state import choose_model, init_state, render_controls, request_from_state, sync_query_params
 
 ROOT = Path(__file__).parent
 
@@ -22,22 +24,24 @@ ROOT = Path(__file__).parent
 # a request outside the app that a public, offline deployment must not make.
 st.set_page_config(page_title="Attention Explorer", page_icon="👁️", layout="wide")
 
-# (file, title, icon, section). Pages are thin: they read the context and draw.
+# (file, title, icon, section, draws the head picker). Pages are thin: they read the context and draw. A page that
+# draws the sidebar's layer/head picker itself does so in a fragment with the views that depend on the head, so a
+# change of head reruns only that fragment (ui.state.head_fragment); app.py draws it for every other page.
 PAGES = [
-    ("pages/home.py", "Home", ":material/home:", "Attention"),
-    ("pages/heatmaps.py", "Attention heatmaps", ":material/grid_view:", "Attention"),
-    ("pages/predictions.py", "What the model predicts", ":material/lightbulb:", "Attention"),
-    ("pages/causal.py", "Causal mask & masked scores", ":material/change_history:", "Attention"),
-    ("pages/inside.py", "Inside the model", ":material/account_tree:", "Attention"),
-    ("pages/bertviz.py", "bertviz views", ":material/hub:", "Attention"),
-    ("pages/analysis_contexts.py", "One word, two contexts", ":material/compare_arrows:", "Analyses"),
-    ("pages/analysis_rollout.py", "Rollout & flow", ":material/waves:", "Analyses"),
-    ("pages/analysis_norms.py", "Norm-weighted attention", ":material/straighten:", "Analyses"),
-    ("pages/analysis_head_stats.py", "Head statistics", ":material/bar_chart:", "Analyses"),
-    ("pages/analysis_masking.py", "Head masking", ":material/content_cut:", "Analyses"),
-    ("pages/head_roles.py", "Head roles", ":material/psychology:", "Analyses"),
-    ("pages/corpus.py", "Corpus statistics", ":material/library_books:", "Corpus"),
-    ("pages/corpus_space.py", "Query–key space & nearest contexts", ":material/scatter_plot:", "Corpus"),
+    ("pages/home.py", "Home", ":material/home:", "Attention", True),
+    ("pages/heatmaps.py", "Attention heatmaps", ":material/grid_view:", "Attention", True),
+    ("pages/predictions.py", "What the model predicts", ":material/lightbulb:", "Attention", False),
+    ("pages/causal.py", "Causal mask & masked scores", ":material/change_history:", "Attention", True),
+    ("pages/inside.py", "Inside the model", ":material/account_tree:", "Attention", True),
+    ("pages/bertviz.py", "bertviz views", ":material/hub:", "Attention", False),
+    ("pages/analysis_contexts.py", "One word, two contexts", ":material/compare_arrows:", "Analyses", False),
+    ("pages/analysis_rollout.py", "Rollout & flow", ":material/waves:", "Analyses", False),
+    ("pages/analysis_norms.py", "Norm-weighted attention", ":material/straighten:", "Analyses", True),
+    ("pages/analysis_head_stats.py", "Head statistics", ":material/bar_chart:", "Analyses", True),
+    ("pages/analysis_masking.py", "Head masking", ":material/content_cut:", "Analyses", False),
+    ("pages/head_roles.py", "Head roles", ":material/psychology:", "Analyses", True),
+    ("pages/corpus.py", "Corpus statistics", ":material/library_books:", "Corpus", False),
+    ("pages/corpus_space.py", "Query–key space & nearest contexts", ":material/scatter_plot:", "Corpus", True),
 ]
 
 
@@ -46,19 +50,14 @@ def _navigation() -> st.navigation:
     if missing:  # a deleted or renamed page must not vanish from the app in silence
         raise FileNotFoundError(f"app.py lists pages that do not exist: {', '.join(missing)}")
     sections: dict[str, list] = {}
-    for path, title, icon, section in PAGES:
+    for path, title, icon, section, _ in PAGES:
         sections.setdefault(section, []).append(st.Page(path, title=title, icon=icon, default=path == "pages/home.py"))
     return st.navigation(sections, position="top")
 
 
-# Pages that draw the sidebar's layer/head picker themselves, inside a fragment with the views that
-# depend on the head, so a change of head reruns only that fragment (ui.state.head_fragment).
-PAGES_WITH_HEAD_FRAGMENT = {"pages/home.py", "pages/heatmaps.py", "pages/causal.py", "pages/inside.py",
-                            "pages/analysis_norms.py"}
-
-
-def _page_path(page) -> str:
-    return next((path for path, title, *_ in PAGES if title == page.title), "")
+def _draws_picker(page) -> bool:
+    """Whether ``page`` (the navigation's current page) draws the layer/head picker itself (its PAGES entry)."""
+    return next((draws for _, title, _, _, draws in PAGES if title == page.title), False)
 
 
 # Characters with which Markdown could draw a link, an image, LaTeX or an icon out of a model id
@@ -95,7 +94,7 @@ def main() -> None:
     try:
         request = request_from_state(settings)
         if request.model == "pretrained":
-            prepare_bundled_decoder(request.model_id or settings.default_model)  # converted once, with its status
+            prepare_bundled_decoder(model_id_of(request, settings))  # converted once, with its status
         form = get_trace_form(request) if request.model == "pretrained" else None
         if form is not None and form.compact:
             compact = trace_compact(request, form)
@@ -108,22 +107,20 @@ def main() -> None:
         error = _as_text(str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
         error = _as_text(f"The model failed on this input ({type(exc).__name__}: {exc}). Try another text or model.")
-    layer = head = 0
+    focus = Focus()
     words = None
-    if trace is not None:
-        layer, head = clamp_head(trace.n_layers, trace.n_heads)
-        words = trace.words() if st.session_state.get("ctl_words") else None
-        if _page_path(nav) not in PAGES_WITH_HEAD_FRAGMENT:
+    shaped = trace if trace is not None else compact
+    if shaped is not None:
+        focus = clamp_focus(shaped.n_layers, shaped.n_heads)
+        if not _draws_picker(nav):
             with head_slot:
-                head_picker(trace.n_layers, trace.n_heads)
+                focus_picker(shaped.n_layers, shaped.n_heads)
+    if trace is not None:
+        words = trace.words() if st.session_state.get("ctl_words") else None
         st.sidebar.caption(f"{trace.description} · {trace.n_tokens} tokens")
         if trace.is_decoder:  # a decoder has no [SEP]: say how it read sentence B
             st.sidebar.caption(f"A {trace.family.label} reads a pair as {trace.family.pair_rule}.")
     elif compact is not None:
-        layer, head = clamp_head(compact.n_layers, compact.n_heads)
-        if _page_path(nav) not in PAGES_WITH_HEAD_FRAGMENT:
-            with head_slot:
-                head_picker(compact.n_layers, compact.n_heads)
         st.sidebar.caption(f"{compact.description} · {compact.n_tokens:,} tokens · compact form")
     else:
         head_slot.error(error)  # right under the text, where the pickers would be
@@ -132,9 +129,8 @@ def main() -> None:
         if isinstance(error, str) and uses_other_model:
             head_slot.button("Use the bundled model", on_click=_use_bundled, type="primary")
     format_picker()  # the camera button of every chart on every page: PNG or SVG
-    set_context(AppContext(request=request, settings=settings, trace=trace, error=error, layer=layer, head=head,
-                           head_slot=head_slot if trace is not None or compact is not None else None, words=words,
-                           compact=compact))
+    set_context(AppContext(request=request, settings=settings, trace=trace, error=error, focus=focus,
+                           head_slot=head_slot, words=words, compact=compact))
     sync_query_params(settings)
     completed = False
     try:

@@ -2,7 +2,7 @@
 
 Figure builders only: each takes numbers from ``model_core.analysis`` and returns a plotly Figure.
 No streamlit here, so the figures can be built and checked in plain tests. Token x token matrices are
-drawn by ``ui.figures.attention_heatmap``, the app's one builder for them.
+drawn by ``attention_explorer.figures.attention_heatmap``, the app's one builder for them.
 """
 
 from __future__ import annotations

@@ -66,8 +66,11 @@ def attention_heatmap(
     value_name: str = "weight",
     height: int | None = None,
     masked: np.ndarray | None = None,
+    key_tokens: tuple[str, ...] | None = None,
+    first: tuple[int, int] = (0, 0),
+    pool: int = 1,
 ) -> go.Figure:
-    """A query x key heatmap with tokens on both axes and the exact value on hover.
+    """The app's one query x key heatmap: tokens on both axes and the exact value on hover.
 
     Cells that are -inf (masked scores) are drawn as dark hatched cells labelled -inf, never as a
     colour of the scale. ``hide`` drops those positions (e.g. [CLS]/[SEP]) without renormalising.
@@ -75,68 +78,105 @@ def attention_heatmap(
     triangle) leaves those cells out in light grey, apart from the weights that are merely small;
     it costs no extra data (the cells are gaps that show the plot's background).
 
-    Shape: matrix (q_pos, k_pos); masked (q_pos, k_pos) bool.
+    A window of a long input: ``tokens`` are its queries', ``key_tokens`` its keys' (when they differ), and
+    ``first`` the positions of its first query and key, so the labels read "position: token". A long input
+    pooled: ``matrix`` holds block means of ``pool`` positions a side over ``tokens``, and the axes show token
+    positions (a cell centred on its block), so a box drawn on it reads positions.
+
+    Shape: matrix (q_pos, k_pos), or (ceil(pos / pool),) * 2 pooled; masked as matrix, bool.
     """
-    hidden = set(hide)
-    keep = np.array([i for i in range(len(tokens)) if i not in hidden], dtype=int)
-    z = np.asarray(matrix, dtype=np.float64)[np.ix_(keep, keep)]
+    if pool > 1:
+        return _pooled_heatmap(matrix, len(tokens), pool, title=title, colorscale=colorscale, zmin=zmin, zmax=zmax,
+                               value_name=value_name, height=height)
+    hidden = set(hide) if key_tokens is None else set()  # ``hide`` drops positions of a square matrix only
+    keys = tokens if key_tokens is None else key_tokens
+    rows = np.array([i for i in range(len(tokens)) if i not in hidden], dtype=int)
+    cols = np.array([i for i in range(len(keys)) if i not in hidden], dtype=int)
+    z = np.asarray(matrix, dtype=np.float64)[np.ix_(rows, cols)]
     neg_inf = np.isneginf(z)
     # float32 goes to the browser as a base64 typed array (4 bytes a cell) rather than JSON text.
     shown = np.round(np.where(neg_inf, np.nan, z), 5).astype(np.float32)
     gaps = (np.zeros_like(neg_inf) if masked is None
-            else np.asarray(masked, dtype=bool)[np.ix_(keep, keep)] & ~neg_inf)
+            else np.asarray(masked, dtype=bool)[np.ix_(rows, cols)] & ~neg_inf)
     if gaps.any():
         shown[gaps] = np.nan
-    every = token_labels(tokens)
-    labels = [every[i] for i in keep]
-    n = len(keep)
+    y_every, x_every = token_labels(tokens, first[0]), token_labels(keys, first[1])
+    y_labels, x_labels = [y_every[i] for i in rows], [x_every[j] for j in cols]
+    n = max(len(rows), len(cols))
     # An explicit colour range: Plotly would otherwise scan all n * n values for it on every redraw.
-    finite = shown[np.isfinite(shown)]
-    if zmin is None:
-        zmin = float(finite.min()) if finite.size else 0.0
-    if zmax is None:
-        zmax = float(finite.max()) if finite.size else 1.0
+    zmin, zmax = _colour_range(shown, zmin, zmax)
     colorbar_lines = textwrap.wrap(value_name, COLORBAR_TITLE_CHARS) or [""]
     # The axes are categories named "i: token", so the hover reads the exact labels from x and y:
     # no (n, n, 2) customdata of strings, which at 512 tokens was 9 MB of JSON.
     fig = go.Figure(go.Heatmap(
-        z=shown, x=labels, y=labels, colorscale=colorscale, zmin=zmin, zmax=zmax,
+        z=shown, x=x_labels, y=y_labels, colorscale=colorscale, zmin=zmin, zmax=zmax,
         hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
         colorbar=dict(title=dict(text="<br>".join(colorbar_lines)), thickness=12), hoverongaps=False,
     ))
     if neg_inf.any():
         # A separate grey layer, so -inf can never be read as a value of the colour scale.
         fig.add_trace(go.Heatmap(
-            z=np.where(neg_inf, 1.0, np.nan).astype(np.float32), x=labels, y=labels,
+            z=np.where(neg_inf, 1.0, np.nan).astype(np.float32), x=x_labels, y=y_labels,
             colorscale=[[0, MASKED_COLOR], [1, MASKED_COLOR]],
             showscale=False, hoverongaps=False, name="-inf (masked)",
             text=np.where(neg_inf, "−∞", "") if n <= 24 else None,
             texttemplate="%{text}" if n <= 24 else None, textfont=dict(color="white", size=10),
             hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{value_name} -inf (masked)<extra></extra>",
         ))
-    if sentence_b_start is not None and sentence_b_start not in hidden:
-        b = int(np.searchsorted(keep, sentence_b_start)) - 0.5
-        for shape in (dict(x0=b, x1=b, y0=-0.5, y1=n - 0.5), dict(y0=b, y1=b, x0=-0.5, x1=n - 0.5)):
+    if sentence_b_start is not None and sentence_b_start not in hidden and key_tokens is None:
+        b = int(np.searchsorted(rows, sentence_b_start)) - 0.5
+        m = len(rows)
+        for shape in (dict(x0=b, x1=b, y0=-0.5, y1=m - 0.5), dict(y0=b, y1=b, x0=-0.5, x1=m - 0.5)):
             fig.add_shape(type="line", line=dict(color="#e4572e", width=2, dash="dot"), **shape)
     height = height or min(760, 260 + 14 * n)
     # One tick label per ~12 px of the plot's height (the plot is about square), at most MAX_TICKS.
     max_ticks = int(np.clip((height - 150) // 12, 8, MAX_TICKS))
-    x_ticks, y_ticks = category_ticks(labels, max_ticks), category_ticks(labels, max_ticks)
+    x_ticks, y_ticks = category_ticks(x_labels, max_ticks), category_ticks(y_labels, max_ticks)
     margin = dict(l=10, r=10, t=40 if title else 10, b=10)
     if n > FIXED_MARGIN_TOKENS:
         # Fixed room for the longest shown label (x labels stand upright), so Plotly lays out once.
-        label_px = int(TICK_CHAR_PX * max(len(html.unescape(t)) for t in x_ticks["ticktext"])) + 8
+        x_px, y_px = (int(TICK_CHAR_PX * max(len(html.unescape(t)) for t in ticks["ticktext"])) + 8
+                      for ticks in (x_ticks, y_ticks))
         x_ticks.update(tickangle=-90, automargin=False)
         y_ticks.update(automargin=False)
         colorbar_px = max(90, 40 + int(TICK_CHAR_PX * 1.2 * max(map(len, colorbar_lines))))  # its title is 12 px
-        margin = dict(l=label_px + 28, r=colorbar_px, t=label_px + 28 + (30 if title else 0), b=10,
-                      autoexpand=False)
+        margin = dict(l=y_px + 28, r=colorbar_px, t=x_px + 28 + (30 if title else 0), b=10, autoexpand=False)
     fig.update_layout(
         title=dict(text=title, font=dict(size=14)), height=height,
         margin=margin, plot_bgcolor=MASKED_WEIGHT_COLOR if gaps.any() else "white",
         legend=dict(orientation="h", y=-0.12),
         xaxis=dict(title="key (attended to)", side="top", showgrid=False, zeroline=False, **x_ticks),
         yaxis=dict(title="query (attending)", autorange="reversed", showgrid=False, zeroline=False, **y_ticks),
+    )
+    return fig
+
+
+def _colour_range(shown: np.ndarray, zmin: float | None, zmax: float | None) -> tuple[float, float]:
+    """The colour range: the given ends, else the finite values' least and largest."""
+    finite = shown[np.isfinite(shown)]
+    if zmin is None:
+        zmin = float(finite.min()) if finite.size else 0.0
+    if zmax is None:
+        zmax = float(finite.max()) if finite.size else 1.0
+    return zmin, zmax
+
+
+def _pooled_heatmap(cells: np.ndarray, n_tokens: int, pool: int, *, title: str, colorscale: str,
+                    zmin: float | None, zmax: float | None, value_name: str, height: int | None) -> go.Figure:
+    """``attention_heatmap`` of block means, ``pool`` positions a side, on position axes. Shape: cells (m, m)."""
+    starts = np.arange(cells.shape[0]) * pool
+    centres = (starts + np.minimum(starts + pool, n_tokens) - 1) / 2  # the last block may be shorter
+    shown = np.round(cells, 5).astype(np.float32)
+    zmin, zmax = _colour_range(shown, zmin, zmax)
+    fig = go.Figure(go.Heatmap(
+        z=shown, x=centres, y=centres, colorscale=colorscale, zmin=zmin, zmax=zmax or 1.0,
+        colorbar=dict(thickness=10, title=dict(text=value_name)),
+        hovertemplate=f"queries around %{{y:.0f}}<br>keys around %{{x:.0f}}<br>{value_name} %{{z:.4f}}<extra></extra>",
+    ))
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=14)), height=height or 640, margin=dict(l=60, r=20, t=60, b=20),
+        xaxis=dict(title="key position", side="top", range=[-0.5, n_tokens - 0.5], showgrid=False),
+        yaxis=dict(title="query position", autorange="reversed", showgrid=False, scaleanchor="x"),
     )
     return fig
 
@@ -290,9 +330,10 @@ def layer_head_figure(
     return fig
 
 
-def token_labels(tokens: tuple[str, ...] | list[str]) -> list[str]:
-    """Unique category labels "i: token" (repeated words stay apart; hovers read the label from the axis)."""
-    return [f"{i}: {token_label(t)}" for i, t in enumerate(tokens)]
+def token_labels(tokens: tuple[str, ...] | list[str], start: int = 0) -> list[str]:
+    """Unique category labels "i: token", counting from ``start`` (repeated words stay apart; hovers read the label
+    from the axis)."""
+    return [f"{i}: {token_label(t)}" for i, t in enumerate(tokens, start)]
 
 
 def vector_heatmap(matrix: np.ndarray, tokens: tuple[str, ...], *, title: str, colorscale: str = SCORE_SCALE,

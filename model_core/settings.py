@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -30,6 +31,9 @@ DEFAULT_MAX_PARAMS = 1_500_000_000
 """The largest model the default deployment loads: 1.5 B parameters is 6 GB in float32, which fits a 24 GB machine
 beside its traces."""
 
+MAX_RUNS_LIMIT = 64
+"""The most ``AE_MAX_RUNS`` may be."""
+
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 
 # name -> (default, description); the README's settings table is checked against this.
@@ -45,8 +49,38 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_ALLOW_LOCAL_MODELS": ("true", "Whether local folders may be loaded as models (true/false)."),
     "AE_CORPUS_MAX_TEXTS": ("5000", "Most texts the Corpus page runs from an upload or a dataset (the CLI has no cap)."),
     "AE_CORPUS_DIR": ("", "Folder of the Corpus page's run folders; empty uses ~/.cache/attention-explorer/corpus-runs."),
+    "AE_MAX_RUNS": ("auto", "Most model passes that run at once (1 to 64); the others wait their turn, first in first out, and a waiting page shows its place. auto: 1 on a CPU (passes share its cores, and each holds about 0.9 GB at 400 SmolLM2 tokens), 2 with a CUDA GPU."),
     "AE_TORCH_THREADS": ("", "Threads for torch on the CPU; empty uses half the cores (sessions run side by side). OMP_NUM_THREADS also works."),
 }
+
+
+def auto_max_runs(device: str) -> int:
+    """AE_MAX_RUNS=auto: 2 passes at once where ``device`` ("auto" or "cuda") is a CUDA GPU, else 1.
+
+    On a CPU two passes only share the same cores (each finishes later, and memory holds both); a GPU overlaps one
+    pass's copying back to numpy with the next one's kernels.
+    """
+    return 2 if device in ("auto", "cuda") and _has_cuda() else 1
+
+
+@functools.lru_cache(maxsize=1)
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a requirement; settings also load without it
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _parse_max_runs(raw: str) -> int | None:
+    value = raw.strip().lower()
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"AE_MAX_RUNS={raw!r} is not a whole number; use one from 1 to {MAX_RUNS_LIMIT}, "
+                         "or auto.") from None
 
 
 def _parse_bool(name: str, raw: str) -> bool:
@@ -73,6 +107,8 @@ class Settings:
         allow_local_models: whether a local folder may be loaded (a model, or a run folder on the Corpus page).
         corpus_max_texts: the most texts the Corpus page runs from an upload or a dataset.
         corpus_dir: where the Corpus page keeps its run folders ("" = the user's cache).
+        max_runs: the most model passes that run at once (``model_core.trace.gate``); None on creation means auto:
+            1 on a CPU, 2 where the device is a CUDA GPU.
     """
 
     default_model: str = BUNDLED_MODEL_ID
@@ -85,8 +121,13 @@ class Settings:
     allow_local_models: bool = True
     corpus_max_texts: int = 5000
     corpus_dir: str = ""
+    max_runs: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_runs is None:
+            object.__setattr__(self, "max_runs", auto_max_runs(self.device))  # frozen
+        if not 1 <= self.max_runs <= MAX_RUNS_LIMIT:
+            raise ValueError(f"AE_MAX_RUNS={self.max_runs} must be between 1 and {MAX_RUNS_LIMIT}, or auto.")
         if not 1 <= self.corpus_max_texts <= 10_000_000:
             raise ValueError(f"AE_CORPUS_MAX_TEXTS={self.corpus_max_texts} must be between 1 and 10,000,000.")
         if self.device not in DEVICE_CHOICES:
@@ -159,6 +200,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         allow_local_models=_parse_bool("AE_ALLOW_LOCAL_MODELS", get("AE_ALLOW_LOCAL_MODELS")),
         corpus_max_texts=corpus_max_texts,
         corpus_dir=get("AE_CORPUS_DIR").strip(),
+        max_runs=_parse_max_runs(get("AE_MAX_RUNS")),
     )
 
 

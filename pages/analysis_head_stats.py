@@ -16,7 +16,8 @@ from ui.analysis_widgets import (
 from ui.context import require_trace
 from ui.derived import analysis_bundle, cached_head_stats
 from attention_explorer.figures import layer_head_figure
-from ui.state import open_page_if_requested, select_head
+from ui.focus import set_focus
+from ui.state import head_fragment, open_page_if_requested
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
 
@@ -27,13 +28,24 @@ def _open_clicked() -> None:
     # Callbacks run before the sidebar's head picker is drawn, so they may set its state.
     cell = clicked_cell("stats_grid")
     if cell is not None:
-        select_head(*cell)
+        set_focus(*cell)
         st.session_state[OPEN_FLAG] = True
 
 
-def _open_picked() -> None:
-    select_head(st.session_state["stats_layer"], st.session_state["stats_head"])
-    st.session_state[OPEN_FLAG] = True
+def _open_focused() -> None:
+    st.session_state[OPEN_FLAG] = True  # the sidebar's picker has already focused the head
+
+
+def _open_button(layer: int, head: int) -> None:
+    """The button that opens the sidebar's focused head in the heatmaps (in the picker's fragment)."""
+    open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)  # the button's click reruns only the fragment
+    st.button(f"Open layer {layer}, head {head} in the heatmaps", key="stats_open", on_click=_open_focused,
+              help="Pick the layer and head in the sidebar.")
+
+
+def _picker(n_layers: int, n_heads: int) -> None:
+    head_fragment("stats_head", _open_button, slot=ctx.head_slot, n_layers=n_layers, n_heads=n_heads,
+                  settings=ctx.settings)
 
 
 open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)
@@ -44,6 +56,7 @@ if ctx.compact is not None:  # a long input: the statistics streamed while its c
     from ui import compact_heatmaps
 
     compact_heatmaps.draw_stats(ctx, every=True)
+    _picker(ctx.compact.n_layers, ctx.compact.n_heads)
     st.stop()
 trace = ctx.trace
 names = ctx.markers  # [CLS]/[SEP], or a decoder's first token and other special tokens
@@ -88,10 +101,7 @@ def stat_grid() -> None:
 
 
 stat_grid()
-c1, c2, c3 = st.columns([1, 1, 2])
-layer = c1.selectbox("Layer", range(trace.n_layers), index=min(ctx.layer, trace.n_layers - 1), key="stats_layer")
-head = c2.selectbox("Head", range(trace.n_heads), index=min(ctx.head, trace.n_heads - 1), key="stats_head")
-c3.button("Open this head in the heatmaps", key="stats_open", on_click=_open_picked)
+_picker(trace.n_layers, trace.n_heads)
 
 st.subheader("Download")
 csv_button("All statistics, one row per head (CSV)", rows_to_csv(stats.to_rows()), "head_stats.csv", "stats_csv")

@@ -11,6 +11,7 @@ from attention_explorer.analysis_figures import (
     next_token_figure,
 )
 from attention_explorer.figures import layer_head_figure
+from model_core.trace.resolve import model_id_of
 from model_core.analysis import (
     compare_masking,
     grid_to_csv,
@@ -80,7 +81,7 @@ effect = compare_masking(trace, masked)
 
 next_token = None
 if predicts:
-    model_id = ctx.request.model_id or ctx.settings.default_model
+    model_id = model_id_of(ctx.request, ctx.settings)
     next_token = next_token_effect(trace, masked, next_token_distribution(trace, model_id), masked.next_token_probs)
     m1, m2, m3 = st.columns(3)
     m1.metric("Most likely next token", repr(next_token.top_masked),

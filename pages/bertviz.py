@@ -28,7 +28,7 @@ VIEW_HELP = {
 }
 
 ctx = require_trace()
-t, layer, head = ctx.trace, ctx.layer, ctx.head
+t, layer, head = ctx.trace, ctx.focus.layer, ctx.focus.head
 st.title("bertviz views")
 st.caption(f"{t.description} · {t.n_tokens} tokens · layer {layer}, head {head} (sidebar)")
 if t.causal:

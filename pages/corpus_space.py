@@ -14,7 +14,8 @@ from model_core.corpus.qk_space import METHODS
 from ui.analysis_widgets import how_to_read, show_figure
 from ui.context import get_context
 from ui.derived import neighbours_by_layer
-from ui.state import open_page_if_requested
+from ui.focus import get_focus, set_focus
+from ui.state import head_fragment, open_page_if_requested
 from ui.corpus import (
     CANCELLED,
     OPEN_RUN,
@@ -92,8 +93,6 @@ contexts = sample_contexts(str(run.path), stamp, json.dumps(run.manifest["model"
 
 # -- 1. query–key space ---------------------------------------------------------------------------------------
 st.subheader("Query–key space")
-layer_col, _ = st.columns([1, 6])  # a narrow picker, in line with the head picker below
-layer = layer_col.selectbox("Layer", range(n_layers), index=min(ctx.layer, n_layers - 1), key="space_layer")
 
 
 def _open_point(key: str, layer: int, head: int, is_key: np.ndarray, rows: np.ndarray) -> None:
@@ -108,12 +107,9 @@ def _open_point(key: str, layer: int, head: int, is_key: np.ndarray, rows: np.nd
                        OPEN_FLAG)
 
 
-@st.fragment
-def qk_scatter() -> None:
-    """The head, colour and projection pickers and the scatter: a change reruns only this part."""
-    open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)  # a click on a point (its callback ran before this rerun)
-    c2, c3, c4, c5 = st.columns([1, 2, 2, 2])
-    head = c2.selectbox("Head", range(n_heads), index=min(ctx.head, n_heads - 1), key="space_head")
+def qk_scatter(layer: int, head: int) -> None:
+    """The colour, projection and sample pickers and the scatter of one head."""
+    c3, c4, c5 = st.columns(3)
     n_sample = int(sample["tokens"])
     choices = sorted({n for n in (2_000, 5_000, 10_000) if n < n_sample} | {n_sample})
     shown = c5.select_slider("Tokens drawn", choices, value=min(10_000, n_sample), key="space_shown",
@@ -145,18 +141,23 @@ def qk_scatter() -> None:
                 on_select=lambda: _open_point("space_scatter", layer, head, proj.is_key, proj.rows))
 
 
-qk_scatter()
-
-
 def _enlarge() -> None:
     points = ((st.session_state.get("space_grid") or {}).get("selection") or {}).get("points") or []
     if points and points[0].get("curve_number") is not None:
-        st.session_state["space_head"] = int(points[0]["curve_number"]) // 2  # two traces per head
+        set_focus(get_focus().layer, int(points[0]["curve_number"]) // 2)  # two traces per head
 
 
-grid = cached_layer_grid(str(run.path), stamp, layer, n_heads)
-show_figure(qk_grid_figure([g.coords for g in grid], [g.is_key for g in grid], layer), f"qk_grid_L{layer}",
-            key="space_grid", on_select=_enlarge)
+def qk_views(layer: int, head: int) -> None:
+    """The scatter of the sidebar's focused head and the grid of every head of its layer (in the picker's
+    fragment: another head, colour or projection reruns only this part)."""
+    open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)  # a click on a point (its callback ran before this rerun)
+    qk_scatter(layer, head)
+    grid = cached_layer_grid(str(run.path), stamp, layer, n_heads)
+    show_figure(qk_grid_figure([g.coords for g in grid], [g.is_key for g in grid], layer), f"qk_grid_L{layer}",
+                key="space_grid", on_select=_enlarge)
+
+
+head_fragment("space_head", qk_views, slot=ctx.head_slot, n_layers=n_layers, n_heads=n_heads, settings=ctx.settings)
 
 # -- 2. nearest contexts --------------------------------------------------------------------------------------
 st.subheader("Nearest contexts")

@@ -34,7 +34,8 @@ from ui.roles import (
     text_scores,
 )
 from ui.roles_figures import role_grid
-from ui.state import open_page_if_requested, select_head
+from ui.focus import set_focus
+from ui.state import head_fragment, open_page_if_requested
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
 OPEN_FLAG = "_roles_open_heatmaps"
@@ -44,7 +45,7 @@ TOP_K = 10
 def _open(layer: int, head: int, text: str) -> None:
     # A callback: it runs before the sidebar is drawn, so it may set the text and the focused head.
     st.session_state["ctl_text_a"], st.session_state["ctl_text_b"] = text, ""
-    select_head(layer, head)
+    set_focus(layer, head)
     st.session_state[OPEN_FLAG] = True
 
 
@@ -105,10 +106,17 @@ def role_view() -> None:
 
 
 role_view()
-c1, c2, c3 = st.columns([1, 1, 2])
-layer = c1.selectbox("Layer", range(trace.n_layers), index=min(ctx.layer, trace.n_layers - 1), key="roles_layer")
-head = c2.selectbox("Head", range(trace.n_heads), index=min(ctx.head, trace.n_heads - 1), key="roles_head")
-c3.button("Open this head on the probe input", key="roles_open", on_click=_open, args=(layer, head, probe_text))
+
+
+def _open_button(layer: int, head: int) -> None:
+    """The button that opens the sidebar's focused head on the probe input (in the picker's fragment)."""
+    open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)  # the button's click reruns only the fragment
+    st.button(f"Open layer {layer}, head {head} on the probe input", key="roles_open", on_click=_open,
+              args=(layer, head, probe_text), help="Pick the layer and head in the sidebar.")
+
+
+head_fragment("roles_head", _open_button, slot=ctx.head_slot, n_layers=trace.n_layers, n_heads=trace.n_heads,
+              settings=ctx.settings)
 
 st.subheader("Retrieval heads")
 result = None

@@ -17,8 +17,9 @@ from attention_explorer.figures import (
     overview_mosaic,
     selection_grid,
 )
+from ui.focus import set_focus
 from ui.guard import view_guard
-from ui.state import head_fragment, select_head
+from ui.state import head_fragment
 
 ctx = require_trace(compact=True)
 if ctx.compact is not None:  # a long input: drawn from its compact trace
@@ -61,7 +62,7 @@ def _focus_clicked_head() -> None:
     clicked = [p for p in points if p.get("curve_number") == 1 and "point_index" in p]
     if clicked:
         layer_, head_ = divmod(int(clicked[0]["point_index"]), t.n_heads)
-        select_head(layer_, head_)
+        set_focus(layer_, head_)
         st.rerun(FOCUS)
 
 

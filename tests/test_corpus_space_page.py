@@ -25,6 +25,8 @@ def test_page_runs_the_demo_with_the_sidebars_model_and_finds_river_banks(tmp_pa
     assert not at.error, [e.value for e in at.error]
     assert [h.value for h in at.header] == ["Query–key space & nearest contexts"]
     assert len(at.get("plotly_chart")) == 4  # the scatter, the layer grid, the word bars, the trend
+    assert len(at.sidebar.selectbox(key="sel_head").options) == 12  # the one picker, in the sidebar
+    assert not {"Layer", "Head"} & {s.label for s in at.main.selectbox}
     del at.session_state["_app_context"]  # AppTest runs a page alone after its first run (see test_pages.py)
     at.selectbox(key="space_position").set_value(6)  # "bank"
     at.run()

@@ -1,11 +1,11 @@
-"""ui.derived: one per-trace cache for derived results, keyed by the trace, shared and read-only."""
+"""ui.derived: results derived from a trace, in the one per-trace cache (ui.trace_cache), shared and read-only."""
 
 import numpy as np
 
 from model_core.analysis import head_stats as compute_head_stats
 from model_core.words import word_spans
 from synthetic import synthetic_trace
-from ui import derived
+from ui import derived, trace_cache
 from attention_explorer.figures import head_mosaic
 
 
@@ -13,7 +13,7 @@ def test_each_derived_result_is_computed_once_per_trace_and_functions_do_not_col
     trace = synthetic_trace(40, 2, 3, seed=1)
     stats = derived.cached_head_stats(trace)
     assert derived.cached_head_stats(trace) is stats
-    # Results live with the trace object: another trace (here with a head switched off) has its own.
+    # Keyed by the trace's content: another trace (here with a head switched off) has its own.
     other = type(trace)(**{**trace.__dict__, "head_mask": np.array([[True, False, True], [True, True, True]])})
     assert derived.cached_head_stats(other) is not stats
     mosaic = derived.overview_mosaic_cells(trace, False, 32)
@@ -44,7 +44,9 @@ def test_derived_results_go_with_their_trace():
                derived.overview_mosaic_cells(trace, False, 16), derived.rollout_and_flow(trace)]
     gone = weakref.ref(trace)
     kept = weakref.ref(results[1])
-    assert derived._DERIVED.get(trace)
+    key = trace_cache.cached_key(trace)
+    assert any(k[0] == key for k in trace_cache.DERIVED._items)
     del trace, results
     gc.collect()
     assert gone() is None and kept() is None
+    assert not any(k[0] == key for k in trace_cache.DERIVED._items)

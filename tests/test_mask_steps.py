@@ -32,14 +32,34 @@ def test_bert_steps_are_the_models_own(bert_pair_trace, bundled):
     np.testing.assert_allclose(softmax_rows(s.masked_scores), s.weights, atol=1e-5)
 
 
-def test_bert_causal_illustration(bert_pair_trace):
+def _bert_scores(bundled, layer: int, head: int) -> np.ndarray:
+    """Head ``head``'s q·kᵀ/√d_head in BertModel's layer ``layer``, from its own query and key projections of the
+    hidden states entering the layer; the tokens straight from the tokenizer. Shape: (q_pos, k_pos)."""
+    import torch
+
+    from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B
+
+    encoded = bundled.tokenizer(DEFAULT_TEXT_A, DEFAULT_TEXT_B, return_tensors="pt")
+    attention = bundled.model.encoder.layer[layer].attention.self
+    d_head = attention.attention_head_size
+    with torch.no_grad():
+        hidden = bundled.model(**encoded, output_hidden_states=True).hidden_states[layer][0]  # (pos, hidden)
+        q = attention.query(hidden)[:, head * d_head:(head + 1) * d_head]  # (pos, d_head)
+        k = attention.key(hidden)[:, head * d_head:(head + 1) * d_head]
+    return (q @ k.T / d_head ** 0.5).numpy()
+
+
+def test_bert_causal_illustration(bert_pair_trace, bundled):
     s = mask_steps(bert_pair_trace, 2, 3, apply_causal=True)
     upper = np.triu(np.ones((13, 13), dtype=bool), 1)
     assert s.illustrative and s.causal
     assert np.isneginf(s.masked_scores[upper]).all() and (s.weights[upper] == 0).all()
     np.testing.assert_allclose(s.weights.sum(-1), 1.0, atol=1e-6)
     assert s.weights[0, 0] == 1.0  # the first query can only see itself
-    np.testing.assert_allclose(s.scores, bert_pair_trace.head_scores(2, 3))
+    scores = _bert_scores(bundled, 2, 3)
+    np.testing.assert_allclose(s.scores, scores, atol=1e-4)  # the model's own scores, recomputed here
+    causal = np.tril(np.exp(scores - scores.max(-1, keepdims=True)))  # the causal softmax, by hand
+    np.testing.assert_allclose(s.weights, causal / causal.sum(-1, keepdims=True), atol=1e-5)
 
 
 def test_custom_causal_steps_are_real():

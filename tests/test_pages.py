@@ -238,9 +238,9 @@ def test_causal_page_shows_a_window_of_a_long_input_with_true_positions():
 
 def test_a_page_listed_in_app_py_whose_file_is_missing_fails_loudly(tmp_path):
     source = (ROOT / "app.py").read_text()
-    listed = '("pages/home.py", "Home", ":material/home:", "Attention"),'
+    listed = '("pages/home.py", "Home", ":material/home:", "Attention", True),'
     assert listed in source
-    (tmp_path / "app.py").write_text(source.replace(listed, listed + ' ("pages/gone.py", "Gone", "", "Attention"),'))
+    (tmp_path / "app.py").write_text(source.replace(listed, listed + ' ("pages/gone.py", "Gone", "", "Attention", False),'))
     (tmp_path / "pages").symlink_to(ROOT / "pages")
     (tmp_path / ".streamlit").symlink_to(ROOT / ".streamlit")
     at = AppTest.from_file(str(tmp_path / "app.py"), default_timeout=TIMEOUT)

@@ -81,11 +81,14 @@ def test_rollout_states_the_flow_limit_for_long_text():
     assert len(_charts(at)) == 2  # rollout and relevance (rollout + flow into [CLS])
 
 
-def test_head_stats_open_button_focuses_the_head_in_heatmaps():
+def test_head_stats_open_button_focuses_the_sidebars_head_in_heatmaps():
     at = _open("pages/analysis_head_stats.py")
     assert at.selectbox(key="stats_name").options[:2] == ["Entropy (bits)", "Share to [CLS]"]
-    at.selectbox(key="stats_layer").set_value(3)
-    at.selectbox(key="stats_head").set_value(7)
+    assert len(at.selectbox(key="sel_layer").options) == 6  # the one picker, in the sidebar, and no second one
+    assert [s.label for s in at.main.selectbox] == ["Statistic"]
+    at.selectbox(key="sel_layer").set_value(3)
+    at.selectbox(key="sel_head").set_value(7).run()
+    assert at.button(key="stats_open").label == "Open layer 3, head 7 in the heatmaps"
     at.button(key="stats_open").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert (at.session_state["sel_layer"], at.session_state["sel_head"]) == (3, 7)

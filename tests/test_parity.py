@@ -7,7 +7,7 @@ import torch
 from model_core.chapter3.from_bert import custom_from_bert
 from model_core.models.loading import load_tokenizer
 from model_core.trace.encoding import encode
-from model_core.trace.forward import trace_bert, trace_custom
+from model_core.trace.forward import trace_custom, trace_pretrained
 
 LONG_TEXT = ("Attention lets every token look at every other token. " * 20).strip()
 
@@ -45,7 +45,7 @@ def test_parity_bundled_128_tokens(bundled):
 
 def test_trace_of_both_models_agree_on_bundled_weights(bundled):
     enc = encode(bundled.tokenizer, "time flies like an arrow", "fruit flies like a banana")
-    a = trace_bert(bundled, enc)
+    a = trace_pretrained(bundled, enc)
     b = trace_custom(custom_from_bert(bundled.model), enc, "custom")
     np.testing.assert_allclose(a.weights, b.weights, atol=1e-4)
     np.testing.assert_allclose(a.queries, b.queries, atol=1e-4)
@@ -57,11 +57,11 @@ def test_bert_head_masking_matches_custom_gate(bundled):
     enc = encode(bundled.tokenizer, "the bank vault", "the river bank")
     mask = np.ones((6, 12), dtype=bool)
     mask[1, [0, 4]] = False
-    a = trace_bert(bundled, enc, head_mask=mask)
+    a = trace_pretrained(bundled, enc, head_mask=mask)
     b = trace_custom(custom_from_bert(bundled.model), enc, "custom", head_mask=mask)
     np.testing.assert_allclose(a.hidden_states, b.hidden_states, atol=1e-4)
     assert (a.weights[1, 0] == 0).all() and (b.weights[1, 4] == 0).all()
-    plain = trace_bert(bundled, enc)
+    plain = trace_pretrained(bundled, enc)
     assert np.abs(plain.hidden_states[-1] - a.hidden_states[-1]).max() > 1e-3
 
 

@@ -57,8 +57,10 @@ def test_roles_page_on_bert_says_why_an_encoder_has_no_retrieval_and_links_the_p
 @pytest.mark.slow
 def test_roles_page_button_opens_the_heatmaps_on_the_probe_input_with_the_head_in_focus():
     at = _open(model="custom", layers="2", heads="4", hidden="64")
-    at.selectbox(key="roles_layer").set_value(1).run()
-    at.selectbox(key="roles_head").set_value(3).run()
+    assert not [s.label for s in at.main.selectbox]  # the sidebar's picker is the page's only one
+    at.sidebar.selectbox(key="sel_layer").set_value(1).run()
+    at.sidebar.selectbox(key="sel_head").set_value(3).run()
+    assert at.button(key="roles_open").label == "Open layer 1, head 3 on the probe input"
     probe = at.session_state["roles_seed"]
     at.button(key="roles_open").click().run()
     assert not at.exception, [e.value for e in at.exception]

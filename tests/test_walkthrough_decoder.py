@@ -1,5 +1,6 @@
-"""model_core.walk.decoder: a Llama-like block's walk equals the trace every other page reads, each step
-chains into the next as transformers computes it, and the families without a block walk say why."""
+"""model_core.walk.decoder: a Llama-like block's walk equals transformers' eager model (its tokenizer, weights,
+residual stream and pre-softmax scores, from ``decoder_reference``), each step chains into the next as transformers
+computes it, and the families without a block walk say why."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import decoder_reference as reference
 from model_core import TraceRequest, build_trace
 from model_core.trace.request import build_walkthrough
 
@@ -22,35 +24,51 @@ def walked(request, tiny_decoders):
     folder = str(tiny_decoders[request.param])
     req = TraceRequest(model="pretrained", model_id=folder, text_a=TEXT)
     trace = build_trace(req)
-    return request.param, trace, build_walkthrough(req, LAYER, trace), load_pretrained(folder).model
+    return request.param, trace, build_walkthrough(req, LAYER, trace), load_pretrained(folder).model, folder
 
 
 def _repeat(kv: np.ndarray, kv_heads: np.ndarray) -> np.ndarray:
     return kv[kv_heads]  # (kv_head, pos, d) -> (head, pos, d)
 
 
-def test_the_walk_reads_the_traces_tokens_weights_and_residual_stream(walked):
-    _, trace, wt, _ = walked
-    assert wt.tokens == trace.tokens and wt.labels == trace.labels
-    np.testing.assert_allclose(wt.weights, trace.weights[LAYER], atol=1e-6)
-    np.testing.assert_allclose(wt.queries, trace.queries[LAYER], atol=1e-5)
-    np.testing.assert_allclose(wt.layer_input, trace.hidden_states[LAYER], atol=1e-5)
-    np.testing.assert_allclose(wt.layer_output, trace.hidden_states[LAYER + 1], atol=1e-5)
-    assert wt.next_ids[0] == trace.next_token_ids[-1, 0]
+def test_the_walk_has_the_tokenizers_pieces_and_their_readable_labels(walked):
+    _, _, wt, _, folder = walked
+    tokenizer, _ = reference.load(folder)
+    ids = tokenizer(TEXT)["input_ids"]
+    np.testing.assert_array_equal(wt.token_ids, ids)
+    assert wt.tokens == tuple(tokenizer.convert_ids_to_tokens(ids))
+    assert "".join(wt.labels).replace("␣", " ") == tokenizer.decode(ids)  # "Ġflies" reads "␣flies"
+
+
+def test_the_walk_has_the_eager_models_weights_queries_and_residual_stream(walked):
+    _, _, wt, _, folder = walked
+    eager = reference.reference_forward(folder, TEXT)
+    np.testing.assert_allclose(wt.weights, eager.weights[LAYER], atol=1e-5)
+    np.testing.assert_allclose(wt.queries, reference.reference_qkv(folder, TEXT).queries[LAYER], atol=1e-5)
+    np.testing.assert_allclose(wt.layer_input, eager.hidden_states[LAYER], atol=1e-5)
+    np.testing.assert_allclose(wt.layer_output, eager.hidden_states[LAYER + 1], atol=1e-5)
+    assert wt.next_ids[0] == eager.logits[-1].argmax()
 
 
 def test_softmax_of_the_masked_scores_is_the_models_weights(walked):
-    _, trace, wt, _ = walked
+    _, _, wt, _, _ = walked
     assert np.isneginf(wt.masked_scores[:, ~wt.mask]).all() and (wt.weights[:, ~wt.mask] == 0).all()
     np.testing.assert_array_equal(wt.mask, np.tril(np.ones_like(wt.mask)))
     np.testing.assert_allclose(torch.softmax(torch.tensor(wt.masked_scores), -1).numpy(), wt.weights, atol=1e-6)
-    np.testing.assert_allclose(wt.scores, trace.scores[LAYER], atol=1e-6)  # the trace's one layer, cap included
+
+
+def test_the_scores_are_the_eager_models_q_k_scaled_and_capped(walked):
+    """q·kᵀ·scale recomputed from the block's own q/k projections, q/k norms and apply_rotary_pos_emb on the
+    eager model's residual stream (Gemma 2's soft cap included), not read back from the trace."""
+    _, _, wt, _, folder = walked
+    expected = reference.reference_qkv(folder, TEXT).scores()[LAYER]  # (head, q_pos, k_pos)
+    np.testing.assert_allclose(wt.scores, expected, atol=1e-5)
 
 
 def test_the_rotary_step_is_transformers_rotation(walked):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    _, _, wt, _ = walked
+    _, _, wt, _, _ = walked
     cos, sin = torch.tensor(wt.rotary_cos)[None], torch.tensor(wt.rotary_sin)[None]
     q, k = apply_rotary_pos_emb(torch.tensor(wt.queries_before_rotary)[None],
                                 torch.tensor(wt.keys_before_rotary)[None], cos, sin)
@@ -63,7 +81,7 @@ def test_the_rotary_step_is_transformers_rotation(walked):
 
 
 def test_heads_read_their_key_value_heads_and_the_output_projection_mixes_them(walked):
-    _, _, wt, model = walked
+    _, _, wt, model, _ = walked
     values = _repeat(wt.values, wt.kv_heads)
     np.testing.assert_allclose(wt.head_outputs, wt.weights @ values, atol=1e-5)
     np.testing.assert_allclose(wt.concat, wt.head_outputs.transpose(1, 0, 2).reshape(wt.n_tokens, -1), atol=1e-6)
@@ -73,7 +91,7 @@ def test_heads_read_their_key_value_heads_and_the_output_projection_mixes_them(w
 
 
 def test_the_gated_mlp_multiplies_the_activated_gate_by_up(walked):
-    family, _, wt, _ = walked
+    family, _, wt, _, _ = walked
     np.testing.assert_allclose(wt.gated, wt.activation * wt.up, atol=1e-5)
     if family == "llama":  # SiLU; and the residual sums of a plain Llama block
         np.testing.assert_allclose(wt.activation, wt.gate / (1 + np.exp(-wt.gate)), atol=1e-5)
@@ -82,7 +100,7 @@ def test_the_gated_mlp_multiplies_the_activated_gate_by_up(walked):
 
 
 def test_rmsnorm_divides_by_the_root_mean_square(walked):
-    family, _, wt, model = walked
+    family, _, wt, model, _ = walked
     weight = model.model.layers[LAYER].input_layernorm.weight.detach().numpy()
     scale = 1 + weight if family.startswith("gemma") else weight  # Gemma stores the weight minus 1
     x = wt.layer_input.astype(np.float64)
@@ -143,6 +161,6 @@ def test_the_notebook_walks_a_block_too(tiny_decoders):
 
 
 def test_the_token_embedding_is_the_lookup_itself(walked):
-    family, _, wt, model = walked
+    family, _, wt, model, _ = walked
     table = model.model.embed_tokens.weight.detach().numpy()
     np.testing.assert_allclose(wt.token_embeddings, table[wt.token_ids], atol=1e-6)  # Gemma's √hidden not yet in

@@ -9,8 +9,9 @@ import streamlit as st
 
 from model_core import TraceRequest
 from model_core.compact.trace import CompactTrace
-from model_core.compact.views import TraceForm
+from model_core.compact.views import TraceForm, full_trace_bytes
 from ui.loaders import get_compact
+from ui.waiting import queue_message
 
 CANCELLED_KEY = "compact_cancelled"
 COMPACT_PAGES = (("pages/heatmaps.py", "Attention heatmaps", ":material/grid_view:"),
@@ -34,6 +35,25 @@ def _run_again() -> None:
     st.session_state.pop(CANCELLED_KEY, None)
 
 
+class _QueueInBar:
+    """While the compact trace waits for the gate, its place in the queue in the progress bar (Cancel leaves it)."""
+
+    def __init__(self, bar) -> None:
+        self.bar = bar
+        self.shown = ""
+
+    def show(self, place: int, running: int) -> None:
+        _ = CANCELLED_KEY in st.session_state  # a point where Streamlit ends the run (Cancel, new text, tab closed)
+        text = f"{queue_message(place, running)} Cancel leaves the queue."
+        if text != self.shown:
+            self.bar.progress(0.0, text=text)
+            self.shown = text
+
+    def clear(self) -> None:
+        if self.shown:
+            self.bar.progress(0.0, text="Loading…")
+
+
 def trace_compact(request: TraceRequest, form: TraceForm) -> CompactTrace | None:
     """The request's compact trace, with a progress bar and a Cancel button while it runs; None when the user
     cancelled it (the page then offers to run it)."""
@@ -55,20 +75,20 @@ def trace_compact(request: TraceRequest, form: TraceForm) -> CompactTrace | None
         label = "Running the model (sdpa)" if phase == "forward" else "Summarising each layer in blocks"
         bar.progress(min(1.0, start + share * done), text=f"{label}: {done:.0%}")
 
-    trace = get_compact(request, progress)
+    trace = get_compact(request, progress, _QueueInBar(bar))
     holder.empty()
     return trace
 
 
 def full_trace_tokens(n_layers: int, n_heads: int, full_trace_mb: int) -> int:
     """The longest input whose full trace fits AE_FULL_TRACE_MB for a model of this shape."""
-    return int(math.sqrt(full_trace_mb * 1e6 / (4 * n_layers * n_heads)))
+    return int(math.sqrt(full_trace_mb * 1e6 / full_trace_bytes(n_layers, n_heads, 1)))
 
 
 def needs_full_trace(compact: CompactTrace, full_trace_mb: int) -> None:
     """Stop a page that reads every weight: say the limit, why, and where the compact form is drawn."""
     limit = full_trace_tokens(compact.n_layers, compact.n_heads, full_trace_mb)
-    gb = 4 * compact.n_layers * compact.n_heads * compact.n_tokens ** 2 / 1e9
+    gb = full_trace_bytes(compact.n_layers, compact.n_heads, compact.n_tokens) / 1e9
     st.info(f"This text has {compact.n_tokens:,} tokens, so it is traced in **compact form**: queries, keys, each "
             f"row's log-sum-exp and exact block means ({compact.nbytes() / 1e6:,.0f} MB), not every weight "
             f"({gb:,.1f} GB for {compact.n_layers} layers × {compact.n_heads} heads × {compact.n_tokens:,}²). This "

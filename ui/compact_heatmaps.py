@@ -13,6 +13,7 @@ from model_core.compact.summary import largest_weights
 from model_core.compact.views import (
     coarser_overview,
     first_token_share,
+    full_trace_bytes,
     group_labels,
     group_means,
     pooled_head,
@@ -20,7 +21,6 @@ from model_core.compact.views import (
     window_without_first,
 )
 from model_core.io.tables import matrix_to_csv, token_matrix_to_csv
-from ui.compact import compact_key
 from ui.compact_figures import (
     first_token_figure,
     grouped_head_figure,
@@ -31,6 +31,7 @@ from ui.context import AppContext
 from ui.downloads import figure_config
 from ui.guard import view_guard
 from ui.state import head_fragment, select_head
+from ui.trace_cache import per_trace
 
 WINDOW = 128
 FOCUS_CELLS = 64
@@ -42,20 +43,20 @@ STAT_TITLES = {"entropy": "Entropy (bits)", "to_first": "Share to the first toke
                "previous token", "mean_distance": "Mean distance (tokens)"}
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _mosaic(_trace: CompactTrace, key: str, cells: int) -> np.ndarray:
-    return coarser_overview(_trace, cells)
+@per_trace()
+def _mosaic(trace: CompactTrace, cells: int) -> np.ndarray:
+    return coarser_overview(trace, cells)
 
 
-@st.cache_resource(max_entries=32, show_spinner=False)
-def _pooled(_trace: CompactTrace, key: str, layer: int, head: int) -> tuple[np.ndarray, int]:
-    return pooled_head(_trace, layer, head, FOCUS_CELLS)
+@per_trace()
+def _pooled(trace: CompactTrace, layer: int, head: int) -> tuple[np.ndarray, int]:
+    return pooled_head(trace, layer, head, FOCUS_CELLS)
 
 
-@st.cache_resource(max_entries=16, show_spinner="Grouping the head's attention…")
-def _grouped(_trace: CompactTrace, key: str, layer: int, head: int, by: str) -> tuple[np.ndarray, list[str]]:
-    starts = segment_starts(_trace.tokens, by)
-    return group_means(_trace, layer, head, starts), group_labels(_trace.tokens, starts, byte_level=_trace.byte_level)
+@per_trace(spinner="Grouping the head's attention…")
+def _grouped(trace: CompactTrace, layer: int, head: int, by: str) -> tuple[np.ndarray, list[str]]:
+    starts = segment_starts(trace.tokens, by)
+    return group_means(trace, layer, head, starts), group_labels(trace.tokens, starts, byte_level=trace.byte_level)
 
 
 def _clamp(lo: int, hi: int, n: int) -> tuple[int, int]:
@@ -80,7 +81,7 @@ def _box_to_window(n: int) -> None:
 def _overview(ctx: AppContext) -> None:
     t = ctx.compact
     cells = 16 if t.n_layers * t.n_heads > 150 else 32
-    mosaic_cells = _mosaic(t, compact_key(t), cells)
+    mosaic_cells = _mosaic(t, cells)
 
     def clicked() -> None:
         points = st.session_state["compact_overview"].get("selection", {}).get("points", [])
@@ -108,14 +109,14 @@ def _focused(ctx: AppContext, layer: int, head: int) -> None:
                          "line, as SAVIS and LIT do. Every cell is an exact mean.")
     with view_guard("focused head"):
         if view == "equal blocks":
-            cells, pool = _pooled(t, compact_key(t), layer, head)
-            fig = pooled_head_figure(cells, pool, n, f"Pooled at full extent: {pool} positions a cell (exact block means)")
+            cells, pool = _pooled(t, layer, head)
+            fig = pooled_head_figure(cells, pool, t.labels, f"Pooled at full extent: {pool} positions a cell (exact block means)")
             st.plotly_chart(fig, config=figure_config(f"compact_L{layer}_H{head}"), key="compact_pooled",
                             on_select=lambda: _box_to_window(n), selection_mode="box")
             st.caption("Drag a box on it to draw that window exactly below.")
         else:
             by = "sentence" if view == "sentences" else "line"
-            cells, labels = _grouped(t, compact_key(t), layer, head, by)
+            cells, labels = _grouped(t, layer, head, by)
             st.plotly_chart(grouped_head_figure(cells, labels, f"By {by}: {len(labels)} groups"),
                             config=figure_config(f"compact_L{layer}_H{head}_{by}"), key="compact_grouped")
     share = first_token_share(t, layer, head)
@@ -163,10 +164,10 @@ ALL_STATS = {**STAT_TITLES, "to_self": "Share to self", "to_next": "Share to the
              "max_weight": "Largest weight"}
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _largest(_trace: CompactTrace, key: str) -> np.ndarray:
+@per_trace()
+def _largest(trace: CompactTrace) -> np.ndarray:
     bar = st.progress(0.0, text="Largest weight of every head: one pass over each layer…")
-    values = largest_weights(_trace, lambda done: bar.progress(done, text=f"Largest weight of every head… {done:.0%}"))
+    values = largest_weights(trace, lambda done: bar.progress(done, text=f"Largest weight of every head… {done:.0%}"))
     bar.empty()
     return values
 
@@ -178,7 +179,7 @@ def _stats(t: CompactTrace, every: bool) -> dict[str, np.ndarray]:
         if st.toggle("Largest weight of every head too", key="compact_largest",
                      help="One more pass over every layer (about 5 s at 4,096 tokens of SmolLM2 on a 2-core CPU); "
                           "computed once per text."):
-            stats["max_weight"] = _largest(t, compact_key(t))
+            stats["max_weight"] = _largest(t)
     return stats
 
 
@@ -211,7 +212,7 @@ def draw(ctx: AppContext) -> None:
     t = ctx.compact
     st.title("Attention heatmaps")
     st.caption(f"{t.description} · {t.n_tokens:,} tokens · compact form")
-    gb = 4 * t.n_layers * t.n_heads * t.n_tokens ** 2 / 1e9
+    gb = full_trace_bytes(t.n_layers, t.n_heads, t.n_tokens) / 1e9
     st.info(f"**Compact form.** A full trace would hold {gb:,.1f} GB of weights ({t.n_layers} × {t.n_heads} × "
             f"{t.n_tokens:,}²); this one keeps the queries, keys, each row's log-sum-exp and exact block means "
             f"({t.nbytes() / 1e6:,.0f} MB), and computes any window exactly when it is drawn.",

@@ -12,17 +12,17 @@ from model_core.analysis import FLOW_MAX_TOKENS_ONE_ROW
 from model_core.compact.trace import CompactTrace
 from model_core.compact.views import rollout_row
 from model_core.io.tables import matrix_to_csv, position_labels
-from ui.compact import compact_key
 from ui.compact_figures import relevance_line_figure
 from ui.context import AppContext
 from ui.downloads import figure_config
+from ui.trace_cache import per_trace
 
-RESULTS = "_compact_rollout"
-"""Session key: {(trace key, target): relevance row}, so a rerun shows a computed row again at once."""
 TOP = 20
 
 
-def _compute(trace: CompactTrace, target: int) -> np.ndarray:
+@per_trace()
+def _rollout_row(trace: CompactTrace, target: int) -> np.ndarray:
+    """The relevance row into ``target``, with a progress bar, once per (trace, target) for every session."""
     bar = st.progress(0.0, text="Rollout: 0 layers of the head means applied")
 
     def progress(done: float) -> None:
@@ -30,6 +30,7 @@ def _compute(trace: CompactTrace, target: int) -> np.ndarray:
 
     row = rollout_row(trace, target, progress=progress)
     bar.empty()
+    row.setflags(write=False)
     return row
 
 
@@ -46,10 +47,9 @@ def draw(ctx: AppContext) -> None:
     target = int(st.number_input("Rollout into the token at position", 0, t.n_tokens - 1, default, step=1,
                                  key="compact_rollout_target",
                                  help="The last token by default: the one that predicts the next token."))
-    results = st.session_state.setdefault(RESULTS, {})
-    key = (compact_key(t), target)
     word = t.labels[target].lstrip("␣") or t.labels[target]
-    if key not in results:
+    computed = _rollout_row.cached(t, target)
+    if not computed:
         ask = st.empty()  # the note and button, cleared once the row is computed (not left over in that run)
         with ask.container():
             st.caption(f"Each of the {t.n_layers} layers recomputes every head's weights in blocks: tens of seconds "
@@ -58,9 +58,9 @@ def draw(ctx: AppContext) -> None:
                                 key="compact_rollout_run", icon=":material/play_arrow:")
         if not clicked:
             return
-        results[key] = _compute(t, target)
+    row = _rollout_row(t, target)
+    if not computed:
         ask.empty()
-    row = results[key]
     name = f"rollout_into_{target}"
     st.plotly_chart(relevance_line_figure(row, t.labels, f"Relevance of each token to “{word}” "
                                           f"(position {target}), after the last layer"),

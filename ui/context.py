@@ -13,6 +13,8 @@ from model_core.analysis import Markers, markers
 from model_core.compact.trace import CompactTrace
 from model_core.settings import Settings
 from model_core.words import WordSpans, readable_tokens
+from ui.focus import Focus
+from ui.st_private import leave_legacy_pages_mode
 
 _KEY = "_app_context"
 
@@ -26,14 +28,26 @@ class AppContext:
     settings: Settings
     trace: AttentionTrace | None
     error: str | None
-    layer: int = 0
-    head: int = 0
-    # The sidebar container of the layer/head picker; pages in app.PAGES_WITH_HEAD_FRAGMENT fill it.
+    # The focused head at the start of this run, held to the trace's shape (``ui.focus.clamp_focus``). A page that
+    # draws the picker in a fragment reads the focus its ``draw`` is given instead, which a fragment rerun updates.
+    focus: Focus = Focus()
+    # The sidebar container of the layer/head picker: app.py fills it, or the page when its entry in app.PAGES says
+    # it draws the picker (``ui.state.head_fragment``).
     head_slot: "object | None" = None
     # The trace's words when the sidebar's "Words, not WordPieces" is on, else None.
     words: WordSpans | None = None
     # A long input's compact trace (``model_core.compact.trace``); ``trace`` is None then.
     compact: CompactTrace | None = None
+
+    @property
+    def layer(self) -> int:
+        """The focused layer (``focus.layer``)."""
+        return self.focus.layer
+
+    @property
+    def head(self) -> int:
+        """The focused head (``focus.head``)."""
+        return self.focus.head
 
     def labels(self, raw: bool = False) -> tuple[tuple[str, ...], int | None]:
         """The labels of the views' rows and columns (tokens, or words when the toggle is on, as people read
@@ -128,11 +142,7 @@ def get_context() -> AppContext:
     if _KEY not in st.session_state:
         # Streamlit's legacy multipage mode runs a pages/ script alone when a fresh server's
         # first visitor opens a sub-page URL, before app.py has ever called st.navigation.
-        # Switch that mode off, as st.navigation itself does, and rerun through app.py.
-        from streamlit.runtime.pages_manager import PagesManager
-
-        PagesManager.uses_pages_directory = False
-        st.rerun()
+        leave_legacy_pages_mode()
     return st.session_state[_KEY]
 
 

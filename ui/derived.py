@@ -1,82 +1,26 @@
-"""Results derived from a trace, cached by ``per_trace``: computed once per (trace, arguments) in this process.
+"""Results derived from a trace, cached by ``ui.trace_cache.per_trace``: computed once per (trace, arguments).
 
 A derived result (head statistics, the overview's mosaic, rollout and flow, the words' merged attention, the
 next-token distribution, an export bundle, the corpus contexts nearest at every layer) depends on the trace and
-a few hashable arguments only. ``per_trace`` keeps it with the trace object itself (a weak-keyed table): a rerun
-that only changes the focused head reuses it, every session shares it (they share the trace, ``ui.loaders.TRACES``),
-and it is freed when the trace leaves that cache, so derived results never outlive their trace (the words'
-merged attention of a 512-token SmolLM2 trace is as large as its weights). Results are read-only: never mutate what
-these return. ``trace_key`` names a trace by its content, for a page that remembers which trace it last showed.
+a few hashable arguments only. ``per_trace`` keeps it in the one per-trace cache (``ui.trace_cache.DERIVED``, bounded
+by bytes): a rerun that only changes the focused head reuses it, every session shares it (they share the trace,
+``ui.loaders.TRACES``), and it is dropped when its trace is freed. Results are read-only: never mutate what these
+return. ``trace_key`` names a trace by its content, for a page that remembers which trace it last showed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
-import weakref
-from collections import OrderedDict
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import numpy as np
-import streamlit as st
 
 from model_core import AttentionTrace
 from model_core.analysis import HeadStats
 from model_core.analysis import head_stats
+from ui.trace_cache import per_trace, trace_key
 
-R = TypeVar("R")
-
-
-def trace_key(trace: AttentionTrace) -> str:
-    """A string that identifies a trace: its model description (weights, shape, causal flag, LayerNorm
-    placement), causal flag, tokens, where sentence B starts, and head mask."""
-    mask = "".join("1" if on else "0" for on in trace.head_mask.ravel())
-    return f"{trace.description}|{trace.causal}|{'␟'.join(trace.tokens)}|{trace.sentence_b_start}|{mask}"
-
-
-_DERIVED: "weakref.WeakKeyDictionary[AttentionTrace, OrderedDict]" = weakref.WeakKeyDictionary()
-_DERIVED_LOCK = threading.Lock()
-
-
-def per_trace(*, spinner: str | bool = False, max_entries: int = 16) -> Callable[[Callable[..., R]], Callable[..., R]]:
-    """Decorate ``fn(trace, *args)`` so it runs once per (trace, args) and is shared from then on, while the trace
-    lives: at most ``max_entries`` argument tuples of ``fn`` per trace, the least recently used out first.
-
-    ``args`` must be hashable (numbers, strings, tuples); ``spinner`` is shown while a result is computed.
-    """
-
-    def decorate(fn: Callable[..., R]) -> Callable[..., R]:
-        name = f"{fn.__module__}.{fn.__qualname__}"
-
-        @functools.wraps(fn)
-        def call(trace: AttentionTrace, *args: Any) -> R:
-            key = (name, args)
-            with _DERIVED_LOCK:
-                results = _DERIVED.setdefault(trace, OrderedDict())
-                if key in results:
-                    results.move_to_end(key)
-                    return results[key]
-            with st.spinner(spinner) if isinstance(spinner, str) else contextlib.nullcontext():
-                value = fn(trace, *args)
-            with _DERIVED_LOCK:
-                results = _DERIVED.setdefault(trace, OrderedDict())
-                results[key] = value
-                mine = [k for k in results if k[0] == name]
-                for old in mine[:max(0, len(mine) - max_entries)]:
-                    del results[old]
-            return value
-
-        def clear() -> None:
-            with _DERIVED_LOCK:
-                for results in list(_DERIVED.values()):
-                    for k in [k for k in results if k[0] == name]:
-                        del results[k]
-
-        call.clear = clear  # type: ignore[attr-defined]
-        return call
-
-    return decorate
+__all__ = ["per_trace", "trace_key", "word_attentions", "overview_mosaic_cells", "cached_head_stats",
+           "rollout_and_flow", "next_token_distribution", "analysis_bundle", "neighbours_by_layer"]
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -84,21 +28,21 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
-@per_trace(spinner="Merging pieces into words…", max_entries=4)
+@per_trace(spinner="Merging pieces into words…")
 def word_attentions(trace: AttentionTrace) -> np.ndarray:
     """Every head's attention merged into words (``model_core.words``). Shape: (layer, head, word, word)."""
     return _read_only(trace.words().merge(trace.weights))
 
 
-@per_trace(max_entries=8)
+@per_trace()
 def overview_mosaic_cells(trace: AttentionTrace, words: bool, max_cells: int) -> np.ndarray:
-    """The overview's mosaic (``ui.figures.head_mosaic``) of the trace's tokens, or of its words."""
+    """The overview's mosaic (``attention_explorer.figures.head_mosaic``) of the trace's tokens, or of its words."""
     from attention_explorer.figures import head_mosaic
 
     return _read_only(head_mosaic(word_attentions(trace) if words else trace.weights, max_cells))
 
 
-@per_trace(max_entries=16)
+@per_trace()
 def cached_head_stats(trace: AttentionTrace) -> HeadStats:
     """Clark et al.'s per-head statistics (``model_core.analysis.head_stats``)."""
     stats = head_stats(trace)
@@ -107,7 +51,7 @@ def cached_head_stats(trace: AttentionTrace) -> HeadStats:
     return stats
 
 
-@per_trace(spinner="Computing attention flow…", max_entries=16)
+@per_trace(spinner="Computing attention flow…")
 def rollout_and_flow(trace: AttentionTrace) -> Any:
     """``model_core.analysis.rollout_and_flow`` of a trace (flow takes seconds), with the relevance to the token
     the family reads out: [CLS], or a decoder's last token (``model_core.analysis.markers``)."""
@@ -117,7 +61,7 @@ def rollout_and_flow(trace: AttentionTrace) -> Any:
     return compute(trace.weights, trace.head_mask, target=markers(trace).readout)
 
 
-@per_trace(spinner="Reading the next-token distribution…", max_entries=16)
+@per_trace(spinner="Reading the next-token distribution…")
 def next_token_distribution(trace: AttentionTrace, model_id: str) -> np.ndarray:
     """A decoder's whole next-token distribution at its last token (``model_core.analysis.next_token_probs``),
     from the cached model ``model_id``. Shape: (vocab,)."""
@@ -128,7 +72,7 @@ def next_token_distribution(trace: AttentionTrace, model_id: str) -> np.ndarray:
     return _read_only(next_token_probs(loaded.family, loaded.model, trace, -1))
 
 
-@per_trace(spinner="Preparing the export…", max_entries=16)
+@per_trace(spinner="Preparing the export…")
 def analysis_bundle(trace: AttentionTrace) -> tuple[bytes, str]:
     """The whole analysis of a trace as (NPZ bytes, JSON text)."""
     from model_core.analysis import analysis_arrays, to_json_str, to_npz_bytes
@@ -141,7 +85,7 @@ def analysis_bundle(trace: AttentionTrace) -> tuple[bytes, str]:
     return to_npz_bytes(arrays), to_json_str(for_json)
 
 
-@per_trace(spinner="Searching the corpus at every layer…", max_entries=32)
+@per_trace(spinner="Searching the corpus at every layer…")
 def neighbours_by_layer(trace: AttentionTrace, run_path: str, stamp: float, position: int,
                         k: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """For every layer of the trace's hidden states, the ``k`` corpus tokens of the run at ``run_path`` nearest to

@@ -33,14 +33,16 @@ from model_core.models.loading import LoadedModel, load_pretrained_uncached, sel
 from model_core.models.memory import BoundedCache, release_freed_memory
 from model_core.analysis.predictions import LogitLens, logit_lens
 from model_core.settings import BUNDLED_DECODER_ID, Settings, load_settings
+from model_core.trace.resolve import model_id_of
 from model_core.walk.encoder import Walkthrough
-from ui.derived import per_trace
+from ui.trace_cache import per_trace
+from ui.waiting import Note, in_turn
 
 # Traces are immutable (read-only arrays), so all sessions share one copy: a cache_data copy per session would
 # multiply memory by the number of users. Finished and compact traces share one cache bounded by bytes
 # (AE_TRACE_CACHE_MB, 512 MB by default; head masking's runs a quarter of it beside): a count of entries let the
 # server grow by 0.4 GB with each new 512-token SmolLM2 text (6.2 GB after ten). What each trace's pages derive from
-# it (``ui.derived``) goes with it.
+# it (``ui.trace_cache``) goes with it.
 TRACE_CACHE_ENTRIES = 12
 TRACE_TTL_S = 3600
 
@@ -159,7 +161,9 @@ def get_trace(request: TraceRequest) -> AttentionTrace:
     Raises:
         InputError, ModelLoadError, ValueError: with a message for the user.
     """
-    return TRACES.get(("full", request), lambda: build_trace(request, models=CACHED_MODELS), wait=_stoppable)
+    # On a miss the pass waits its turn at the gate, the page showing its place (``ui.waiting``); a hit never waits.
+    return TRACES.get(("full", request), lambda: in_turn(f"full|{request!r}", lambda: build_trace(
+        request, models=CACHED_MODELS)), wait=_stoppable)
 
 
 get_trace.clear = TRACES.clear  # type: ignore[attr-defined]
@@ -171,9 +175,10 @@ def get_trace_form(request: TraceRequest) -> TraceForm:
     return trace_form(request, models=CACHED_MODELS)
 
 
-def get_compact(request: TraceRequest, progress: Any = None) -> CompactTrace:
+def get_compact(request: TraceRequest, progress: Any = None, note: Note | None = None) -> CompactTrace:
     """The compact trace of a long input (``model_core.compact.trace``), once per request and process; ``progress`` is
-    called with ("forward" | "summary", fraction done) while it is built.
+    called with ("forward" | "summary", fraction done) while it is built; ``note`` shows its place in the gate's queue
+    while it waits (``ui.waiting.in_turn``).
 
     In ``TRACES``, not ``st.cache_resource``: the progress bar is drawn while the function runs, which Streamlit's
     cache would replay on a hit; a cancelled build (Streamlit stops the run) stores nothing.
@@ -183,9 +188,9 @@ def get_compact(request: TraceRequest, progress: Any = None) -> CompactTrace:
     """
     # No page reads the next-token predictions of a long input, and only the head statistics page the largest
     # weight (it computes that on request): leaving both out saves about a third of the trace's time.
-    return TRACES.get(("compact", request), lambda: build_compact(
+    return TRACES.get(("compact", request), lambda: in_turn(f"compact|{request!r}", lambda: build_compact(
         request, models=CACHED_MODELS, max_tokens=load_settings().max_tokens, progress=progress,
-        predictions=False, largest_weight=False), wait=_stoppable)
+        predictions=False, largest_weight=False), note), wait=_stoppable)
 
 
 def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> MaskedRun:
@@ -199,8 +204,8 @@ def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> M
 
     baseline = get_trace(request)
     mask = head_mask_from_off(baseline.n_layers, baseline.n_heads, off)
-    return MASKED_RUNS.get((request, off), lambda: run_masked(request, baseline, mask, models=CACHED_MODELS),
-                           wait=_stoppable)
+    return MASKED_RUNS.get((request, off), lambda: in_turn(f"masked|{request!r}|{off}", lambda: run_masked(
+        request, baseline, mask, models=CACHED_MODELS)), wait=_stoppable)
 
 
 def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
@@ -211,8 +216,12 @@ def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
         InputError, ModelLoadError, ValueError: as ``get_trace``; ValueError for a bad layer or a decoder family
             with no block walk.
     """
-    return WALKS.get((request, layer), lambda: build_walkthrough(request, layer, get_trace(request),
-                                                                 models=CACHED_MODELS), wait=_stoppable)
+    def build() -> Walkthrough:
+        trace = get_trace(request)  # before the turn: holding it while another session builds this trace would stall
+        return in_turn(f"walk|{request!r}|{layer}", lambda: build_walkthrough(request, layer, trace,
+                                                                              models=CACHED_MODELS))
+
+    return WALKS.get((request, layer), build, wait=_stoppable)
 
 
 get_walkthrough.clear = WALKS.clear  # type: ignore[attr-defined]
@@ -249,7 +258,7 @@ def pretrained_key(request: TraceRequest, settings: Settings | None = None) -> t
     if request.model != "pretrained":
         raise ValueError("The custom encoder is not a pretrained model; pick \"Pretrained model\" in the sidebar.")
     settings = settings or load_settings()
-    return request.model_id or settings.default_model, str(select_device(settings.device))
+    return model_id_of(request, settings), str(select_device(settings.device))
 
 
 def pretrained_for(request: TraceRequest, settings: Settings | None = None) -> LoadedModel:
@@ -261,7 +270,7 @@ def pretrained_for(request: TraceRequest, settings: Settings | None = None) -> L
     return get_pretrained(*pretrained_key(request, settings))
 
 
-@per_trace(spinner="Reading the residual stream through the unembedding…", max_entries=32)
+@per_trace(spinner="Reading the residual stream through the unembedding…")
 def get_logit_lens(trace: AttentionTrace, model_id: str, device_name: str, position: int, k: int) -> LogitLens:
     """``model_core.analysis.predictions.logit_lens`` of ``trace`` at ``position``, once per (trace, position, k), with the
     cached model ``get_pretrained(model_id, device_name)``."""

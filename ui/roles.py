@@ -21,7 +21,7 @@ from model_core.roles import (
     score_roles,
 )
 from model_core.roles.long_text import compact_role_scores
-from ui.derived import per_trace
+from ui.trace_cache import per_trace
 from ui.fields import request_params
 
 ROLES_TTL_S = 6 * 3600
@@ -58,16 +58,16 @@ def retrieval(model: TraceRequest, seed: int) -> RetrievalResult:
     return result
 
 
-@per_trace(max_entries=16)
+@per_trace()
 def text_scores(trace: AttentionTrace) -> dict[str, np.ndarray]:
     """The roles that apply to any text (previous-token, duplicate-token, sink) on the sidebar's trace."""
     return role_scores(trace, TEXT_ROLES)
 
 
-@st.cache_resource(max_entries=4, ttl=ROLES_TTL_S, show_spinner=False)
-def _long_text_scores(_trace: CompactTrace, key: str, special: tuple[bool, ...]) -> dict[str, np.ndarray]:
+@per_trace()
+def _long_text_scores(trace: CompactTrace, special: tuple[bool, ...]) -> dict[str, np.ndarray]:
     bar = st.progress(0.0, text="Scoring every head at the text's repeated words…")
-    scores = compact_role_scores(_trace, np.asarray(special, dtype=bool),
+    scores = compact_role_scores(trace, np.asarray(special, dtype=bool),
                                  progress=lambda done: bar.progress(done, text=f"Scoring every head at the text's "
                                                                           f"repeated words… {done:.0%}"))
     bar.empty()
@@ -77,12 +77,11 @@ def _long_text_scores(_trace: CompactTrace, key: str, special: tuple[bool, ...])
 def long_text_scores(trace: CompactTrace, request: TraceRequest) -> dict[str, np.ndarray]:
     """The text roles and induction on a long input's compact trace (``roles.long_text``), cached per trace."""
     from model_core.analysis._common import is_special
-    from ui.compact import compact_key
     from ui.loaders import pretrained_for
 
     specials = frozenset(pretrained_for(request).tokenizer.all_special_tokens)
     special = tuple(is_special(t, specials) for t in trace.tokens)
-    return _long_text_scores(trace, compact_key(trace), special)
+    return _long_text_scores(trace, special)
 
 
 def heatmaps_query(request: TraceRequest, text: str, layer: int, head: int) -> dict[str, str]:

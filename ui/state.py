@@ -21,6 +21,7 @@ from ui.fields import (
     param_text,
     request_state,
 )
+from ui.focus import HEAD_KEY, LAYER_KEY, focus_picker, get_focus, set_focus
 
 WEIGHT_LABELS = {"random": "Random (seeded)", "pretrained": "Loaded from BERT"}
 
@@ -48,7 +49,7 @@ OTHER_KEY = "_other_model_id"
 
 def _defaults(settings: Settings) -> dict[str, Any]:
     return {**request_state(TraceRequest(model_id=settings.default_model, text_a=DEFAULT_TEXT_A, text_b=DEFAULT_TEXT_B)),
-            "ctl_words": False, "sel_tokens": [], "sel_layer": 0, "sel_head": 0}
+            "ctl_words": False, "sel_tokens": [], LAYER_KEY: 0, HEAD_KEY: 0}
 
 
 def init_state(settings: Settings | None = None) -> list[str]:
@@ -82,21 +83,6 @@ def _persist(*keys: str) -> None:
     for key in keys:
         if key in st.session_state:
             st.session_state[key] = st.session_state[key]
-
-
-# The focused (layer, head) outside the pickers' widget state. A picker drawn by a fragment loses its
-# widget state when the next full run is another page (Streamlit drops it before the run starts);
-# this plain key survives, and the next run's pickers start from it.
-FOCUS_KEY = "_focused_head"
-
-
-def _restore_focus() -> None:
-    s = st.session_state
-    kept = s.get(FOCUS_KEY)
-    if kept is not None:
-        for key, value in zip(("sel_layer", "sel_head"), kept):
-            if s.get(key) is None:
-                s[key] = value
 
 
 def _normalise_model(s: Any) -> None:
@@ -180,7 +166,7 @@ def render_controls(settings: Settings | None = None) -> Any:
     fragment), then the word toggle; the model settings sit folded below, under a label naming the model.
     """
     settings = settings or load_settings()
-    _restore_focus()
+    get_focus()  # puts a focus Streamlit dropped with a fragment's picker back, before the URL is written
     _normalise_model(st.session_state)
     _persist(*(key for key, _ in QUERY_PARAMS.values()))
     sb = st.sidebar
@@ -255,54 +241,26 @@ def _model_help(settings: Settings) -> str:
             f"and work offline. Also allowed: {allowed}.")
 
 
-def clamp_head(n_layers: int, n_heads: int) -> tuple[int, int]:
-    """Clamp the focused layer and head to the current model's size, with a toast when they move."""
-    s = st.session_state
-    for key, name, count in (("sel_layer", "Layer", n_layers), ("sel_head", "Head", n_heads)):
-        wanted = int(s.get(key, 0))
-        s[key] = min(max(wanted, 0), count - 1)
-        if s[key] != wanted:
-            st.toast(f"{name} {wanted} does not exist in this model ({name.lower()}s 0-{count - 1}); "
-                     f"showing {name.lower()} {s[key]}.", icon="⚠️")
-    return int(s["sel_layer"]), int(s["sel_head"])
-
-
-def head_picker(n_layers: int, n_heads: int) -> tuple[int, int]:
-    """The layer and head selectors, side by side in the current container (call clamp_head first)."""
-    c1, c2 = st.columns(2)
-    c1.selectbox("Layer", range(n_layers), key="sel_layer")
-    c2.selectbox("Head", range(n_heads), key="sel_head")
-    focus = int(st.session_state["sel_layer"]), int(st.session_state["sel_head"])
-    st.session_state[FOCUS_KEY] = focus
-    return focus
-
-
 def head_fragment(key: str, draw: Callable[[int, int], None], *, slot: Any, n_layers: int, n_heads: int,
                   settings: Settings | None = None) -> None:
-    """Draw the layer/head picker into ``slot`` (the sidebar's) and ``draw(layer, head)`` here, as one fragment.
+    """Draw the one layer/head picker into ``slot`` (the sidebar's) and ``draw(layer, head)`` here, as one fragment.
 
     A change of layer or head then reruns only this fragment: no trace lookup, no other view rebuilt or
-    resent. A widget callback elsewhere on the page can focus a head with ``select_head`` and then
-    ``st.rerun(key)``.
+    resent. A widget callback elsewhere on the page can focus a head with ``ui.focus.set_focus`` and then
+    ``st.rerun(key)``. A page that calls this says so in app.py's ``PAGES`` (app.py draws the picker otherwise).
     """
 
     @st.fragment(key=key)
     def fragment() -> None:
         with slot:
-            layer, head = head_picker(n_layers, n_heads)
+            focus = focus_picker(n_layers, n_heads)
         sync_query_params(settings)
-        draw(layer, head)
+        draw(focus.layer, focus.head)
 
     fragment()
 
 
-def select_head(layer: int, head: int) -> None:
-    """Focus another head (e.g. from a click on a grid); takes effect on the next run.
-
-    Call it from a widget callback, or before the pickers are drawn in this run."""
-    st.session_state["sel_layer"] = int(layer)
-    st.session_state["sel_head"] = int(head)
-    st.session_state[FOCUS_KEY] = (int(layer), int(head))
+select_head = set_focus  # the name older callers import; ui.focus.set_focus is the one writer
 
 
 def sync_query_params(settings: Settings | None = None) -> None:
@@ -323,39 +281,3 @@ def open_page_if_requested(flag: str, page: str = "pages/heatmaps.py") -> None:
     """Switch to ``page`` when a widget callback set ``flag`` (callbacks cannot switch pages themselves)."""
     if st.session_state.pop(flag, False):
         st.switch_page(page)
-
-
-def drop_stale_widget_callbacks(at_end: bool = False) -> int:
-    """Forget the callbacks of widgets that are gone; the number of callbacks forgotten.
-
-    Streamlit 1.67 removes a stale widget's value after a run but keeps its metadata, callback included, for the
-    session's life. A callback defined in a page script points at that run's page globals, and they hold its trace:
-    the overview's click callback (its widget id changes with the figure) kept every earlier text's trace of a tab
-    alive, 0.4 GB each for SmolLM2 at 512 tokens. At the start of a run (``at_end`` False) this drops the metadata
-    of widgets Streamlit has already dropped; at the normal end of a full run, that of widgets this run did not
-    draw, which Streamlit is about to drop. It reads Streamlit's private state and does nothing where that state
-    is not as expected. (A fragment with ``parallel=True`` would register its widgets after the script returns; the
-    app has none, and one would need the end-of-run call skipped.)
-    """
-    try:
-        from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
-        from streamlit.runtime.state.session_state_proxy import get_session_state
-
-        run = get_script_run_ctx()
-        if run is None or (at_end and run.fragment_ids_this_run):
-            return 0
-        safe = get_session_state()
-        with safe._lock:
-            state = safe._state
-            widgets = state._new_widget_state
-            if at_end:
-                keep = set(run.shared.widget_ids_this_run.snapshot())
-            else:
-                keep = set(widgets.states) | set(state._old_state)
-            gone = [wid for wid in widgets.widget_metadata if wid not in keep]
-            callbacks = sum(widgets.widget_metadata[wid].callback is not None for wid in gone)
-            for wid in gone:
-                del widgets.widget_metadata[wid]
-            return callbacks
-    except (AttributeError, ImportError, TypeError):
-        return 0

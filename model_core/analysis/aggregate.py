@@ -1,16 +1,11 @@
-"""Views of many attention numbers at once: special-token positions, block pooling, aggregates over heads,
+"""Views of many attention numbers at once: the markers' positions, block pooling, aggregates over heads,
 and the attention of a selection of tokens."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from model_core.words import CLS_TOKENS, SEP_TOKENS, WordSpans
-
-
-def special_token_positions(tokens: tuple[str, ...]) -> list[int]:
-    """Positions of the sentence markers [CLS] and [SEP] (not [UNK]: that stands for a word)."""
-    return [i for i, t in enumerate(tokens) if t in CLS_TOKENS or t in SEP_TOKENS]
+from model_core.words import WordSpans
 
 
 def marker_positions(trace, words: WordSpans | None = None) -> list[int]:

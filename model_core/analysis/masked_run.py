@@ -4,23 +4,28 @@ comparison reads (how much each head's attention moved, the residual stream, and
 The baseline is a full trace; the masked run needs no queries, keys, values, value norms or predictions at every
 position, and a decoder's vocabulary is unembedded at its last token only. Its attention weights are compared with
 the baseline's as soon as the pass ends and then dropped: a run keeps two (layer, head) grids, not a second
-(layer, head, n, n) stack (268 MB for SmolLM2 at 510 tokens). It goes through the one forward route
-(``Family.forward``) with the same head gate as a trace.
+(layer, head, n, n) stack (268 MB for SmolLM2 at 510 tokens). It resolves its model as a trace does (``resolve``)
+and goes through the one forward route (``Family.forward``) with the same head gate, under one turn of the route's
+gate until its arrays are numpy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from model_core.analysis.masking import attention_change
-from model_core.trace.forward import head_gate, to_numpy
-from model_core.trace.request import Models, TraceRequest, _resolve
+from model_core.families import Family, ForwardOutput
 from model_core.settings import Settings
-from model_core.trace.trace import AttentionTrace
+from model_core.trace.forward import head_gate, to_numpy, top_tokens
+from model_core.trace.gate import GATE
+from model_core.trace.request import TraceRequest
+from model_core.trace.resolve import Models, resolve
 from model_core.trace.shape import arrays_nbytes, freeze_arrays
+from model_core.trace.trace import AttentionTrace
 from model_core.walk.encoder import encoded_from_trace
 
 TOP_K = 10
@@ -79,28 +84,28 @@ def run_masked(request: TraceRequest, baseline: AttentionTrace, head_mask: np.nd
     Raises:
         ValueError: the mask's shape is not the model's (layer, head).
     """
-    dev, settings, models = _resolve(device, settings, models)
-    if request.model == "pretrained":
-        loaded = models.pretrained(request.model_id or settings.default_model, dev)
-        family, model, tokenizer = loaded.family, loaded.model, loaded.tokenizer
-    else:
-        model = models.custom(request.spec(settings.default_model), dev)
-        family, tokenizer = baseline.family, None
+    resolved = resolve(request, device=device, settings=settings, models=models)
+    family, model, tokenizer = resolved.family, resolved.model, resolved.tokenizer
     device_ = next(model.parameters()).device
-    config = model.config
-    gate = head_gate(head_mask, family.n_layers(config), family.n_heads(config), device_)
+    gate = head_gate(head_mask, family.n_layers(model.config), family.n_heads(model.config), device_)
     encoded = encoded_from_trace(baseline)
-    out = family.forward(model, encoded.input_ids.to(device_), encoded.token_type_ids.to(device_), None,
-                         head_mask=gate, vectors=False)
+    with GATE.turn():  # until the run's arrays are numpy
+        out = family.forward(model, encoded.input_ids.to(device_), encoded.token_type_ids.to(device_), None,
+                             head_mask=gate, vectors=False)
+        return _run_of(family, model, tokenizer, baseline, head_mask, out)
+
+
+def _run_of(family: Family, model: Any, tokenizer: Any, baseline: AttentionTrace, head_mask: np.ndarray,
+            out: ForwardOutput) -> MaskedRun:
+    """The pass's tensors, compared with the baseline, as a ``MaskedRun``."""
     tv, js = attention_change(baseline.weights, [w[0] for w in out.weights], baseline.mask)
     hidden = torch.stack([h[0] for h in out.hidden])  # (layer + 1, pos, hidden)
     extra: dict = {}
     if family.is_decoder:
         logits = family.unembed(model, hidden[-1, -1:])[0]  # the last token's: (vocab,)
         probs = torch.softmax(logits.double(), dim=-1)
-        top = probs.topk(TOP_K)
-        extra = {"next_token_probs": probs.cpu().numpy(), "top_ids": top.indices.cpu().numpy().astype(np.int64),
-                 "top_strings": tuple(tokenizer.decode([int(i)]) for i in top.indices)}
+        ids, _, strings = top_tokens(probs, TOP_K, tokenizer)
+        extra = {"next_token_probs": probs.cpu().numpy(), "top_ids": ids, "top_strings": strings}
     return MaskedRun(
         tokens=baseline.tokens,
         head_mask=np.asarray(head_mask, dtype=bool),

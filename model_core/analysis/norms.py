@@ -80,12 +80,15 @@ def special_token_mass(trace: AttentionTrace) -> SpecialTokenMass:
     already per query head."""
     flags = trace_flags(trace)
     names = markers(trace)
-    raw = np.asarray(trace.weights, dtype=np.float64)
-    weighted = norm_weighted_attention(raw, trace.value_norms)
+    # Summed over queries first: the norm-weighted mass on key j is ‖f(x_j)‖ · Σ_i α_ij, so one pass over the
+    # weights (float32 in, float64 sums) replaces a float64 copy of every norm-weighted matrix (4 s at 512 tokens
+    # of SmolLM2 on a busy 2-core machine).
+    raw = np.sum(trace.weights, axis=2, dtype=np.float64)  # (layer, head, k_pos)
+    weighted = raw * np.asarray(trace.value_norms, dtype=np.float64)
 
-    def share(matrix: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        total = matrix.sum(axis=(2, 3))
-        return matrix[..., keys].sum(axis=(2, 3)) / np.where(total > 0, total, 1.0)
+    def share(mass: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        total = mass.sum(axis=-1)
+        return mass[..., keys].sum(axis=-1) / np.where(total > 0, total, 1.0)
 
     return SpecialTokenMass(
         raw_cls=share(raw, flags["cls"]),

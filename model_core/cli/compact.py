@@ -1,5 +1,5 @@
-"""The command line of long inputs: ``export --compact`` (a compact trace, ``model_core.compact.trace``) and ``weights``
-(exact weights of any window of one)."""
+"""``export``'s long inputs: ``--text-file`` and ``--compact`` (a compact trace, ``model_core.compact.trace``; the
+``weights`` verb, ``model_core.cli.weights``, reads any window of one back)."""
 
 from __future__ import annotations
 
@@ -18,17 +18,6 @@ def add_export_options(exp: argparse.ArgumentParser) -> None:
                           "Read any window back with the `weights` verb")
     exp.add_argument("--max-tokens", type=int, default=None,
                      help="with --compact: the longest input (default 4096; at most the model's positions)")
-
-
-def add_weights_parser(sub) -> None:
-    """The ``weights`` verb."""
-    w = sub.add_parser("weights", help="exact attention weights of any window of a compact trace (export --compact)")
-    w.add_argument("--trace", required=True, help="a compact trace written by `export --compact`")
-    w.add_argument("--layer", type=int, required=True)
-    w.add_argument("--head", type=int, required=True)
-    w.add_argument("--rows", default=None, help="query positions A:B, end excluded (default: all)")
-    w.add_argument("--cols", default=None, help="key positions C:D, end excluded (default: all)")
-    w.add_argument("--out", required=True, help="OUT.npy: a (rows, cols) float32 array")
 
 
 def read_text(args: argparse.Namespace) -> str | None:
@@ -78,26 +67,4 @@ def export_compact(args: argparse.Namespace, text: str) -> int:
         return 1
     print(f"wrote {path} (compact: {trace.n_tokens} tokens, {trace.n_layers} layers x {trace.n_heads} heads, "
           f"{path.stat().st_size / 1e6:.0f} MB)")
-    return 0
-
-
-def weights_main(args: argparse.Namespace) -> int:
-    """The ``weights`` verb: one window of exact weights into a .npy file."""
-    import numpy as np
-
-    from model_core.compact.trace import load_compact, parse_window
-
-    if not args.out.lower().endswith(".npy"):
-        print(f"error: --out {args.out!r} must end in .npy", file=sys.stderr)
-        return 2
-    try:
-        trace = load_compact(args.trace)
-        rows = parse_window(args.rows, trace.n_tokens, "--rows")
-        cols = parse_window(args.cols, trace.n_tokens, "--cols")
-        window = trace.weights(args.layer, args.head, rows, cols)
-        np.save(args.out, window)
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.out}: layer {args.layer}, head {args.head}, {window.shape[0]} x {window.shape[1]} weights")
     return 0

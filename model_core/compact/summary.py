@@ -18,33 +18,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model_core.compact.trace import QUERY_BLOCK, STAT_NAMES, _scores
+from model_core.compact.trace import QUERY_BLOCK, STAT_NAMES, LayerMask, _scores
 
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """torch's fused CPU attention: (output, logsumexp) for given queries, keys and values."""
 HOT = 2.0 ** 20
 """The inverse temperature that turns a row's log-sum-exp into its largest score: ``lse(HOT·s) / HOT`` lies
 between ``max(s)`` and ``max(s) + log(n) / HOT`` (8e-6 at 4,096 keys), so the largest weight is within 1e-5."""
-
-
-@dataclass(frozen=True, eq=False)
-class LayerMask:
-    """A layer's mask and what the summary asks of it, worked out once per distinct mask (layers of one kind share
-    one; each check is a pass over n x n booleans)."""
-
-    allowed: torch.Tensor  # (q_pos, k_pos) bool, True = may attend
-    future: bool  # some query may see a later key (an encoder)
-    causal: bool  # exactly the plain causal mask
-    choosing: torch.Tensor  # (q_pos,) bool: the queries the largest weight is taken over (as head_stats)
-
-    @classmethod
-    def of(cls, allowed: torch.Tensor) -> LayerMask:
-        tril = torch.ones_like(allowed).tril()
-        future = bool((allowed & ~tril).any())
-        choosing = allowed.sum(1) > 1  # a causal model's first query has no choice
-        if not choosing.any():
-            choosing[:] = True
-        return cls(allowed, future, not future and bool(torch.equal(allowed, tril)), choosing)
 
 
 @dataclass

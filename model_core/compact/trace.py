@@ -48,6 +48,26 @@ FIELDS = {
 }
 
 
+@dataclass(frozen=True, eq=False)
+class LayerMask:
+    """A layer's mask and what the summary asks of it, worked out once per distinct mask (layers of one kind share
+    one; each check is a pass over n x n booleans)."""
+
+    allowed: torch.Tensor  # (q_pos, k_pos) bool, True = may attend
+    future: bool  # some query may see a later key (an encoder)
+    causal: bool  # exactly the plain causal mask
+    choosing: torch.Tensor  # (q_pos,) bool: the queries the largest weight is taken over (as head_stats)
+
+    @classmethod
+    def of(cls, allowed: torch.Tensor) -> LayerMask:
+        tril = torch.ones_like(allowed).tril()
+        future = bool((allowed & ~tril).any())
+        choosing = allowed.sum(1) > 1  # a causal model's first query has no choice
+        if not choosing.any():
+            choosing[:] = True
+        return cls(allowed, future, not future and bool(torch.equal(allowed, tril)), choosing)
+
+
 class CompactFormatError(ValueError):
     """A file that is not a compact trace of ours, or is truncated."""
 
@@ -114,10 +134,8 @@ class CompactTrace(TraceShape):
         return torch.exp(scores.double() - lse[:, None]).float().numpy()
 
     def layer_mask(self, layer: int):
-        """The layer's mask as ``compact_summary.LayerMask``, its checks (causal? a key ahead?) made once per
-        distinct mask and kept: each is a pass over n x n booleans, 30 ms at 4,096 tokens."""
-        from model_core.compact.summary import LayerMask
-
+        """The layer's mask as a ``LayerMask``, its checks (causal? a key ahead?) made once per distinct mask and
+        kept: each is a pass over n x n booleans, 30 ms at 4,096 tokens."""
         index = int(self.mask_of_layer[layer])
         cache = self.__dict__.setdefault("_layer_masks", {})  # frozen: the dict is set once, then filled
         if index not in cache:

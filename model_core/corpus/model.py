@@ -1,5 +1,6 @@
 """Which model a corpus runs through, and a loaded copy that runs padded batches through the model family's one
-forward pass (``Family.forward``, the same pass a single trace takes)."""
+forward pass (``Family.forward``, the same pass a single trace takes, under the same gate). The model is resolved as
+a trace's is (``model_core.trace.resolve.resolve``)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import torch
 
 from model_core.corpus.stats import TokenClasses
-from model_core.chapter3.spec import CustomSpec, describe_custom
+from model_core.chapter3.spec import CustomSpec
 from model_core.families import Family, family_of
-from model_core.models.loading import load_tokenizer, select_device
-from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
+from model_core.models.loading import load_tokenizer
+from model_core.settings import BUNDLED_MODEL_ID, Settings
+from model_core.trace.resolve import Models, resolve
 
 if TYPE_CHECKING:
-    from model_core.trace.request import Models, TraceRequest
+    from model_core.trace.request import TraceRequest
 
 _OLD_KIND = {"bert": "pretrained"}  # run folders written before decoders named every pretrained model "bert"
 _OLD_SHAPE_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads"}  # before EncoderConfig's names
@@ -64,6 +66,21 @@ class CorpusModel:
             model, "", model_id=model_id, weights=weights, seed=seed, causal=causal,  # type: ignore[arg-type]
             norm_placement=norm_placement, num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,  # type: ignore[arg-type]
             hidden_size=hidden_size))
+
+    @property
+    def model(self) -> str:
+        """The kind, under the name a ``TraceRequest`` gives it (``model_core.trace.resolve.ModelChoice``)."""
+        return self.kind
+
+    def spec(self, default_model: str | None = None) -> CustomSpec:
+        """The custom encoder's spec (``ModelChoice``).
+
+        Raises:
+            ValueError: the model is pretrained.
+        """
+        if self.custom is None:
+            raise ValueError("A pretrained model has no custom encoder spec.")
+        return self.custom
 
     def key(self) -> dict[str, Any]:
         """A JSON-able identity: two runs of equal keys ran the same model."""
@@ -114,21 +131,12 @@ class CorpusModel:
         return load_tokenizer(self.model_id)
 
     def load(self, device: str | torch.device | None = None, settings: Settings | None = None,
-             models: "Models | None" = None) -> "LoadedCorpusModel":
+             models: Models | None = None) -> "LoadedCorpusModel":
         """Load (or build) the model on ``device`` (default: the settings', cuda → mps → cpu) from ``models``
-        (default: ``model_core.Models()``; the app passes its cached ones), the same models traces use."""
-        from model_core.trace.request import Models
-
-        settings = settings or load_settings()
-        models = models or Models()
-        dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
-        if self.kind == "pretrained":
-            loaded = models.pretrained(self.model_id or settings.default_model, dev)
-            return LoadedCorpusModel.build(self, loaded.model, loaded.tokenizer, loaded.description)
-        assert self.custom is not None
-        module = models.custom(self.custom, dev)
-        return LoadedCorpusModel.build(self, module, models.tokenizer(self.custom.model_id, dev),
-                                       describe_custom(self.custom, module))
+        (default: ``model_core.Models()``; the app passes its cached ones), the same models traces use, resolved as
+        a trace's are (``resolve``)."""
+        resolved = resolve(self, device=device, settings=settings, models=models)
+        return LoadedCorpusModel.build(self, resolved.model, resolved.tokenizer, resolved.description)
 
 
 class BatchVectors(NamedTuple):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -14,17 +14,24 @@ class ForwardOutput:
     """The tensors of one forward pass over a padded batch, as every family reports them.
 
     Keys and values belong to the key/value heads (``kv_heads`` maps a query head to its one); queries are
-    taken where the model takes them, so after the rotary embedding where there is one.
+    taken where the model takes them, so after the rotary embedding where there is one. A compact pass
+    (``Family.forward(compact=True)``) keeps no weights and no values: its queries and keys, each layer's mask as the
+    model passed it (``layer_masks``), and its scaling and softcap per layer.
 
     Shape:
-        weights: layer tensors of (batch, head, q_pos, k_pos), softmax weights (masked heads zeroed).
+        weights: layer tensors of (batch, head, q_pos, k_pos), softmax weights (masked heads zeroed); empty for a
+            compact pass.
         queries: layer tensors of (batch, head, pos, d_head), or None when not asked for.
         keys, values: layer tensors of (batch, kv_head, pos, d_head), or None.
         hidden: layer + 1 tensors of (batch, pos, hidden): the embeddings, then each layer's output (the
             residual stream, before any final norm), or None.
-        mask: (batch, q_pos, k_pos) bool, True where a query may attend to a key.
+        mask: (batch, q_pos, k_pos) bool, True where a query may attend to a key; None for a compact pass.
         class_logits: the chapter-3 encoder's classifier logits (batch, num_labels), else None.
         lm_logits: a decoder's next-token logits (batch, pos, vocab), else None.
+        layer_masks: a compact pass's masks per layer, (batch, 1, q_pos, k_pos) additive or bool as the model passed
+            them, None where the layer had none (layers of one kind share one tensor); else None.
+        layer_scales, layer_softcaps: a compact pass's score scaling and softcap per layer; else None.
+        model_output: the chapter-3 encoder's own output (its per-step records, which its walk reads), else None.
     """
 
     weights: list[torch.Tensor]
@@ -32,11 +39,15 @@ class ForwardOutput:
     keys: list[torch.Tensor] | None
     values: list[torch.Tensor] | None
     hidden: list[torch.Tensor] | None
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     score_scale: float
     score_softcap: float | None = None
     class_logits: torch.Tensor | None = None
     lm_logits: torch.Tensor | None = None
+    layer_masks: list[torch.Tensor | None] | None = None
+    layer_scales: list[float] | None = None
+    layer_softcaps: list[float | None] | None = None
+    model_output: Any = None
 
 
 class Family:
@@ -97,14 +108,19 @@ class Family:
     # -- the model --------------------------------------------------------------------------------
     def forward(self, model: Any, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, *, head_mask: torch.Tensor | None = None,
-                vectors: bool = True, hidden: bool = True) -> ForwardOutput:
-        """Run the model once on a padded batch already on its device.
+                vectors: bool = True, hidden: bool | str = True, compact: bool = False,
+                on_layer: Callable[[int], None] | None = None) -> ForwardOutput:
+        """Run the model once on a padded batch already on its device: the one forward route. The pass holds a turn
+        of the route's gate (``model_core.trace.gate.GATE``); a caller that turns the tensors into arrays holds
+        its own turn around this call (the gate is re-entrant), so the pass's memory is freed before the next one.
 
         Args:
             head_mask: (layer, head) of 0/1 floats; 0 switches a head off (its output is zeroed before the output
                 projection, as transformers' old ``head_mask`` did), or None.
             vectors: collect queries, keys and values.
-            hidden: collect the hidden states.
+            hidden: collect the hidden states; "last": the last layer's output alone.
+            compact: attend with sdpa and keep queries and keys but no weights (a long input's compact trace).
+            on_layer: called with each layer's index after its attention (a compact pass's progress).
         """
         raise NotImplementedError
 

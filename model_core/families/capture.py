@@ -40,6 +40,7 @@ class Recorder:
     masks: dict[int, torch.Tensor | None] = field(default_factory=dict)
     scaling: dict[int, float] = field(default_factory=dict)
     residual: list[torch.Tensor] | None = None  # the residual stream: the first layer's input, then each layer's output
+    last_only: bool = False  # keep only the latest layer output in ``residual`` (a compact pass's predictions)
     softcap: dict[int, float | None] = field(default_factory=dict)
     # Compact: attention runs through sdpa and no weights are kept; queries and keys are (model_core.compact.trace).
     compact: bool = False
@@ -136,13 +137,15 @@ _register()
 
 def _first_input(_module, args, kwargs) -> None:
     rec = _RECORDER.get()
-    if rec is not None and rec.residual is not None:
+    if rec is not None and rec.residual is not None and not rec.last_only:
         rec.residual.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
 
 
 def _layer_output(_module, _args, output) -> None:
     rec = _RECORDER.get()
     if rec is not None and rec.residual is not None:
+        if rec.last_only:
+            rec.residual.clear()  # the earlier layers' outputs are freed as the pass goes
         rec.residual.append(output[0] if isinstance(output, tuple) else output)
 
 
@@ -167,15 +170,15 @@ def current_recorder() -> Recorder | None:
 
 
 @contextlib.contextmanager
-def recording(vectors: bool = True, gate: torch.Tensor | None = None, hidden: bool = False, *,
+def recording(vectors: bool = True, gate: torch.Tensor | None = None, hidden: bool | str = False, *,
               compact: bool = False, on_layer: Any = None, only: int | None = None) -> Iterator[Recorder]:
-    """Record the attention layers (and with ``hidden`` the residual stream) of the forward passes run inside the
-    block, in this thread only. ``compact`` keeps queries and keys but no weights, and attends with sdpa; ``only``
-    records that one layer."""
+    """Record the attention layers (and with ``hidden`` the residual stream; ``hidden="last"`` the last layer's
+    output alone) of the forward passes run inside the block, in this thread only. ``compact`` keeps queries and
+    keys but no weights, and attends with sdpa; ``only`` records that one layer."""
     if compact and gate is not None:
         raise ValueError("A compact trace cannot switch heads off; trace the full form for head masking.")
     rec = Recorder(vectors=vectors, gate=gate, residual=[] if hidden else None, compact=compact, on_layer=on_layer,
-                   only=only)
+                   only=only, last_only=hidden == "last")
     token = _RECORDER.set(rec)
     try:
         yield rec

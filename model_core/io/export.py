@@ -26,8 +26,7 @@ def word_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
     Clark et al.'s rule (see ``model_core.words``), and ``word_spans`` (word, 2): start and end piece, end excluded.
     """
     words = trace.words()
-    return {"words": np.array(words.words, dtype=str), "word_attentions": words.merge(trace.weights),
-            "word_spans": words.array()}
+    return dict(zip(WORD_KEYS, (np.array(words.words, dtype=str), words.merge(trace.weights), words.array())))
 
 
 def trace_arrays(trace: AttentionTrace, *, words: bool = False) -> dict[str, np.ndarray]:
@@ -39,7 +38,10 @@ def trace_arrays(trace: AttentionTrace, *, words: bool = False) -> dict[str, np.
 
 
 def _piece_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
-    """The piece-level export keys (``EXPORT_KEYS``)."""
+    """The piece-level export keys (``EXPORT_KEYS``), and a decoder's ``PREDICTION_KEYS``."""
+    predictions = () if trace.next_token_ids is None else (
+        trace.next_token_ids.astype(np.int64), trace.next_token_probs.astype(np.float32),
+        np.array(trace.next_token_strings, dtype=str))
     return {
         "tokens": np.array(trace.tokens, dtype=str),
         "token_type_ids": trace.token_type_ids.astype(np.int64),
@@ -51,10 +53,7 @@ def _piece_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
         "queries": trace.queries.astype(np.float32),
         "keys": trace.keys.astype(np.float32),
         "kv_heads": trace.kv_heads.astype(np.int64),
-        **({} if trace.next_token_ids is None else {
-            "next_token_ids": trace.next_token_ids.astype(np.int64),
-            "next_token_probs": trace.next_token_probs.astype(np.float32),
-            "next_token_strings": np.array(trace.next_token_strings, dtype=str)}),
+        **dict(zip(PREDICTION_KEYS, predictions)),
     }
 
 

@@ -35,15 +35,14 @@ Progress = Callable[[str], None]
 
 
 def _load_error(message: str) -> Exception:
-    """``model_core.models.loading.ModelLoadError`` with ``message``.
+    """``model_core.models.errors.ModelLoadError`` with ``message``.
 
-    Imported late: ``loading`` may import this module, and the image build runs this file without the package,
-    where a plain RuntimeError says the same.
+    Imported late: the image build runs this file without the package, where a plain RuntimeError says the same.
     """
     try:
-        from model_core.models.loading import ModelLoadError
+        from model_core.models.errors import ModelLoadError
     except ModuleNotFoundError as exc:
-        if exc.name not in ("model_core", "model_core.models.loading"):
+        if exc.name not in ("model_core", "model_core.models", "model_core.models.errors"):
             raise
         return RuntimeError(message)
     return ModelLoadError(message)

@@ -19,15 +19,11 @@ from typing import Any
 import torch
 
 from model_core.families import SUPPORTED_MODEL_TYPES, Family, family_of_type
+from model_core.models.errors import ModelLoadError
 from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID, DEVICE_CHOICES, Settings, load_settings
 
-BUNDLED_IDS = {BUNDLED_MODEL_ID: "bundled", "bundled": "bundled", BUNDLED_DECODER_ID: "bundled-decoder"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95})?$")
 _HUB_HOST = ("huggingface.co", 443)
-
-
-class ModelLoadError(ValueError):
-    """A model could not be loaded; the message says why and what to do."""
 
 
 def select_device(preference: str = "auto") -> torch.device:

@@ -1,7 +1,9 @@
 """Run any family's model once on an encoded input and collect its AttentionTrace: the one forward route.
 
 Every family's adapter (``model_core.families``) runs the model and reports the same ``ForwardOutput``; this module
-turns a batch of one into a trace. Corpus batches call the same ``Family.forward``.
+turns a batch of one into a trace, holding a turn of the route's gate (``model_core.trace.gate``) until the trace's
+arrays are numpy. Every other pass calls the same ``Family.forward``; a decoder's next-token predictions, wherever
+they are kept, come from ``top_predictions``.
 """
 
 from __future__ import annotations
@@ -11,14 +13,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.trace.encoding import EncodedInput
 from model_core.families import Family, ForwardOutput, family_of
 from model_core.models.loading import LoadedModel
+from model_core.trace.encoding import EncodedInput
+from model_core.trace.gate import GATE
 from model_core.trace.trace import AttentionTrace
 from model_core.trace.value_norms import value_norms
 
 TOP_K = 10
 """How many next-token predictions a decoder's trace keeps per position."""
+PREDICTION_CHUNK = 256
+"""Positions unembedded at once: 256 x a 49,152-token vocabulary is 50 MB, not 800 MB for 4,096 positions."""
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -74,12 +79,33 @@ def _per_query_head(tensors: list[torch.Tensor], kv_heads: torch.Tensor) -> torc
     return torch.stack([t[0].index_select(0, kv_heads) for t in tensors])
 
 
-def _predictions(lm_logits: torch.Tensor, tokenizer: Any, k: int) -> dict:
-    probs = torch.softmax(lm_logits[0].float(), dim=-1)  # (pos, vocab)
+def top_tokens(probs: torch.Tensor, k: int, tokenizer: Any = None) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+    """The ``k`` most likely tokens of each distribution, best first, and their text when a tokenizer is given.
+
+    Shape: probs (..., vocab) -> ids (..., k) int64, probs (..., k) float32 (float64 kept), strings as nested tuples.
+    """
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)
     ids = top.indices.cpu().numpy().astype(np.int64)
-    strings = tuple(tuple(tokenizer.decode([int(i)]) for i in row) for row in ids)
-    return dict(next_token_ids=ids, next_token_probs=to_numpy(top.values), next_token_strings=strings)
+    values = top.values.cpu().numpy()
+    if tokenizer is None:
+        return ids, values, None
+    decode = lambda row: tuple(tokenizer.decode([int(i)]) for i in row)  # noqa: E731
+    return ids, values, (decode(ids) if ids.ndim == 1 else tuple(decode(row) for row in ids))
+
+
+@torch.inference_mode()
+def top_predictions(family: Family, model: Any, residual: torch.Tensor, k: int = TOP_K, tokenizer: Any = None,
+                    chunk: int = PREDICTION_CHUNK) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+    """A decoder's top ``k`` next tokens at every position of its last layer's output: the final norm, the
+    unembedding and Gemma 2's final-logit softcap (``DecoderFamily.unembed``), ``chunk`` positions at a time.
+
+    Shape: residual (pos, hidden) -> ids (pos, k) int64, probs (pos, k) float32, strings (pos, k) or None.
+    """
+    parts = [top_tokens(torch.softmax(family.unembed(model, residual[r0:r0 + chunk]).float(), dim=-1), k, tokenizer)
+             for r0 in range(0, len(residual), chunk)]
+    strings = tuple(s for part in parts for s in part[2]) if tokenizer is not None else None
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]).astype(np.float32),
+            strings)
 
 
 @torch.no_grad()
@@ -101,13 +127,23 @@ def trace_model(family: Family, model: Any, encoded: EncodedInput, description: 
     n_layers, n_heads = family.n_layers(config), family.n_heads(config)
     check_full_size(n_layers, n_heads, encoded.input_ids.shape[1])
     gate = head_gate(head_mask, n_layers, n_heads, device)
-    kw = {"logits": True} if family.is_decoder else {}
-    out: ForwardOutput = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device),
-                                        None, head_mask=gate, **kw)
-    kv = torch.as_tensor(family.kv_heads(config), device=device)
+    with GATE.turn():  # until the arrays are numpy: the pass's tensors are its memory
+        out: ForwardOutput = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device),
+                                            None, head_mask=gate)
+        return _trace_of(family, model, encoded, description, out, head_mask, tokenizer, top_k)
+
+
+def _trace_of(family: Family, model: Any, encoded: EncodedInput, description: str, out: ForwardOutput,
+              head_mask: np.ndarray | None, tokenizer: Any, top_k: int) -> AttentionTrace:
+    """A pass's tensors as an ``AttentionTrace`` of numpy arrays."""
+    config = model.config
+    kv = torch.as_tensor(family.kv_heads(config), device=out.weights[0].device)
     values = _per_query_head(out.values, kv)  # (layer, head, pos, d_head)
     norms = value_norms(values, family.output_weights(model))
-    predictions = _predictions(out.lm_logits, tokenizer, top_k) if out.lm_logits is not None else {}
+    predictions = {}
+    if family.is_decoder:
+        ids, probs, strings = top_predictions(family, model, out.hidden[-1][0], top_k, tokenizer)
+        predictions = dict(next_token_ids=ids, next_token_probs=probs, next_token_strings=strings)
     return AttentionTrace(
         **_input_fields(encoded),
         weights=to_numpy(torch.stack([w[0] for w in out.weights])),  # (layer, head, q_pos, k_pos)
@@ -141,6 +177,3 @@ def trace_pretrained(loaded: LoadedModel, encoded: EncodedInput, head_mask: np.n
     return trace_model(loaded.family, loaded.model, encoded, loaded.description, head_mask=head_mask,
                        tokenizer=loaded.tokenizer)
 
-
-trace_bert = trace_pretrained
-"""The old name of ``trace_pretrained`` (BERT was the only pretrained family)."""

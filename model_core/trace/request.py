@@ -1,27 +1,33 @@
 """The one route from a choice of model and text to numbers: a TraceRequest, and build_trace that runs it.
 
-The sidebar, the walk-through, the command line and the tests describe what they want as a ``TraceRequest``;
-``build_trace`` turns it into an ``AttentionTrace`` through the model family's one forward pass
-(``model_core.trace.forward``). The corpus runner takes only the model from a request (``CorpusModel.from_request``)
-and runs its padded batches through the same ``Family.forward``, not through ``build_trace``. The app only caches
+The sidebar, the walk-through, the command line and the tests describe what they want as a ``TraceRequest``.
+``resolve`` (``model_core.trace.resolve``) loads its model once and tokenises its text once; ``build_trace`` then
+runs the family's one forward pass (``Family.forward``, ``model_core.trace.forward``) under the route's gate
+(``model_core.trace.gate``) into an ``AttentionTrace``. Every other pass takes the same steps: a long input's
+compact trace (``model_core.compact.build``), both walks (``build_walkthrough``), head masking's second run
+(``model_core.analysis.masked_run``) and a corpus's padded batches (``CorpusModel.load``). The app only caches
 these.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from model_core.chapter3.spec import CustomOptions, CustomSpec, build_custom_model, describe_custom
-from model_core.trace.encoding import DEFAULT_TEXT_A, encode
+from model_core.chapter3.spec import CustomOptions, CustomSpec
+from model_core.settings import Settings
+from model_core.trace.encoding import DEFAULT_TEXT_A
 from model_core.trace.forward import trace_custom, trace_pretrained
-from model_core.models.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
-from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
+from model_core.trace.resolve import Models, resolve, token_limit
 from model_core.trace.trace import AttentionTrace
+from model_core.walk.decoder import DecoderWalk, walk_decoder_layer
 from model_core.walk.encoder import Walkthrough, encoded_from_trace, walk_layer
+
+__all__ = ["MODEL_FIELDS", "Models", "REQUEST_FIELDS", "TraceRequest", "build_trace", "build_walkthrough",
+           "token_limit"]
 
 _CUSTOM_ONLY = tuple(f.name for f in fields(CustomOptions))
 _SHAPE = ("norm_placement", "num_hidden_layers", "num_attention_heads", "hidden_size")
@@ -122,43 +128,6 @@ MODEL_FIELDS = tuple(name for name in REQUEST_FIELDS if name not in ("text_a", "
 """The request's fields that name a model (a pretrained one by ``model`` and ``model_id`` alone)."""
 
 
-def _kept_pretrained(model_id: str, device: torch.device) -> LoadedModel:
-    return load_pretrained(model_id, device=device)
-
-
-@dataclass(frozen=True)
-class Models:
-    """Where ``build_trace`` gets its models.
-
-    The default keeps the last few pretrained models for the process (``load_pretrained``) and builds a custom
-    encoder afresh. The app passes its ``st.cache_resource`` loaders instead, so one cache holds its models.
-    """
-
-    pretrained: Callable[[str, torch.device], LoadedModel] = _kept_pretrained
-    custom: Callable[[CustomSpec, torch.device], Any] = build_custom_model
-
-    def tokenizer(self, model_id: str | None, device: torch.device) -> Any:
-        """The tokenizer of ``model_id``; the bundled WordPiece vocabulary for None."""
-        if model_id in (None, BUNDLED_MODEL_ID, "bundled"):
-            return load_tokenizer()
-        return self.pretrained(model_id, device).tokenizer
-
-
-def _resolve(device: str | torch.device | None, settings: Settings | None,
-             models: Models | None) -> tuple[torch.device, Settings, Models]:
-    settings = settings or load_settings()
-    dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
-    return dev, settings, models or Models()
-
-
-def token_limit(settings: Settings, max_positions: int) -> dict[str, Any]:
-    """The longest input a model takes here, and what sets it, for ``Family.encode``'s message."""
-    if settings.max_tokens <= max_positions:
-        hint = f" (AE_MAX_TOKENS; this model's positions allow {max_positions})" if settings.max_tokens < max_positions else ""
-        return {"max_tokens": settings.max_tokens, "limit_hint": hint}
-    return {"max_tokens": max_positions, "limit_hint": " (the model's position table)"}
-
-
 def build_trace(request: TraceRequest, *, device: str | torch.device | None = None,
                 settings: Settings | None = None, models: Models | None = None) -> AttentionTrace:
     """Run the request's model once on its text and collect the trace.
@@ -174,24 +143,16 @@ def build_trace(request: TraceRequest, *, device: str | torch.device | None = No
         ModelLoadError: the pretrained model cannot be loaded.
         ValueError: an option is out of range.
     """
-    dev, settings, models = _resolve(device, settings, models)
-    head_mask = request.head_mask_array()
-    if request.model == "pretrained":
-        loaded = models.pretrained(request.model_id or settings.default_model, dev)
-        encoded = loaded.family.encode(loaded.tokenizer, request.text_a, request.text_b,
-                                       truncate=request.truncate, **token_limit(settings, loaded.max_positions))
-        return trace_pretrained(loaded, encoded, head_mask)
-    spec = request.spec(settings.default_model)
-    custom = models.custom(spec, dev)
-    tokenizer = models.tokenizer(spec.model_id, dev)
-    encoded = encode(tokenizer, request.text_a, request.text_b, truncate=request.truncate,
-                     **token_limit(settings, custom.config.max_position_embeddings))
-    return trace_custom(custom, encoded, describe_custom(spec, custom), head_mask)
+    resolved = resolve(request, device=device, settings=settings, models=models)
+    encoded = resolved.encode(request)
+    if resolved.loaded is not None:
+        return trace_pretrained(resolved.loaded, encoded, request.head_mask_array())
+    return trace_custom(resolved.model, encoded, resolved.description, request.head_mask_array())
 
 
 def build_walkthrough(request: TraceRequest, layer: int, trace: AttentionTrace, *,
                       device: str | torch.device | None = None, settings: Settings | None = None,
-                      models: Models | None = None) -> Walkthrough | Any:
+                      models: Models | None = None) -> Walkthrough | DecoderWalk:
     """Walk through ``layer`` on the tokens of ``trace``, the trace ``build_trace(request)`` gave, so the walk reads
     exactly what every page reads: an encoder's in the chapter-3 encoder (``TraceRequest.walk_spec``), a
     Llama-like decoder's block in the model itself (``model_core.walk.decoder.DecoderWalk``).
@@ -200,11 +161,7 @@ def build_walkthrough(request: TraceRequest, layer: int, trace: AttentionTrace, 
         ValueError: the layer does not exist, an option is out of range, or the decoder's family has no block walk
             (GPT-2, Phi).
     """
-    dev, settings, models = _resolve(device, settings, models)
+    resolved = resolve(request, device=device, settings=settings, models=models, walk=not trace.is_decoder)
     if trace.is_decoder:  # a decoder block's own walk (Llama-like families; the others say why not)
-        from model_core.walk.decoder import walk_decoder_layer
-
-        loaded = models.pretrained(request.model_id or settings.default_model, dev)
-        return walk_decoder_layer(loaded.family, loaded.model, loaded.tokenizer, trace, layer)
-    custom = models.custom(request.walk_spec(settings.default_model), dev)
-    return walk_layer(custom, encoded_from_trace(trace), layer)
+        return walk_decoder_layer(resolved.family, resolved.model, resolved.tokenizer, trace, layer)
+    return walk_layer(resolved.model, encoded_from_trace(trace), layer)

@@ -1,7 +1,8 @@
 """The walk through one Llama-like decoder block (Llama, Qwen2/3, Mistral, Gemma, SmolLM2): every step's tensor, for
 the "Inside the model" page, as chapter 3's walk does for the encoder (``model_core.walk.encoder``).
 
-The numbers come from one forward pass through the app's one route (``Family.forward``), stopped after the block:
+The numbers come from one forward pass through the app's one route (``Family.forward``, under a turn of the
+route's gate until the walk's arrays are numpy), stopped after the block:
 the capturing attention function gives the queries and keys after the rotary embedding, the key/value heads' values
 and the softmax weights; forward hooks on the block's own modules give what goes in and out of RMSNorm, the q/k/v
 projections, the output projection and the gated MLP. The scores are the trace's queries times its keys, scaled
@@ -19,9 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_core.trace.forward import top_predictions
+from model_core.trace.gate import GATE
 from model_core.trace.trace import AttentionTrace
-from model_core.trace.shape import freeze_arrays
-from model_core.walk.encoder import WalkArrays, encoded_from_trace
+from model_core.walk.steps import WalkArrays, encoded_from_trace, kept_steps
+from model_core.walk.steps import to_array as _np
 
 TOP_NEXT = 10  # next tokens listed after the final norm and the unembedding
 
@@ -67,50 +70,26 @@ class DecoderWalk(WalkArrays):
         next_ids, next_strings, next_probs: the most likely next tokens after the last position. Shape: (TOP_NEXT,).
     """
 
-    tokens: tuple[str, ...]
     labels: tuple[str, ...]
-    token_ids: np.ndarray
-    layer: int
     model_type: str
     kv_heads: np.ndarray
     score_scale: float
     rms_eps: float
-    token_embeddings: np.ndarray
-    layer_input: np.ndarray
-    attention_input: np.ndarray
     queries_before_rotary: np.ndarray
     keys_before_rotary: np.ndarray
-    queries: np.ndarray
-    keys: np.ndarray
-    values: np.ndarray
     rotary_cos: np.ndarray
     rotary_sin: np.ndarray
-    scores: np.ndarray
-    masked_scores: np.ndarray
-    weights: np.ndarray
-    mask: np.ndarray
-    head_outputs: np.ndarray
-    concat: np.ndarray
-    attention_output: np.ndarray
-    residual_1: np.ndarray
-    ffn_input: np.ndarray
     gate: np.ndarray
     up: np.ndarray
     activation: np.ndarray
     gated: np.ndarray
-    ffn_output: np.ndarray
-    layer_output: np.ndarray
-    final_hidden: np.ndarray
     next_ids: np.ndarray
     next_strings: tuple[str, ...]
     next_probs: np.ndarray
 
-    def __post_init__(self) -> None:
-        n, (n_heads, _, d_head) = len(self.tokens), self.queries.shape
-        assert self.weights.shape == (n_heads, n, n), self.weights.shape
+    def _check(self, n: int, n_heads: int, d_head: int) -> None:
         assert self.keys.shape == self.values.shape == (self.n_kv_heads, n, d_head)
         assert self.concat.shape == (n, n_heads * d_head)
-        freeze_arrays(self)
 
     @property
     def n_kv_heads(self) -> int:
@@ -119,10 +98,6 @@ class DecoderWalk(WalkArrays):
     @property
     def intermediate_size(self) -> int:
         return int(self.gate.shape[-1])
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu", torch.float32).numpy().copy()
 
 
 def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: AttentionTrace, layer: int) -> DecoderWalk:
@@ -146,45 +121,46 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: Attention
     parts = family.block_parts(model, layer)
     block = blocks[layer]
     encoded = encoded_from_trace(trace)
-    seen: dict[str, Any] = {}
     me = threading.get_ident()  # the model is shared: another session's pass must not fill this walk
     inside = [False]  # a shared activation module runs in every block; keep the one inside ``layer``
-
-    def keep(name: str, what: str, in_block: bool):
-        def hook(_module, inputs, output):
-            if threading.get_ident() == me and (inside[0] or not in_block) and name not in seen:
-                seen[name] = (inputs[0] if what == "input" else output)[0]  # drop the batch dimension
-        return hook
+    around: dict[str, Any] = {}
 
     def enter(_module, args, kwargs):
         if threading.get_ident() == me:
             inside[0] = True
-            seen.setdefault("layer_input", (kwargs.get("hidden_states", args[0] if args else None))[0])
+            around.setdefault("layer_input", (kwargs.get("hidden_states", args[0] if args else None))[0])
             rotary = kwargs.get("position_embeddings")
             if rotary is not None:
-                seen.setdefault("rotary", (rotary[0][0], rotary[1][0]))
+                around.setdefault("rotary", (rotary[0][0], rotary[1][0]))
 
     def leave(_module, _args, output):
         if threading.get_ident() == me:
             inside[0] = False
-            seen.setdefault("layer_output", (output[0] if isinstance(output, tuple) else output)[0])
+            around.setdefault("layer_output", (output[0] if isinstance(output, tuple) else output)[0])
 
-    handles = []
     device = next(model.parameters()).device
+    steps = [(module, name, what) for name, (module, what) in parts.items()]
+    handles = [block.register_forward_pre_hook(enter, with_kwargs=True), block.register_forward_hook(leave)]
     try:  # the blocks after ``layer`` are not run: the trace has their output
-        handles += [block.register_forward_pre_hook(enter, with_kwargs=True), block.register_forward_hook(leave)]
-        for name, (module, what) in parts.items():
-            handles.append(module.register_forward_hook(keep(name, what, name != "token_embeddings")))
-        out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
-                             vectors=True, hidden=False, stop_after=layer)
+        with GATE.turn(), kept_steps(steps, lambda name: inside[0] or name == "token_embeddings") as seen:
+            out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
+                                 vectors=True, hidden=False, stop_after=layer)
+            return _walk_of(family, model, tokenizer, trace, layer, parts, out, {**seen, **around})
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _walk_of(family: Any, model: Any, tokenizer: Any, trace: AttentionTrace, layer: int,
+             parts: dict[str, tuple[torch.nn.Module, str]], out: Any, seen: dict[str, Any]) -> DecoderWalk:
+    """The pass's tensors of block ``layer``, the trace's last block output and the next tokens as a ``DecoderWalk``."""
+    block = family.layers(model)[layer]
+    device = next(model.parameters()).device
     with torch.inference_mode():
         dtype = next(model.parameters()).dtype  # a copy: the trace's arrays are read-only
         residual = torch.tensor(np.asarray(trace.hidden_states[-1]), dtype=dtype, device=device)
         final_hidden = family.final_norm(model)(residual)  # (pos, hidden)
-        logits = family.unembed(model, residual[-1:])[0]  # (vocab,): the last position's next token
+    ids, probs, strings = top_predictions(family, model, residual[-1:], TOP_NEXT, tokenizer)  # the last position's
 
     config = model.config
     n_heads, n_kv = family.n_heads(config), family.n_kv_heads(config)
@@ -195,9 +171,6 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: Attention
     masked = np.where(trace.mask, scores, np.float32(-np.inf))
     weights = out.weights[layer][0]
     concat = seen["concat"]
-    probs = torch.softmax(logits.float(), dim=-1)
-    top = torch.topk(probs, min(TOP_NEXT, probs.shape[-1]))
-    ids = top.indices.cpu().numpy().astype(np.int64)
     # A block without the rotary embedding (SmolLM3's no-RoPE layers) is given none: cos 1 and sin 0, no turn.
     cos, sin = seen.get("rotary", (torch.ones(n, d_head), torch.zeros(n, d_head)))
     embeddings = seen["token_embeddings"]
@@ -208,7 +181,7 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: Attention
     return DecoderWalk(
         tokens=tuple(trace.tokens),
         labels=trace.labels,
-        token_ids=encoded.input_ids[0].cpu().numpy().astype(np.int64),
+        token_ids=np.array(trace.token_ids, dtype=np.int64),
         layer=layer,
         model_type=str(config.model_type),
         kv_heads=np.asarray(kv_heads, dtype=np.int64),
@@ -232,7 +205,7 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: Attention
         ffn_output=_np(seen["ffn_output"]),
         layer_output=_np(seen["layer_output"]),
         final_hidden=_np(final_hidden),
-        next_ids=ids,
-        next_strings=tuple(tokenizer.decode([int(i)]) for i in ids),
-        next_probs=top.values.float().cpu().numpy(),
+        next_ids=ids[0],
+        next_strings=strings[0],
+        next_probs=probs[0],
     )

@@ -1,72 +1,28 @@
 """Chapter 3's walk through one encoder layer: every step's tensor, for the "Inside the encoder" page.
 
-The numbers come from one forward pass of the from-scratch encoder: the layer's own records
-(queries, keys, values, scores, weights, head outputs, concatenation, attention output) plus
-forward hooks on the modules whose inputs and outputs the records do not keep (the three
-embedding lookups, the two LayerNorms, the feed-forward's linears and GELU). Nothing is
-recomputed by hand, so the walk shows exactly what the model computed.
+The numbers come from one forward pass of the from-scratch encoder through the one route (``Family.forward``,
+under a turn of the route's gate): the layer's own records (queries, keys, values, scores, weights, head outputs,
+concatenation, attention output) plus forward hooks on the modules whose inputs and outputs the records do not keep
+(the three embedding lookups, the two LayerNorms, the feed-forward's linears and GELU). Nothing is recomputed by
+hand, so the walk shows exactly what the model computed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from model_core.chapter3.model import TransformerForSequenceClassification
+from model_core.families import FAMILIES
 from model_core.trace.encoding import EncodedInput
-from model_core.trace.trace import AttentionTrace
-from model_core.trace.shape import arrays_nbytes, freeze_arrays
+from model_core.trace.gate import GATE
+from model_core.walk.steps import WalkArrays, encoded_from_trace, kept_steps
+from model_core.walk.steps import to_array as _np
 
-
-class WalkArrays:
-    """What both walks (the encoder's and a decoder block's) say alike about their tensors: sizes, per-token
-    norms, score limits (a mixin: the dataclasses hold ``tokens``, ``queries``, ``scores`` and the rest)."""
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def n_heads(self) -> int:
-        return int(self.queries.shape[0])
-
-    @property
-    def d_head(self) -> int:
-        return int(self.queries.shape[-1])
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.layer_input.shape[-1])
-
-    def nbytes(self) -> int:
-        """Bytes held by the walk's arrays (what a cache bounded by bytes counts)."""
-        return arrays_nbytes(self)
-
-    def score_limit(self, head: int) -> float:
-        """The largest finite |score| of ``head``, for a colour scale centred on 0 (1.0 if all are 0)."""
-        scores = self.scores[head]
-        return float(np.abs(scores[np.isfinite(scores)]).max(initial=0.0)) or 1.0
-
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        """Each array field's shape, by field name."""
-        return {f.name: tuple(getattr(self, f.name).shape) for f in fields(self)
-                if isinstance(getattr(self, f.name), np.ndarray)}
-
-    def token_norms(self, name: str) -> np.ndarray:
-        """The L2 norm of each token's vector in the field ``name``.
-
-        Shape: (pos, dim) -> (pos,).
-
-        Raises:
-            ValueError: ``name`` is not a (pos, dim) field.
-        """
-        value = getattr(self, name, None)
-        if not isinstance(value, np.ndarray) or value.shape[:1] != (self.n_tokens,) or value.ndim != 2:
-            raise ValueError(f"{name!r} is not a per-token field; use one of "
-                             f"{', '.join(k for k, s in self.shapes().items() if len(s) == 2 and s[0] == self.n_tokens)}.")
-        return np.linalg.norm(value.astype(np.float64), axis=-1).astype(np.float32)
+__all__ = ["WalkArrays", "Walkthrough", "encoded_from_trace", "walk_layer"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,48 +68,24 @@ class Walkthrough(WalkArrays):
         probabilities: softmax of ``logits``. Shape: (num_labels,).
     """
 
-    tokens: tuple[str, ...]
-    token_ids: np.ndarray
     token_type_ids: np.ndarray
     sentence_b_start: int | None
-    layer: int
     norm_placement: str
     causal: bool
-    token_embeddings: np.ndarray
     position_embeddings: np.ndarray
     token_type_embeddings: np.ndarray
     embedding_sum: np.ndarray
     embeddings: np.ndarray
-    layer_input: np.ndarray
-    attention_input: np.ndarray
-    queries: np.ndarray
-    keys: np.ndarray
-    values: np.ndarray
-    scores: np.ndarray
-    masked_scores: np.ndarray
-    weights: np.ndarray
-    mask: np.ndarray
-    head_outputs: np.ndarray
-    concat: np.ndarray
-    attention_output: np.ndarray
-    residual_1: np.ndarray
-    ffn_input: np.ndarray
     ffn_hidden: np.ndarray
     ffn_activation: np.ndarray
-    ffn_output: np.ndarray
     residual_2: np.ndarray
-    layer_output: np.ndarray
-    final_hidden: np.ndarray
     logits: np.ndarray
     probabilities: np.ndarray
 
-    def __post_init__(self) -> None:
-        n, (n_heads, _, d_head) = len(self.tokens), self.queries.shape
+    def _check(self, n: int, n_heads: int, d_head: int) -> None:
         hidden = self.embeddings.shape[-1]
-        assert self.weights.shape == (n_heads, n, n), self.weights.shape
         assert self.concat.shape == (n, hidden) and n_heads * d_head == hidden
         assert self.norm_placement in ("pre", "post")
-        freeze_arrays(self)
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -163,20 +95,6 @@ class Walkthrough(WalkArrays):
     @property
     def intermediate_size(self) -> int:
         return int(self.ffn_hidden.shape[-1])
-
-
-def encoded_from_trace(trace: AttentionTrace) -> EncodedInput:
-    """The exact input a trace was computed from, so a walk reads the same tokens as every page."""
-    return EncodedInput(
-        tokens=tuple(trace.tokens),
-        input_ids=torch.as_tensor(np.array(trace.token_ids, dtype=np.int64))[None],  # (1, pos)
-        token_type_ids=torch.as_tensor(np.array(trace.token_type_ids, dtype=np.int64))[None],
-        sentence_b_start=trace.sentence_b_start,
-    )
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu", torch.float32).numpy().copy()
 
 
 @torch.no_grad()
@@ -199,13 +117,6 @@ def walk_layer(model: TransformerForSequenceClassification, encoded: EncodedInpu
         raise ValueError("The model is in training mode; call model.eval() so dropout is off.")
     emb = model.encoder.embeddings
     block = model.encoder.layers[layer]
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(name: str, what: str = "output"):
-        def hook(_module, inputs, output):
-            seen[name] = (inputs[0] if what == "input" else output)[0]  # drop the batch dimension
-        return hook
-
     modules = [
         (emb.token_embeddings, "token_embeddings", "output"),
         (emb.position_embeddings, "position_embeddings", "output"),
@@ -220,13 +131,16 @@ def walk_layer(model: TransformerForSequenceClassification, encoded: EncodedInpu
         (block.feed_forward.gelu, "ffn_activation", "output"),
         (block.feed_forward, "ffn_output", "output"),
     ]
-    handles = [m.register_forward_hook(keep(name, what)) for m, name, what in modules]
-    try:
-        device = next(model.parameters()).device
-        out = model(encoded.input_ids.to(device), encoded.token_type_ids.to(device))
-    finally:
-        for h in handles:
-            h.remove()
+    device = next(model.parameters()).device
+    with GATE.turn(), kept_steps(modules) as seen:  # the turn lasts until the walk's arrays are numpy
+        out = FAMILIES["custom"].forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
+                                         vectors=False, hidden=False).model_output
+        return _walk_of(model, encoded, layer, out, seen)
+
+
+def _walk_of(model: TransformerForSequenceClassification, encoded: EncodedInput, layer: int, out: Any,
+             seen: dict[str, torch.Tensor]) -> Walkthrough:
+    """The pass's records and kept steps of ``layer`` as a ``Walkthrough``."""
     enc = out.encoder
     record = enc.layers[layer]
     heads = record.heads

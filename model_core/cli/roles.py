@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options
 from model_core.roles.probes import ENCODER_NOTES, ROLE_TITLES, RoleScores
 
 
@@ -14,16 +15,14 @@ def add_roles_parser(sub: Any) -> None:
     """Add the ``roles`` verb to the command line's subparsers."""
     roles = sub.add_parser("roles", help="score every head as a previous-token, duplicate-token, induction, sink "
                                          "and retrieval head; print the L x H scores and the top heads")
-    roles.add_argument("--model", choices=["pretrained", "custom", "bert"], required=True,
+    roles.add_argument("--model", choices=MODEL_CHOICES, required=True,
                        help="pretrained: a transformers model of any supported family; custom: the chapter-3 encoder")
     roles.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id (default: the bundled BERT)")
     roles.add_argument("--seed", type=int, default=0, help="draws the probe's random words and the password")
     roles.add_argument("--weights", choices=["random", "pretrained"], default="random", help="custom encoder only")
     roles.add_argument("--weights-seed", type=int, default=0, help="custom encoder with random weights only")
     roles.add_argument("--causal", action="store_true", help="custom encoder only: apply the causal mask")
-    roles.add_argument("--layers", type=int, default=12, help="custom encoder with random weights only")
-    roles.add_argument("--heads", type=int, default=12, help="custom encoder with random weights only")
-    roles.add_argument("--hidden", type=int, default=768, help="custom encoder with random weights only")
+    add_encoder_shape_options(roles)
     roles.add_argument("--no-retrieval", action="store_true", help="skip the retrieval probe (it decodes; slower)")
     roles.add_argument("--top", type=int, default=10, help="how many top heads to list per role")
     roles.add_argument("--device", default=None, help="auto, cpu, cuda or mps")

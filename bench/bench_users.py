@@ -1,0 +1,200 @@
+"""Many users at once: N browser tabs open the heatmaps page together, each with its own text, on one server.
+
+Run: ``.venv/bin/python bench/bench_users.py [--users 8] [--tokens 400] [--max-runs 1 8]``
+
+For each ``--max-runs`` value (passed to a fresh server as AE_MAX_RUNS) the bench starts the app (``harness.browser``),
+loads SmolLM2 with one short text, then opens ``--users`` tabs (one browser, a context each) on the heatmaps page at
+once, each with a text of ``--tokens`` tokens that no other tab has (so every tab runs a pass). It reports whether
+every tab drew, each tab's wait from its link to its drawn page (the six figures drawn, the script idle), the median
+and the slowest wait and their ratio, and the server's RSS (its process and children, sampled every 0.2 s) at idle
+and at its peak. Issue 32's targets at 8 users: every tab draws, peak RSS <= 3 GB, median wait <= 0.7x the slowest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import psutil  # noqa: E402
+
+from app_common import MODEL_PARAMS, N_FIGURES  # noqa: E402
+from app_session import wait_redrawn_js  # noqa: E402
+from harness.browser import AppServer, open_chromium  # noqa: E402
+from harness.texts import text_of  # noqa: E402
+
+MODEL = "SmolLM2-135M decoder 30x9"
+SAMPLE_S = 0.2
+TAB_TIMEOUT_S = 600
+TARGET_PEAK_MB = 3000
+TARGET_RATIO = 0.7
+
+
+class RssSampler:
+    """The RSS of a process and its children, every ``SAMPLE_S`` seconds in a thread, until ``stop``."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.peak_mb = 0.0
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def rss_mb(self) -> float:
+        total = 0
+        for p in [self.process, *self.process.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:  # a child that just ended
+                pass
+        return total / 2**20
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                mb = self.rss_mb()
+            except psutil.Error:  # the server is gone
+                return
+            self.samples.append(mb)
+            self.peak_mb = max(self.peak_mb, mb)
+            self._stop.wait(SAMPLE_S)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_mb
+
+
+@dataclass
+class Tab:
+    """One user's tab: its page, when its link was opened, and its wait until the page was drawn."""
+
+    index: int
+    page: object
+    opened: float = 0.0
+    wait_s: float | None = None
+    error: str = ""
+    history: list = field(default_factory=list)
+
+
+def page_url(origin: str, text: str) -> str:
+    params = {**MODEL_PARAMS[MODEL], "text_b": "", "text_a": text}
+    return f"{origin}/heatmaps?{urllib.parse.urlencode(params)}"
+
+
+def drawn_js(n_tokens: int) -> str:
+    """True once the heatmaps page is drawn for this text: every figure drawn, nothing stale, the script idle."""
+    return wait_redrawn_js([None] * N_FIGURES, N_FIGURES, None, f"· {n_tokens} tokens")
+
+
+def warm_up(browser, origin: str) -> None:
+    """Load the model (and Streamlit's JavaScript into the browser's cache) with a short text."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(page_url(origin, text_of(12, 37, MODEL)), wait_until="domcontentloaded")
+    page.wait_for_function(drawn_js(12), polling=100, timeout=TAB_TIMEOUT_S * 1000)
+    context.close()
+
+
+def open_tabs(browser, origin: str, users: int, n_tokens: int, first_variant: int) -> list[Tab]:
+    """Open every tab's link at once (each goto returns when its request is sent), then wait until every tab drew."""
+    tabs = []
+    for i in range(users):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        tabs.append(Tab(i, context.new_page()))
+    for tab in tabs:
+        tab.opened = time.perf_counter()
+        tab.page.goto(page_url(origin, text_of(n_tokens, first_variant + tab.index, MODEL)), wait_until="commit")
+    check = drawn_js(n_tokens)
+    deadline = time.perf_counter() + TAB_TIMEOUT_S
+    pending = list(tabs)
+    while pending and time.perf_counter() < deadline:
+        for tab in list(pending):
+            try:
+                done = tab.page.evaluate(check)
+            except Exception as exc:  # noqa: BLE001 - a page still navigating; a crash shows as a timeout
+                tab.error = f"{type(exc).__name__}: {str(exc)[:120]}"
+                continue
+            if done:
+                tab.wait_s = time.perf_counter() - tab.opened
+                pending.remove(tab)
+        time.sleep(0.1)
+    for tab in pending:
+        tab.error = tab.error or f"not drawn after {TAB_TIMEOUT_S} s"
+    return tabs
+
+
+def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: int, log_dir: Path) -> dict:
+    """One fresh server with AE_MAX_RUNS=``max_runs``: warm it up, then ``users`` tabs at once."""
+    server = AppServer(log_dir / f"server_max_runs_{max_runs}.log", extra_env={"AE_MAX_RUNS": str(max_runs)})
+    try:
+        warm_up(browser, server.origin)
+        time.sleep(2.0)  # the warm-up's garbage collected (ui.loaders.collect_after_run)
+        sampler = RssSampler(server.proc.pid)
+        idle_mb = sampler.rss_mb()
+        t0 = time.perf_counter()
+        tabs = open_tabs(browser, server.origin, users, n_tokens, first_variant)
+        total_s = time.perf_counter() - t0
+        peak_mb = sampler.stop()
+        for tab in tabs:
+            tab.page.context.close()
+    finally:
+        server.stop()
+    waits = [t.wait_s for t in tabs if t.wait_s is not None]
+    median = statistics.median(waits) if waits else float("nan")
+    slowest = max(waits) if waits else float("nan")
+    return {"max_runs": max_runs, "users": users, "tokens": n_tokens, "every_tab_drew": len(waits) == users,
+            "drew": len(waits), "waits_s": [round(t.wait_s, 2) if t.wait_s is not None else None for t in tabs],
+            "errors": [t.error for t in tabs if t.wait_s is None],
+            "median_s": round(median, 2), "slowest_s": round(slowest, 2),
+            "median_over_slowest": round(median / slowest, 3) if waits else None,
+            "idle_rss_mb": round(idle_mb), "peak_rss_mb": round(peak_mb), "all_drawn_after_s": round(total_s, 2)}
+
+
+def report(row: dict) -> str:
+    ok_ratio = row["median_over_slowest"] is not None and row["median_over_slowest"] <= TARGET_RATIO
+    return (f"AE_MAX_RUNS={row['max_runs']}: {row['users']} tabs × {row['tokens']} tokens (SmolLM2)\n"
+            f"  every tab drew: {'yes' if row['every_tab_drew'] else 'NO'} ({row['drew']}/{row['users']})"
+            f"{'  ' + '; '.join(row['errors']) if row['errors'] else ''}\n"
+            f"  waits (tab order): {', '.join('-' if w is None else f'{w:.1f}' for w in row['waits_s'])} s\n"
+            f"  median wait {row['median_s']:.1f} s, slowest {row['slowest_s']:.1f} s, median/slowest "
+            f"{row['median_over_slowest']} (target <= {TARGET_RATIO}: {'met' if ok_ratio else 'not met'})\n"
+            f"  RSS idle {row['idle_rss_mb']} MB, peak {row['peak_rss_mb']} MB (target <= {TARGET_PEAK_MB} MB: "
+            f"{'met' if row['peak_rss_mb'] <= TARGET_PEAK_MB else 'not met'})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=8, help="tabs opened at once (default 8)")
+    parser.add_argument("--tokens", type=int, default=400, help="tokens of each tab's text (default 400)")
+    parser.add_argument("--max-runs", type=int, nargs="+", default=[1],
+                        help="AE_MAX_RUNS of the server; several values run one after another, each on a fresh server")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args()
+    log_dir = Path(tempfile.mkdtemp(prefix="bench_users_"))
+    print(f"server logs in {log_dir}; load average {psutil.getloadavg()[0]:.1f} on {psutil.cpu_count()} cores",
+          flush=True)
+    rows = []
+    with open_chromium() as browser:
+        for k, max_runs in enumerate(args.max_runs):
+            row = run_once(browser, args.users, args.tokens, max_runs, first_variant=k * args.users, log_dir=log_dir)
+            rows.append(row)
+            print(report(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""The command line's parser and dispatch: one verb a module in ``model_core.cli``."""
+
+from __future__ import annotations
+
+import argparse
+
+from model_core.cli.corpus import add_corpus_parser, corpus_main
+from model_core.cli.export import add_export_parser, export_main
+from model_core.cli.models import add_models_parser, models_main
+from model_core.cli.neighbours import add_neighbours_parser, neighbours_main
+from model_core.cli.roles import add_roles_parser, roles_main
+from model_core.cli.weights import add_weights_parser, weights_main
+
+VERBS = {"export": export_main, "weights": weights_main, "roles": roles_main, "corpus": corpus_main,
+         "models": models_main, "neighbours": neighbours_main}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every verb's subparser, in the order ``--help`` lists them."""
+    parser = argparse.ArgumentParser(prog="python -m model_core", description="Attention Explorer's model core.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (add_export_parser, add_weights_parser, add_roles_parser, add_corpus_parser, add_models_parser,
+                add_neighbours_parser):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and run its verb; the exit code (0, 1 error, 2 usage, 130 Ctrl-C)."""
+    args = build_parser().parse_args(argv)
+    return VERBS[args.command](args)

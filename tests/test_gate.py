@@ -1,0 +1,200 @@
+"""The route's gate: first in, first out; never more passes than allowed; a waiter told its place can leave, and a
+pass it left never runs; re-entrant; and the builders' passes go through it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from model_core import TraceRequest, build_trace
+from model_core.families.hf import TransformersFamily
+from model_core.trace.gate import GATE, Gate, waiting_with
+
+
+class Left(Exception):
+    """The user left the page."""
+
+
+def _wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.005)
+
+
+def _queue_in_order(gate: Gate, n: int, work) -> list[threading.Thread]:
+    """Start ``n`` threads that take a turn and run ``work(i)``, each queued after the one before."""
+    threads = []
+    for i in range(n):
+        t = threading.Thread(target=lambda i=i: _take_turn(gate, work, i))
+        t.start()
+        _wait_until(lambda i=i: gate.snapshot()["waiting"] == i + 1)
+        threads.append(t)
+    return threads
+
+
+def _take_turn(gate: Gate, work, i: int) -> None:
+    with gate.turn():
+        work(i)
+
+
+def test_waiters_are_served_first_in_first_out():
+    gate, order, hold = Gate(1), [], threading.Event()
+    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(5), -1))
+    holder.start()
+    _wait_until(lambda: gate.snapshot()["running"] == 1)
+    threads = _queue_in_order(gate, 6, order.append)
+    hold.set()
+    for t in [holder, *threads]:
+        t.join(5)
+    assert order == list(range(6))
+
+
+def test_never_more_passes_than_max_runs():
+    gate, lock, now, peak = Gate(2), threading.Lock(), [0], [0]
+
+    def work(_):
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.01)
+        with lock:
+            now[0] -= 1
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda i: _take_turn(gate, work, i), range(24)))
+    assert peak[0] == 2
+    assert gate.snapshot() == {"running": 0, "waiting": 0, "max_runs": 2}
+
+
+def test_max_runs_may_be_a_function_read_again_while_waiting():
+    limit, hold = [1], threading.Event()
+    gate = Gate(lambda: limit[0])
+    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(5), -1))
+    holder.start()
+    _wait_until(lambda: gate.snapshot()["running"] == 1)
+    ran = threading.Event()
+    waiter = threading.Thread(target=lambda: _take_turn(gate, lambda _: ran.set(), 0))
+    waiter.start()
+    _wait_until(lambda: gate.snapshot()["waiting"] == 1)
+    assert not ran.wait(0.3)
+    limit[0] = 2  # a second slot opens: the waiter goes while the holder still runs
+    assert ran.wait(2)
+    hold.set()
+    holder.join(5)
+    waiter.join(5)
+
+
+def test_a_waiter_hears_its_place_go_down_to_next():
+    gate, hold = Gate(1), threading.Event()
+    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(5), -1))
+    holder.start()
+    _wait_until(lambda: gate.snapshot()["running"] == 1)
+    heard = []
+
+    def last(i):  # the last of three waiters records what it is told
+        with waiting_with(lambda place, running: heard.append((place, running))):
+            _take_turn(gate, lambda _: None, i)
+
+    releases = [threading.Event() for _ in range(2)]
+    firsts = [threading.Thread(target=lambda e=e: _take_turn(gate, lambda _: e.wait(5), 0)) for e in releases]
+    for k, t in enumerate(firsts):
+        t.start()
+        _wait_until(lambda k=k: gate.snapshot()["waiting"] == k + 1)
+    listener = threading.Thread(target=last, args=(2,))
+    listener.start()
+    _wait_until(lambda: heard and heard[-1][0] == 3)
+    hold.set()  # the holder leaves: each waiter moves up one place as the one ahead takes its turn
+    _wait_until(lambda: heard[-1][0] == 2)
+    releases[0].set()
+    _wait_until(lambda: heard[-1][0] == 1)
+    releases[1].set()
+    for t in [holder, *firsts, listener]:
+        t.join(5)
+    places = [place for place, _ in heard]
+    assert places[0] == 3 and places[-1] == 1
+    assert places == sorted(places, reverse=True)  # never back
+    assert all(running == 1 for _, running in heard)
+
+
+def test_a_waiter_whose_callback_raises_leaves_the_queue_and_never_runs():
+    gate, hold, ran = Gate(1), threading.Event(), []
+    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(5), -1))
+    holder.start()
+    _wait_until(lambda: gate.snapshot()["running"] == 1)
+    leave, errors = threading.Event(), []
+
+    def leaver():
+        def told(place, running):
+            if leave.is_set():
+                raise Left
+        try:
+            with waiting_with(told):
+                _take_turn(gate, ran.append, "left")
+        except Left as exc:
+            errors.append(exc)
+
+    t_left = threading.Thread(target=leaver)
+    t_left.start()
+    _wait_until(lambda: gate.snapshot()["waiting"] == 1)
+    t_after = threading.Thread(target=lambda: _take_turn(gate, ran.append, "after"))
+    t_after.start()
+    _wait_until(lambda: gate.snapshot()["waiting"] == 2)
+    leave.set()
+    t_left.join(5)
+    assert len(errors) == 1 and gate.snapshot()["waiting"] == 1
+    hold.set()
+    for t in (holder, t_after):
+        t.join(5)
+    assert ran == ["after"]
+    assert gate.snapshot() == {"running": 0, "waiting": 0, "max_runs": 1}
+
+
+def test_a_thread_holding_a_turn_passes_straight_through():
+    gate = Gate(1)
+    with gate.turn():
+        with gate.turn():  # a walk that builds a trace: no deadlock
+            assert gate.snapshot()["running"] == 1
+        assert gate.snapshot()["running"] == 1
+    assert gate.snapshot()["running"] == 0
+
+
+def test_an_exception_inside_the_turn_frees_the_slot():
+    gate = Gate(1)
+    with pytest.raises(RuntimeError):
+        with gate.turn():
+            raise RuntimeError("the pass failed")
+    assert gate.snapshot() == {"running": 0, "waiting": 0, "max_runs": 1}
+    with gate.turn():
+        pass
+
+
+def test_build_trace_from_three_threads_never_overlaps_forward_passes(tiny_decoders, monkeypatch):
+    monkeypatch.setenv("AE_MAX_RUNS", "1")
+    lock, now, peak, passes = threading.Lock(), [0], [0], [0]
+    forward = TransformersFamily.forward
+
+    def counted(self, *args, **kwargs):
+        with lock:
+            now[0] += 1
+            passes[0] += 1
+            peak[0] = max(peak[0], now[0])
+        try:
+            time.sleep(0.05)  # give another thread every chance to start its pass
+            return forward(self, *args, **kwargs)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(TransformersFamily, "forward", counted)
+    requests = [TraceRequest("pretrained", text, model_id=str(tiny_decoders["llama"]))
+                for text in ("time flies like an arrow", "fruit flies like a banana", "the river bank")]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        traces = list(pool.map(lambda r: build_trace(r, device="cpu"), requests))
+    assert passes[0] == 3 and peak[0] == 1
+    assert [t.n_tokens > 0 for t in traces] == [True] * 3
+    assert GATE.snapshot()["running"] == 0 and GATE.snapshot()["max_runs"] == 1

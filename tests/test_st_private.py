@@ -1,0 +1,95 @@
+"""ui/st_private.py's uses of Streamlit's private internals: the names each reads exist in this Streamlit, and each
+still does its job in a real AppTest run. An upgrade that changes them fails here, not in silence."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+SMALL = {"ctl_model": "custom", "ctl_num_hidden_layers": 2, "ctl_num_attention_heads": 2, "ctl_hidden_size": 32}
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_the_widget_state_drop_stale_widget_callbacks_reads_is_there():
+    from streamlit.runtime.scriptrunner_utils.script_run_context import ScriptRunContext
+    from streamlit.runtime.scriptrunner_utils.shared_run_state import SharedRunState
+    from streamlit.runtime.state.common import WidgetMetadata
+    from streamlit.runtime.state.safe_session_state import SafeSessionState
+    from streamlit.runtime.state.session_state import SessionState, WStates
+
+    assert {"_lock", "_state"} <= set(SafeSessionState.__annotations__)
+    assert {"_old_state", "_new_widget_state"} <= _fields(SessionState)
+    assert {"states", "widget_metadata"} <= _fields(WStates)
+    assert "callback" in _fields(WidgetMetadata)
+    assert {"fragment_ids_this_run", "shared"} <= _fields(ScriptRunContext)
+    assert callable(SharedRunState().widget_ids_this_run.snapshot)
+
+
+def _forgetting_script() -> None:
+    import streamlit as st
+
+    from ui.st_private import drop_stale_widget_callbacks
+
+    st.session_state["at_start"] = drop_stale_widget_callbacks()
+    if st.session_state.get("draw", True):
+        st.button("With a callback", key="go", on_click=lambda: None)
+        st.button("Without one", key="plain")
+    if st.session_state.get("at_end", True):
+        st.session_state["at_end_count"] = drop_stale_widget_callbacks(at_end=True)
+
+
+def test_drop_stale_widget_callbacks_forgets_the_callback_of_a_widget_this_run_did_not_draw():
+    at = AppTest.from_function(_forgetting_script).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["at_end_count"] == 0  # both buttons were drawn
+    at.session_state["draw"] = False
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["at_end_count"] == 1  # "go"'s callback; "plain" had none
+    at.run()
+    assert (at.session_state["at_start"], at.session_state["at_end_count"]) == (0, 0)  # nothing is left
+
+
+def test_drop_stale_widget_callbacks_at_the_start_of_a_run_forgets_what_streamlit_dropped():
+    at = AppTest.from_function(_forgetting_script)
+    at.session_state["at_end"] = False
+    at.run()
+    at.session_state["draw"] = False
+    at.run()  # Streamlit drops the buttons' values after this run, and keeps their metadata
+    assert at.session_state["at_start"] == 0
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["at_start"] == 1
+
+
+def test_the_legacy_pages_flag_leave_legacy_pages_mode_sets_is_the_one_streamlit_reads():
+    from streamlit.commands import navigation
+    from streamlit.runtime.pages_manager import PagesManager
+    from streamlit.runtime.scriptrunner import script_runner
+
+    assert "uses_pages_directory" in vars(PagesManager)
+    assert "PagesManager.uses_pages_directory" in inspect.getsource(script_runner)
+    assert "PagesManager.uses_pages_directory = False" in inspect.getsource(navigation)
+
+
+def test_a_page_run_alone_reruns_through_app_py():
+    """AppTest runs a page file alone after its first run (legacy multipage mode, as a fresh server does for its
+    first visitor's sub-page URL): ``get_context`` must leave that mode and rerun through app.py."""
+    at = AppTest.from_file(APP, default_timeout=180)
+    for key, value in SMALL.items():
+        at.session_state[key] = value
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.switch_page("pages/bertviz.py")
+    del at.session_state["_app_context"]
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.sidebar.radio(key="ctl_model").value == "custom"  # app.py's sidebar was drawn
+    assert at.title[0].value == "bertviz views"

@@ -1,0 +1,84 @@
+"""The waiting page (ui/waiting.py): what it says, that the note goes when the turn comes, and that a pass the user
+left is not run. The real queue in a browser is tests/test_gate_browser.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from ui.waiting import LEFT_KEY, LEFT_MESSAGE, queue_message
+
+HOLD_S = 1.0
+
+
+def test_queue_message_next_in_line():
+    assert queue_message(1, 1) == "Waiting for the model: you are next in the queue (1 running)."
+
+
+def test_queue_message_counts_the_passes_ahead():
+    assert queue_message(3, 2) == "Waiting for the model: 2 passes ahead of you in the queue, 2 running."
+    assert queue_message(2, 1) == "Waiting for the model: 1 pass ahead of you in the queue, 1 running."
+
+
+def _script():
+    import streamlit as st
+
+    from ui.waiting import in_turn
+
+    built = in_turn("the pass", lambda: "built")
+    st.write(f"result: {built}")
+
+
+@pytest.fixture
+def one_run(monkeypatch):
+    monkeypatch.setenv("AE_MAX_RUNS", "1")
+
+
+def _hold_gate(seconds: float) -> threading.Thread:
+    """Another session's pass: holds the gate's one turn for ``seconds``."""
+    from model_core.trace.gate import GATE
+
+    held = threading.Event()
+
+    def hold() -> None:
+        with GATE.turn():
+            held.set()
+            time.sleep(seconds)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    held.wait(5)
+    return thread
+
+
+def test_the_note_goes_when_the_turn_comes(one_run):
+    at = AppTest.from_function(_script)
+    holder = _hold_gate(HOLD_S)
+    started = time.monotonic()
+    at.run(timeout=30)
+    holder.join()
+    assert time.monotonic() - started >= HOLD_S * 0.9  # it did wait for the other pass
+    assert [m.value for m in at.markdown] == ["result: built"]
+    assert not at.info and not at.button  # the note and its button are cleared once the pass runs
+
+
+def test_a_left_pass_is_not_run(one_run):
+    at = AppTest.from_function(_script)
+    at.session_state[LEFT_KEY] = "the pass"
+    at.run(timeout=30)
+    assert [m.value for m in at.info] == [LEFT_MESSAGE]
+    assert not at.markdown  # the build never ran
+    at.button[0].click().run(timeout=30)  # "Join the queue again"
+    assert [m.value for m in at.markdown] == ["result: built"]
+    assert not at.info
+
+
+def test_leaving_another_pass_does_not_stop_this_one(one_run):
+    at = AppTest.from_function(_script)
+    at.session_state[LEFT_KEY] = "an older pass"
+    at.run(timeout=30)
+    assert [m.value for m in at.markdown] == ["result: built"]
+    assert LEFT_KEY not in at.session_state
