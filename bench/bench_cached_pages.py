@@ -102,13 +102,15 @@ def one_round(context, server: AppServer, name: str, r: int, n_tokens: int) -> d
 
 def table(name: str, rounds: list[dict[str, float]], forward: float) -> str:
     lines = [f"\n{name}: SmolLM2, trace cached, {len(rounds)} rounds; forward pass {forward:.2f} s",
-             "| page | open (median, range) | × heatmaps page (median, range over rounds) | target |", "|---|---:|---:|---|"]
+             "| page | open (median, range) | × heatmaps page (median, range over rounds) | target |",
+             "|---|---:|---:|---|"]
     for path in PAGES:
         times = [r[path] for r in rounds]
         ratios = [r[path] / r["heatmaps"] for r in rounds]
         if path == "analysis_masking":
             limit = [r[path] / (1.5 * r["heatmaps"] + forward) for r in rounds]
-            target = f"≤ 1.5× heatmaps + forward: {statistics.median(limit):.2f} of that ({min(limit):.2f}–{max(limit):.2f})"
+            target = (f"≤ 1.5× heatmaps + forward: {statistics.median(limit):.2f} of that "
+                      f"({min(limit):.2f}–{max(limit):.2f})")
         else:
             target = "≤ 1.5×" if path != "heatmaps" else "base"
         lines.append(f"| {path} | {statistics.median(times):.2f} s ({min(times):.2f}–{max(times):.2f}) | "
@@ -126,6 +128,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=None, help="py-spy samples of the last source's server")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_cached_pages"))
     args = parser.parse_args()
+    forward_before = forward_seconds(LABEL, text_of(args.tokens, 700, LABEL))
     servers: dict[str, AppServer] = {}
     results: dict[str, list[dict[str, float]]] = {}
     try:
@@ -146,7 +149,10 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.stop()
-    forward = forward_seconds(LABEL, text_of(args.tokens, 700, LABEL))
+    # The forward pass in this process (the server's thread count), before and after the rounds: the mean of the two.
+    forward_after = forward_seconds(LABEL, text_of(args.tokens, 700, LABEL))
+    forward = (forward_before + forward_after) / 2
+    print(f"\nforward pass {forward_before:.2f} s before the rounds, {forward_after:.2f} s after")
     for source, rounds in results.items():
         print(table(source, rounds, forward))
     if args.profile is not None:

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ class RssSampler:
     def __init__(self, pid: int) -> None:
         self.process = psutil.Process(pid)
         self.peak_mb = 0.0
-        self.samples: list[float] = []
+        self.samples: list[tuple[float, float]] = []  # (time.perf_counter(), MB)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -67,7 +67,7 @@ class RssSampler:
                 mb = self.rss_mb()
             except psutil.Error:  # the server is gone
                 return
-            self.samples.append(mb)
+            self.samples.append((time.perf_counter(), mb))
             self.peak_mb = max(self.peak_mb, mb)
             self._stop.wait(SAMPLE_S)
 
@@ -85,8 +85,8 @@ class Tab:
     page: object
     opened: float = 0.0
     wait_s: float | None = None
+    rss_mb: float | None = None  # the server's RSS when this tab had drawn
     error: str = ""
-    history: list = field(default_factory=list)
 
 
 def page_url(origin: str, text: str) -> str:
@@ -108,7 +108,7 @@ def warm_up(browser, origin: str) -> None:
     context.close()
 
 
-def open_tabs(browser, origin: str, users: int, n_tokens: int, first_variant: int) -> list[Tab]:
+def open_tabs(browser, origin: str, users: int, n_tokens: int, first_variant: int, sampler: RssSampler) -> list[Tab]:
     """Open every tab's link at once (each goto returns when its request is sent), then wait until every tab drew."""
     tabs = []
     for i in range(users):
@@ -129,6 +129,7 @@ def open_tabs(browser, origin: str, users: int, n_tokens: int, first_variant: in
                 continue
             if done:
                 tab.wait_s = time.perf_counter() - tab.opened
+                tab.rss_mb = sampler.rss_mb()
                 pending.remove(tab)
         time.sleep(0.1)
     for tab in pending:
@@ -145,8 +146,10 @@ def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: i
         sampler = RssSampler(server.proc.pid)
         idle_mb = sampler.rss_mb()
         t0 = time.perf_counter()
-        tabs = open_tabs(browser, server.origin, users, n_tokens, first_variant)
+        tabs = open_tabs(browser, server.origin, users, n_tokens, first_variant, sampler)
         total_s = time.perf_counter() - t0
+        time.sleep(3.0)  # ui.loaders.collect_after_run's collection, a moment after the last run
+        settled_mb = sampler.rss_mb()
         peak_mb = sampler.stop()
         for tab in tabs:
             tab.page.context.close()
@@ -160,7 +163,10 @@ def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: i
             "errors": [t.error for t in tabs if t.wait_s is None],
             "median_s": round(median, 2), "slowest_s": round(slowest, 2),
             "median_over_slowest": round(median / slowest, 3) if waits else None,
-            "idle_rss_mb": round(idle_mb), "peak_rss_mb": round(peak_mb), "all_drawn_after_s": round(total_s, 2)}
+            "idle_rss_mb": round(idle_mb), "peak_rss_mb": round(peak_mb), "all_drawn_after_s": round(total_s, 2),
+            "rss_mb_as_tabs_drew": sorted((round(t.wait_s, 1), round(t.rss_mb)) for t in tabs if t.wait_s is not None),
+            "rss_mb_3s_after_all_drew_tabs_open": round(settled_mb),
+            "rss_timeline": [(round(t - t0, 2), round(mb)) for t, mb in sampler.samples]}
 
 
 def report(row: dict) -> str:
@@ -172,7 +178,10 @@ def report(row: dict) -> str:
             f"  median wait {row['median_s']:.1f} s, slowest {row['slowest_s']:.1f} s, median/slowest "
             f"{row['median_over_slowest']} (target <= {TARGET_RATIO}: {'met' if ok_ratio else 'not met'})\n"
             f"  RSS idle {row['idle_rss_mb']} MB, peak {row['peak_rss_mb']} MB (target <= {TARGET_PEAK_MB} MB: "
-            f"{'met' if row['peak_rss_mb'] <= TARGET_PEAK_MB else 'not met'})")
+            f"{'met' if row['peak_rss_mb'] <= TARGET_PEAK_MB else 'not met'}), "
+            f"{row['rss_mb_3s_after_all_drew_tabs_open']} MB once all drew (tabs still open)\n"
+            f"  RSS as each tab drew (s, MB): "
+            f"{', '.join(f'{w:.0f} s {m}' for w, m in row['rss_mb_as_tabs_drew'])}")
 
 
 def main() -> None:

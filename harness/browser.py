@@ -44,7 +44,7 @@ def nav_to(page, title: str, timeout_ms: int = 120_000) -> None:
     tree = ast.parse((ROOT / "app.py").read_text())
     pages = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
                  and any(getattr(t, "id", None) == "PAGES" for t in node.targets))
-    section = next(section for _, name, _, section in pages if name == title)
+    section = next(section for _, name, _, section, *_ in pages if name == title)
     page.locator('[data-testid="stTopNavSection"]').filter(has_text=section).first.click(timeout=timeout_ms)
     page.locator('[data-testid="stTopNavDropdownLink"]').filter(has_text=title).first.click(timeout=timeout_ms)
 

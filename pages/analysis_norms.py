@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from model_core.analysis import grid_to_csv, norm_weighted_attention, special_token_mass
+from model_core.analysis import grid_to_csv, norm_weighted_attention
 from model_core.io.tables import token_matrix_to_csv
 from attention_explorer.analysis_figures import special_mass_figure
 from ui.analysis_widgets import (
@@ -15,7 +15,7 @@ from ui.analysis_widgets import (
     positions_outside_window,
 )
 from ui.context import require_trace
-from ui.derived import analysis_bundle
+from ui.derived import analysis_bundle, cached_special_token_mass
 from attention_explorer.figures import attention_heatmap, layer_head_figure
 from ui.state import head_fragment
 
@@ -63,7 +63,7 @@ def _head(layer: int, head: int) -> None:
 
 head_fragment("norms_head", _head, slot=ctx.head_slot, n_layers=trace.n_layers, n_heads=trace.n_heads,
               settings=ctx.settings)
-mass = special_token_mass(trace)
+mass = cached_special_token_mass(trace)
 show_figure(special_mass_figure(mass), f"{trace.model_kind}_special_token_mass")
 if not mass.has_sep:
     st.caption(f"This input has no {names.sep}: the chart shows the share on {names.first} alone.")

@@ -15,7 +15,7 @@ from ui.guard import view_guard
 from ui.state import head_fragment
 from ui.loaders import get_walkthrough
 from ui.inside_decoder import STEPS as DECODER_STEPS
-from ui.inside_views import dims_title, norm_lines, shape_line, vectors
+from ui.inside_views import dims_title, norm_lines, shape_line, vector_row, vectors
 
 ctx = require_trace()
 t = ctx.trace
@@ -120,12 +120,9 @@ def _concat(wt, layer: int, head: int) -> None:
                 "W_O, so every output dimension can draw on every head.")
     st.latex(r"\mathrm{MultiHead}(x) = \mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W_O^\top + b_O")
     with view_guard("concatenation"):
-        c1, c2 = st.columns(2)
-        with c1:
-            vectors(wt, "concat", f"Concatenated heads (all {hidden} dims)", "concat", max_dims=hidden,
-                    mark=(head * d_head, (head + 1) * d_head))
-        with c2:
-            vectors(wt, "attention_output", dims_title("After W_O", hidden), "attn_out")
+        vector_row(wt, dict(name="concat", title=f"Concatenated heads (all {hidden} dims)", key="concat",
+                            max_dims=hidden, mark=(head * d_head, (head + 1) * d_head)),
+                   dict(name="attention_output", title=dims_title("After W_O", hidden), key="attn_out"))
 
 
 def _ffn(wt, layer: int, head: int) -> None:
@@ -135,11 +132,9 @@ def _ffn(wt, layer: int, head: int) -> None:
                 "ones towards 0, so most intermediate activations end near zero.")
     st.latex(r"\mathrm{FFN}(x) = W_2\, \mathrm{GELU}(W_1 x + b_1) + b_2")
     with view_guard("feed-forward"):
-        c1, c2 = st.columns(2)
-        with c1:
-            vectors(wt, "ffn_hidden", dims_title("W₁x + b₁ (before GELU)", wt.intermediate_size), "ffn_hidden")
-        with c2:
-            vectors(wt, "ffn_activation", dims_title("GELU activation", wt.intermediate_size), "ffn_act")
+        vector_row(wt, dict(name="ffn_hidden", title=dims_title("W₁x + b₁ (before GELU)", wt.intermediate_size),
+                            key="ffn_hidden"),
+                   dict(name="ffn_activation", title=dims_title("GELU activation", wt.intermediate_size), key="ffn_act"))
         vectors(wt, "ffn_output", dims_title("FFN output", hidden), "ffn_out", shapes=("ffn_input", "ffn_output"))
 
 

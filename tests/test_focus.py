@@ -68,3 +68,30 @@ def test_the_kept_focus_comes_back_when_streamlit_dropped_the_pickers_state():
     at.session_state["hide"] = False
     at.run()
     assert at.session_state["before"] == Focus(0, 3) and at.selectbox(key="sel_head").value == 3
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_head_statistics_open_the_sidebars_head_in_the_heatmaps_in_chromium(app_url, browser):
+    """A link's head is the page's; the sidebar's picker (the only one) moves it, reruns only its fragment, and the
+    button opens that head in the heatmaps, with the link following."""
+    from harness.browser import CHROMIUM, wait_for_run
+
+    if not CHROMIUM.exists():
+        pytest.skip("Chromium not installed: apt-get install chromium")
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
+    page = context.new_page()
+    try:
+        page.goto(f"{app_url}/analysis_head_stats?layer=2&head=5", wait_until="domcontentloaded")
+        page.get_by_role("button", name="Open layer 2, head 5 in the heatmaps").wait_for(timeout=180_000)
+        wait_for_run(page, 180, 2.0)
+        combo = page.locator('section[data-testid="stSidebar"] input[role="combobox"][aria-label="Head"]')
+        combo.click()
+        combo.press("ArrowDown")
+        page.locator('[role="listbox"] [role="option"][data-key="7"]').click()
+        page.get_by_role("button", name="Open layer 2, head 7 in the heatmaps").click(timeout=60_000)
+        page.get_by_role("heading", name="Layer 2, head 7").wait_for(timeout=120_000)
+        assert "layer=2" in page.url and "head=7" in page.url
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        context.close()

@@ -1,8 +1,10 @@
 """The gate in the real app (AE_MAX_RUNS=1, SmolLM2): while one tab's long compact trace holds the model, a tab
-with a new text shows its place in the queue and can leave it, and a tab whose trace is cached is served at once.
+with a new text shows its place in the queue and can leave it (a long one in its progress bar), and a tab whose
+trace is cached is served at once.
 
-Nothing is slowed down for the test: the busy tab runs the compact trace of 4,096 tokens, which takes longer on a CPU
-than the test needs; the server is stopped when the module ends.
+Nothing is slowed down for the test: the busy tab runs the compact trace of 4,096 tokens (about 20 s on a quiet
+2-core CPU, docs/performance.md) and a second one waits next, so the gate stays busy longer than the test needs; the
+server is stopped when the module ends.
 """
 
 from __future__ import annotations
@@ -46,10 +48,10 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def queue(server):
     """Tabs on one server: ``cached_text`` traced first; ``busy`` holds the gate (a 4,096-token compact trace);
-    ``next`` waits first in line and ``probe`` second, each with its own 500-token text."""
-    from harness.browser import chromium
+    a second long text waits first in line, and ``probe`` (500 tokens) second."""
+    from harness.browser import open_chromium
 
-    for browser in chromium():
+    with open_chromium() as browser:
         def tab(text: str):
             page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
             page.goto(_url(server.url, text), wait_until="domcontentloaded")
@@ -61,7 +63,7 @@ def queue(server):
         busy = tab(text_of(4096, 2, MODEL))
         # Its progress bar says the pass runs (not waiting): the gate's one turn is taken.
         busy.get_by_text("Running the model").wait_for(timeout=TIMEOUT_MS)
-        waiting = tab(text_of(500, 3, MODEL))
+        waiting = tab(text_of(4096, 3, MODEL))  # a second long pass: the gate stays busy past the test's end
         waiting.get_by_text("you are next in the queue").wait_for(timeout=TIMEOUT_MS)
         probe = tab(text_of(500, 4, MODEL))
         yield {"browser": browser, "tab": tab, "cached_text": cached_text, "busy": busy, "probe": probe}
@@ -92,3 +94,11 @@ def test_leaving_the_queue_says_so_and_stays_left(queue):
     assert probe.get_by_text("Waiting for the model").count() == 0
     assert probe.locator('[data-testid="stSidebar"] textarea[aria-label="Sentence A"]').is_editable()
     assert probe.get_by_role("button", name="Join the queue again").is_visible()
+
+
+def test_a_waiting_compact_trace_shows_the_queue_in_its_bar_and_cancel_leaves_it(queue):
+    page = queue["tab"](text_of(4096, 5, MODEL))
+    page.get_by_text("Cancel leaves the queue").wait_for(timeout=TIMEOUT_MS)
+    assert page.get_by_text("Waiting for the model").count() == 1
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_text("Cancelled: the compact trace").wait_for(timeout=TIMEOUT_MS)

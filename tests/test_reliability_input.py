@@ -7,28 +7,17 @@ from __future__ import annotations
 
 import html
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from app_runs import run_app
 from streamlit.testing.v1 import AppTest
 
 from model_core.settings import BUNDLED_MODEL_ID
 
 pytestmark = pytest.mark.slow
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-
-
-def _run(state: dict | None = None, query: dict | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
-    for key, value in (state or {}).items():
-        at.session_state[key] = value
-    for key, value in (query or {}).items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+_run = run_app  # app.py once, with session state and link parameters; it raised nothing
 
 
 def _ctx(at: AppTest):

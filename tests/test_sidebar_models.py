@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from app_runs import run_app
 from streamlit.testing.v1 import AppTest
 
 from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID
@@ -14,16 +13,9 @@ from ui.state import CHOICE_KEY, OTHER, PRETRAINED_CHOICES
 
 pytestmark = pytest.mark.slow
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-
 
 def _app(query: dict[str, str] | None = None, state: dict | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
-    for key, value in (query or {}).items():
-        at.query_params[key] = value
-    for key, value in (state or {}).items():
-        at.session_state[key] = value
-    at.run()
+    at = run_app(state, query, timeout=300)
     _clean(at)
     return at
 
@@ -123,18 +115,13 @@ def test_other_opens_the_id_box_and_a_typed_folder_is_traced(tiny_decoders):
 
 
 def test_a_typed_id_never_reaches_the_model_label():
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.session_state["ctl_model_id"] = "[x](https://evil.example/)"
-    at.run()
-    assert not at.exception
+    at = run_app({"ctl_model_id": "[x](https://evil.example/)"}, timeout=300)
     assert _model_label(at) == "Model: Pretrained · your model id"
     assert at.sidebar.radio(key=CHOICE_KEY).value == OTHER
 
 
 def test_use_the_bundled_model_after_a_bad_id_leaves_other_for_minilm():
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.session_state["ctl_model_id"] = "/definitely/not/here"
-    at.run()
+    at = run_app({"ctl_model_id": "/definitely/not/here"}, timeout=300)
     assert [b.label for b in at.sidebar.button] == ["Use the bundled model"]
     at.sidebar.button[0].click()
     _rerun(at)

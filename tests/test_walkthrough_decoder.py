@@ -4,11 +4,11 @@ computes it, and the families without a block walk say why."""
 
 from __future__ import annotations
 
+import decoder_reference as reference
 import numpy as np
 import pytest
 import torch
 
-import decoder_reference as reference
 from model_core import TraceRequest, build_trace
 from model_core.trace.request import build_walkthrough
 

@@ -20,7 +20,8 @@ from model_core.analysis import head_stats
 from ui.trace_cache import per_trace, trace_key
 
 __all__ = ["per_trace", "trace_key", "word_attentions", "overview_mosaic_cells", "cached_head_stats",
-           "rollout_and_flow", "next_token_distribution", "analysis_bundle", "neighbours_by_layer"]
+           "cached_special_token_mass", "rollout_and_flow", "next_token_distribution", "analysis_bundle",
+           "neighbours_by_layer"]
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -49,6 +50,15 @@ def cached_head_stats(trace: AttentionTrace) -> HeadStats:
     for grid in stats.to_dict().values():
         grid.setflags(write=False)
     return stats
+
+
+@per_trace()
+def cached_special_token_mass(trace: AttentionTrace) -> Any:
+    """The share of raw and norm-weighted attention on the special tokens
+    (``model_core.analysis.special_token_mass``)."""
+    from model_core.analysis import special_token_mass
+
+    return special_token_mass(trace)
 
 
 @per_trace(spinner="Computing attention flow…")

@@ -93,12 +93,16 @@ def _field_parser(field: str) -> Callable[[str], Any]:
     return _text
 
 
+FOCUS_LAYER_KEY = "sel_layer"
+FOCUS_HEAD_KEY = "sel_head"
+"""The Layer/Head pickers' widget keys (``ui.focus`` owns the focus; links and tests set these)."""
+
 QUERY_PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     **{field: (control_key(field), _field_parser(field)) for field in REQUEST_FIELDS},
     "words": ("ctl_words", _flag),
     "sel": ("sel_tokens", _positions),
-    "layer": ("sel_layer", _int_in(0, MAX_INDEX)),
-    "head": ("sel_head", _int_in(0, MAX_INDEX)),
+    "layer": (FOCUS_LAYER_KEY, _int_in(0, MAX_INDEX)),
+    "head": (FOCUS_HEAD_KEY, _int_in(0, MAX_INDEX)),
 }
 """Query-parameter name -> (session key, parser): the request's fields by their own names, then the view's."""
 

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-# The pickers' widget keys, which links and tests also set (``ui.fields.QUERY_PARAMS``).
-LAYER_KEY = "sel_layer"
-HEAD_KEY = "sel_head"
+from ui.fields import FOCUS_HEAD_KEY as HEAD_KEY
+from ui.fields import FOCUS_LAYER_KEY as LAYER_KEY
 # The focus outside the pickers' widget state. A picker drawn by a fragment loses its widget state when the next
 # full run is another page (Streamlit drops it before the run starts); this plain key survives, and the next
 # run's picker starts from it.

@@ -13,7 +13,7 @@ from model_core.words import markdown_text, shown_text
 from ui.analysis_widgets import positions_outside_window
 from ui.downloads import figure_config
 from ui.guard import view_guard
-from ui.inside_views import dims_title, norm_lines, shape_line, vectors
+from ui.inside_views import dims_title, norm_lines, shape_line, vector_row, vectors
 
 
 def _latex_number(x: float) -> str:
@@ -115,12 +115,10 @@ def _rotary(wt, layer: int, head: int) -> None:
         st.info(f"Block {layer} applies **no rotary embedding**: its queries and keys are the projections as they "
                 "are, and the other blocks tell positions apart.", icon=":material/info:")
     with view_guard("rotary embedding"):
-        c1, c2 = st.columns(2)
-        with c1:
-            vectors(wt, "queries_before_rotary", f"q, head {head}, before", "dec_q_before", head=head,
-                    max_dims=d_head, shapes=())
-        with c2:
-            vectors(wt, "queries", f"q, head {head}, rotated", "dec_q_after", head=head, max_dims=d_head, shapes=())
+        vector_row(wt, dict(name="queries_before_rotary", title=f"q, head {head}, before", key="dec_q_before",
+                            head=head, max_dims=d_head, shapes=()),
+                   dict(name="queries", title=f"q, head {head}, rotated", key="dec_q_after", head=head,
+                        max_dims=d_head, shapes=()))
         c3, c4 = st.columns(2)
         with c3:
             vectors(wt, "keys", f"k, key/value head {kv}, rotated", "dec_k_after", head=kv, max_dims=d_head,
@@ -176,12 +174,9 @@ def _output(wt, layer: int, head: int) -> None:
              r"\mathrm{Attn}(x) = \mathrm{Concat}(\mathrm{head}_0, \dots)\, W_O^\top")
     with view_guard("output projection"):
         vectors(wt, "head_outputs", f"Head {head}'s output = weights @ v", "dec_head_out", head=head, max_dims=d_head)
-        c1, c2 = st.columns(2)
-        with c1:
-            vectors(wt, "concat", dims_title("Concatenated heads", wt.concat.shape[-1]), "dec_concat",
-                    mark=(head * d_head, (head + 1) * d_head) if (head + 1) * d_head <= 64 else None)
-        with c2:
-            vectors(wt, "attention_output", dims_title("After W_O", hidden), "dec_attn_out")
+        vector_row(wt, dict(name="concat", title=dims_title("Concatenated heads", wt.concat.shape[-1]), key="dec_concat",
+                            mark=(head * d_head, (head + 1) * d_head) if (head + 1) * d_head <= 64 else None),
+                   dict(name="attention_output", title=dims_title("After W_O", hidden), key="dec_attn_out"))
 
 
 def _mlp_norm(wt, layer: int, head: int) -> None:
@@ -196,11 +191,10 @@ def _mlp_norm(wt, layer: int, head: int) -> None:
                     "(pre-normalisation), so its norm can grow layer by layer.")
         st.latex(r"x' = x + \mathrm{Attn}(\mathrm{RMSNorm}_1(x)), \qquad y = x' + \mathrm{MLP}(\mathrm{RMSNorm}_2(x'))")
     with view_guard("residual and RMSNorm"):
-        c1, c2 = st.columns(2)
-        with c1:
-            vectors(wt, "residual_1", dims_title("x' = stream after attention", wt.hidden_size), "dec_res1")
-        with c2:
-            vectors(wt, "ffn_input", dims_title("RMSNorm₂(x'), what the MLP reads", wt.hidden_size), "dec_rms2")
+        vector_row(wt, dict(name="residual_1", title=dims_title("x' = stream after attention", wt.hidden_size),
+                            key="dec_res1"),
+                   dict(name="ffn_input", title=dims_title("RMSNorm₂(x'), what the MLP reads", wt.hidden_size),
+                        key="dec_rms2"))
 
 
 def _mlp(wt, layer: int, head: int) -> None:
@@ -211,16 +205,11 @@ def _mlp(wt, layer: int, head: int) -> None:
     st.latex(rf"\mathrm{{MLP}}(x) = W_\mathrm{{down}}\big(\mathrm{{{act}}}(W_\mathrm{{gate}}\, x) \odot "
              r"W_\mathrm{up}\, x\big)")
     with view_guard("gated MLP"):
-        c1, c2 = st.columns(2)
-        with c1:
-            vectors(wt, "gate", dims_title("W_gate x", wt.intermediate_size), "dec_gate", shapes=())
-        with c2:
-            vectors(wt, "up", dims_title("W_up x", wt.intermediate_size), "dec_up", shapes=())
-        c3, c4 = st.columns(2)
-        with c3:
-            vectors(wt, "activation", dims_title(f"{act}(W_gate x)", wt.intermediate_size), "dec_act", shapes=())
-        with c4:
-            vectors(wt, "gated", dims_title(f"{act}(gate) ⊙ up", wt.intermediate_size), "dec_gated", shapes=())
+        width = wt.intermediate_size
+        vector_row(wt, dict(name="gate", title=dims_title("W_gate x", width), key="dec_gate", shapes=()),
+                   dict(name="up", title=dims_title("W_up x", width), key="dec_up", shapes=()))
+        vector_row(wt, dict(name="activation", title=dims_title(f"{act}(W_gate x)", width), key="dec_act", shapes=()),
+                   dict(name="gated", title=dims_title(f"{act}(gate) ⊙ up", width), key="dec_gated", shapes=()))
         vectors(wt, "ffn_output", dims_title("W_down(…), the MLP's output", wt.hidden_size), "dec_mlp_out",
                 shapes=("gate", "gated", "ffn_output"))
 

@@ -41,3 +41,10 @@ def vectors(wt, name: str, title: str, key: str, *, head: int | None = None, max
     st.plotly_chart(fig, config=figure_config(f"inside_{key}"), key=key)
     if shapes != ():
         shape_line(wt, *(shapes or (name,)))
+
+
+def vector_row(wt, *specs: dict) -> None:
+    """Walk tensors side by side, one column each; every spec holds ``vectors``' arguments (name, title, key...)."""
+    for column, spec in zip(st.columns(len(specs)), specs):
+        with column:
+            vectors(wt, **spec)

@@ -3,10 +3,10 @@
 A derived result (head statistics, the overview's mosaic, rollout, a compact trace's pooled head or rollout row, role
 scores...) depends on the trace and a few hashable arguments only. ``per_trace`` computes it once per (trace, function,
 arguments) and every session shares it (they share the trace, ``ui.loaders.TRACES``). The entries live in one
-``BoundedCache`` (``DERIVED``) keyed by the trace's content (``trace_key``: a full trace's or a compact trace's), bounded
-by the bytes they hold (half of AE_TRACE_CACHE_MB), least recently used out first, and dropped when their trace is freed,
-so what was derived never outlives its trace (the words' merged attention of a 512-token SmolLM2 trace is as large as
-its weights). Results are read-only: never mutate what these return.
+``BoundedCache`` (``DERIVED``) keyed by the trace's content (``trace_key``: a full trace's or a compact trace's),
+bounded by the bytes they hold (half of AE_TRACE_CACHE_MB, at least 64 MB), least recently used out first, and
+dropped when their trace is freed, so what was derived never outlives its trace (the words' merged attention of a
+512-token SmolLM2 trace is as large as its weights). Results are read-only: never mutate what these return.
 
 This module imports nothing else of ``ui``: ``ui.loaders`` and the pages' helpers all build on it.
 """
@@ -76,9 +76,15 @@ class DerivedCache(BoundedCache):
                 self._gone.pop(old, None)
 
 
+DERIVED_MIN_MB = 64
+"""The least the derived results may hold, whatever AE_TRACE_CACHE_MB says: a page reads several (the heatmaps page
+its statistics and its mosaic), and a budget of one entry would compute them again on every rerun."""
+
+
 def derived_budget() -> float:
-    """Bytes the derived results may hold together: half of AE_TRACE_CACHE_MB, beside the traces themselves."""
-    return load_settings().trace_cache_mb * 1e6 / 2
+    """Bytes the derived results may hold together: half of AE_TRACE_CACHE_MB (at least ``DERIVED_MIN_MB``), beside
+    the traces themselves."""
+    return max(load_settings().trace_cache_mb / 2, DERIVED_MIN_MB) * 1e6
 
 
 DERIVED = DerivedCache(lambda: derived_budget(), max_entries=DERIVED_MAX_ENTRIES, ttl_s=DERIVED_TTL_S,

@@ -31,9 +31,9 @@ def add_roles_parser(sub: Any) -> None:
 
 def run_roles(args: argparse.Namespace) -> tuple[RoleScores, dict[str, Any]]:
     """Score the model of ``args``: the four probes, then retrieval where the model is a decoder."""
-    from model_core.trace.request import TraceRequest
     from model_core.roles.probes import score_roles
     from model_core.roles.retrieval import retrieval_scores
+    from model_core.trace.request import TraceRequest
 
     request = TraceRequest(args.model, "", model_id=args.model_id, weights=args.weights, seed=args.weights_seed,
                            causal=args.causal, num_hidden_layers=args.layers, num_attention_heads=args.heads, hidden_size=args.hidden)

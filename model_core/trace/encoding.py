@@ -41,6 +41,10 @@ def clean_text(text: str | None) -> str:
     return "".join(c for c in text if not (unicodedata.category(c) in ("Cc", "Cf", "Cs") and c not in "\t\n")).strip()
 
 
+PAIR_JOIN = "\n"
+"""A decoder reads a pair as one text: A, a line break, then B."""
+
+
 def encode(
     tokenizer: Any,
     text: str,
@@ -49,42 +53,82 @@ def encode(
     max_tokens: int = HARD_MAX_TOKENS,
     truncate: bool = False,
     limit_hint: str = "",
+    decoder: bool = False,
 ) -> EncodedInput:
-    """Tokenise with BERT's WordPiece: [CLS] A [SEP] (B [SEP]), token types 0 then 1.
+    """Tokenise with BERT's WordPiece: [CLS] A [SEP] (B [SEP]), token types 0 then 1; with ``decoder``, as a decoder
+    language model reads text (``encode_decoder``).
 
     Raises:
         InputError: empty text, text that gives no tokens, or more than ``max_tokens`` tokens
             without ``truncate``.
     """
     a, b = _check_length(text, text_b)
-    full = tokenizer(a, b or None, add_special_tokens=True, truncation=False)
-    n = len(full["input_ids"])
-    # Words per sentence, without [CLS]/[SEP]: e.g. only combining accents, which uncased BERT
-    # strips, leave none, and there is nothing to attend to.
-    all_types = full.get("token_type_ids") or [0] * n
-    n_words_b = all_types.count(1) - 1 if b else 0
-    for name, words in (("Sentence A", n - (3 if b else 2) - n_words_b), ("Sentence B", n_words_b if b else 1)):
-        if words <= 0:
-            raise InputError(f"{name} gives no tokens the model knows (only accents, marks or spaces); "
-                             "type some words.")
-    truncated = False
+    pieces = _decoder_pieces if decoder else _wordpiece_pieces
+    ids, types, b_start = pieces(tokenizer, a, b, None)
+    n = len(ids)
     if n > max_tokens:
         if not truncate:
             raise InputError(f"The input has {n} tokens; the limit is {max_tokens}{limit_hint}. Shorten it, "
                              "or ask for truncation to keep the first tokens.")
-        full = tokenizer(a, b or None, add_special_tokens=True, truncation=True, max_length=max_tokens)
-        truncated = True
-    ids = full["input_ids"]
-    types = full.get("token_type_ids") or [0] * len(ids)
-    tokens = tuple(tokenizer.convert_ids_to_tokens(ids))
-    b_start = types.index(1) if b and 1 in types else None
+        ids, types, b_start = pieces(tokenizer, a, b, max_tokens)
     return EncodedInput(
-        tokens=tokens,
+        tokens=tuple(tokenizer.convert_ids_to_tokens(ids)),
         input_ids=torch.tensor([ids], dtype=torch.long),
         token_type_ids=torch.tensor([types], dtype=torch.long),
         sentence_b_start=b_start,
-        truncated=truncated,
+        truncated=len(ids) < n,
     )
+
+
+def encode_decoder(tokenizer: Any, text: str, text_b: str | None = None, **limit: Any) -> EncodedInput:
+    """Tokenise for a decoder language model: the tokenizer's own special tokens (a BOS where it adds one), no
+    [CLS]/[SEP]. A pair is one text, A + a line break + B, tokenised together as the model would read it;
+    ``sentence_b_start`` is B's first token and the token types are 0 before it and 1 from it. ``limit``: ``encode``'s
+    ``max_tokens``, ``truncate`` and ``limit_hint``.
+
+    Raises:
+        InputError: empty text, or more than ``max_tokens`` tokens without ``truncate``.
+    """
+    return encode(tokenizer, text, text_b, decoder=True, **limit)
+
+
+Pieces = tuple[list[int], list[int], "int | None"]
+"""A tokenised input: ids, token types, and where sentence B starts (or None)."""
+
+
+def _wordpiece_pieces(tokenizer: Any, a: str, b: str, max_tokens: int | None) -> Pieces:
+    """[CLS] A [SEP] (B [SEP]); kept within ``max_tokens`` by the tokenizer's truncation (which keeps the [SEP]s)."""
+    if max_tokens is not None:
+        full = tokenizer(a, b or None, add_special_tokens=True, truncation=True, max_length=max_tokens)
+    else:
+        full = tokenizer(a, b or None, add_special_tokens=True, truncation=False)
+        n = len(full["input_ids"])
+        # Words per sentence, without [CLS]/[SEP]: e.g. only combining accents, which uncased BERT
+        # strips, leave none, and there is nothing to attend to.
+        all_types = full.get("token_type_ids") or [0] * n
+        n_words_b = all_types.count(1) - 1 if b else 0
+        for name, words in (("Sentence A", n - (3 if b else 2) - n_words_b), ("Sentence B", n_words_b if b else 1)):
+            if words <= 0:
+                raise InputError(f"{name} gives no tokens the model knows (only accents, marks or spaces); "
+                                 "type some words.")
+    ids = list(full["input_ids"])
+    types = list(full.get("token_type_ids") or [0] * len(ids))
+    return ids, types, types.index(1) if b and 1 in types else None
+
+
+def _decoder_pieces(tokenizer: Any, a: str, b: str, max_tokens: int | None) -> Pieces:
+    """A + a line break + B tokenised as one text, the first ``max_tokens`` kept."""
+    joined = a + PAIR_JOIN + b if b else a
+    full = tokenizer(joined, add_special_tokens=True, truncation=False, return_offsets_mapping=bool(b))
+    ids = list(full["input_ids"])[:max_tokens]
+    b_start = None
+    if b:
+        start_of_b = len(a) + len(PAIR_JOIN)
+        b_start = next((i for i, (s, e) in enumerate(full["offset_mapping"]) if e > s and s >= start_of_b), None)
+        if b_start is not None and b_start >= len(ids):
+            b_start = None  # truncation cut B off
+    types = [0] * len(ids) if b_start is None else [0] * b_start + [1] * (len(ids) - b_start)
+    return ids, types, b_start
 
 
 def _check_length(text: str | None, text_b: str | None) -> tuple[str, str]:
@@ -99,47 +143,3 @@ def _check_length(text: str | None, text_b: str | None) -> tuple[str, str]:
     return a, b
 
 
-PAIR_JOIN = "\n"
-"""A decoder reads a pair as one text: A, a line break, then B."""
-
-
-def encode_decoder(
-    tokenizer: Any,
-    text: str,
-    text_b: str | None = None,
-    *,
-    max_tokens: int = HARD_MAX_TOKENS,
-    truncate: bool = False,
-    limit_hint: str = "",
-) -> EncodedInput:
-    """Tokenise for a decoder language model: the tokenizer's own special tokens (a BOS where it adds one), no
-    [CLS]/[SEP]. A pair is one text, A + a line break + B, tokenised together as the model would read it;
-    ``sentence_b_start`` is B's first token and the token types are 0 before it and 1 from it.
-
-    Raises:
-        InputError: empty text, or more than ``max_tokens`` tokens without ``truncate``.
-    """
-    a, b = _check_length(text, text_b)
-    joined = a + PAIR_JOIN + b if b else a
-    full = tokenizer(joined, add_special_tokens=True, truncation=False, return_offsets_mapping=bool(b))
-    ids = list(full["input_ids"])
-    n = len(ids)
-    if n > max_tokens:
-        if not truncate:
-            raise InputError(f"The input has {n} tokens; the limit is {max_tokens}{limit_hint}. Shorten it, or ask "
-                             "for truncation to keep the first tokens.")
-        ids = ids[:max_tokens]
-    b_start = None
-    if b:
-        start_of_b = len(a) + len(PAIR_JOIN)
-        b_start = next((i for i, (s, e) in enumerate(full["offset_mapping"]) if e > s and s >= start_of_b), None)
-        if b_start is not None and b_start >= len(ids):
-            b_start = None  # truncation cut B off
-    types = [0] * len(ids) if b_start is None else [0] * b_start + [1] * (len(ids) - b_start)
-    return EncodedInput(
-        tokens=tuple(tokenizer.convert_ids_to_tokens(ids)),
-        input_ids=torch.tensor([ids], dtype=torch.long),
-        token_type_ids=torch.tensor([types], dtype=torch.long),
-        sentence_b_start=b_start,
-        truncated=len(ids) < n,
-    )
