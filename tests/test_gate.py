@@ -210,7 +210,9 @@ def _passes(monkeypatch) -> list[dict]:
             call = {"compact": kwargs.get("compact", False)}
             calls.append(call)
             first = self.layers(model)[0] if isinstance(self, TransformersFamily) else model  # what surely runs
-            hook = first.register_forward_pre_hook(lambda *_: call.setdefault("gate", GATE.snapshot()))
+            def seen(*_):  # returns None: a pre-hook's value would replace the layer's inputs
+                call.setdefault("gate", GATE.snapshot())
+            hook = first.register_forward_pre_hook(seen)
             try:
                 return _forward(self, model, *args, **kwargs)
             finally:

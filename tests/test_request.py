@@ -86,3 +86,33 @@ def test_the_app_keeps_its_models_in_one_cache():
     assert lookups() == before
     get_trace(TraceRequest("custom", "a short text", weights="pretrained"))
     assert lookups() == before
+
+
+def test_a_request_without_a_model_id_runs_the_deployments_default():
+    from model_core.settings import Settings
+    from model_core.trace.resolve import model_id_of
+
+    settings = Settings(default_model="some/bert")
+    assert model_id_of(TraceRequest("pretrained", "a"), settings) == "some/bert"
+    assert model_id_of(TraceRequest("pretrained", "a", model_id="other/bert"), settings) == "other/bert"
+    assert model_id_of(TraceRequest("custom", "a", weights="pretrained"), settings) == "some/bert"
+    assert model_id_of(TraceRequest("custom", "a"), settings) is None  # random weights
+
+
+def test_the_form_decision_and_the_build_tokenise_the_text_once(tiny_decoders, monkeypatch):
+    from model_core.compact.build import build_compact, trace_form
+    from model_core.families.decoder import DecoderFamily
+    from model_core.settings import load_settings
+
+    calls = []
+    encode = DecoderFamily.encode
+    monkeypatch.setattr(DecoderFamily, "encode", lambda self, *a, **k: calls.append(a[1]) or encode(self, *a, **k))
+    text = "the river bank where the children play, tokenised once"
+    request = TraceRequest("pretrained", text, model_id=str(tiny_decoders["llama"]))
+    form = trace_form(request, device="cpu")
+    trace = build_trace(request, device="cpu")
+    compact = build_compact(request, device="cpu", max_tokens=load_settings().max_tokens)  # as the app asks
+    assert calls == [text]
+    assert form.n_tokens == trace.n_tokens == compact.n_tokens
+    build_trace(TraceRequest("pretrained", text + " and more", model_id=request.model_id), device="cpu")
+    assert len(calls) == 2  # another text is tokenised

@@ -161,3 +161,14 @@ def test_the_server_holds_numpys_blas_to_the_threads_it_gives_torch():
     assert out.returncode == 0, out.stderr[-2000:]
     torch_threads, blas = json.loads(out.stdout.strip().splitlines()[-1])
     assert torch_threads == 1 and blas and set(blas) == {1}
+
+
+def test_max_runs_is_a_whole_number_or_auto():
+    assert load_settings({"AE_MAX_RUNS": " 3 "}).max_runs == 3
+    auto = load_settings({"AE_MAX_RUNS": "auto"}).max_runs
+    assert auto == load_settings({}).max_runs == Settings().max_runs and auto in (1, 2)
+    assert load_settings({"AE_MAX_RUNS": "auto", "AE_DEVICE": "cpu"}).max_runs == 1  # passes on a CPU share its cores
+    with pytest.raises(ValueError, match="AE_MAX_RUNS='two' is not a whole number"):
+        load_settings({"AE_MAX_RUNS": "two"})
+    with pytest.raises(ValueError, match="AE_MAX_RUNS=0 must be between 1 and 64"):
+        load_settings({"AE_MAX_RUNS": "0"})

@@ -161,6 +161,6 @@ def test_the_notebook_walks_a_block_too(tiny_decoders):
 
 
 def test_the_token_embedding_is_the_lookup_itself(walked):
-    family, _, wt, model, _ = walked
+    _, _, wt, model, _ = walked
     table = model.model.embed_tokens.weight.detach().numpy()
     np.testing.assert_allclose(wt.token_embeddings, table[wt.token_ids], atol=1e-6)  # Gemma's √hidden not yet in
