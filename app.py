@@ -10,10 +10,11 @@ import streamlit as st
 from model_core import InputError, ModelLoadError
 from model_core.settings import BUNDLED_MODEL_ID, load_settings
 from model_core.trace.resolve import model_id_of
-from ui.context import AppContext, set_context
+from ui.context import make_context, set_context
 from ui.downloads import format_picker
 from ui.compact import trace_compact
 from ui.loaders import collect_after_run, get_trace, get_trace_form, prepare_bundled_decoder
+from ui.run_traces import release_run
 from ui.focus import Focus, clamp_focus, focus_picker
 from ui.st_private import drop_stale_widget_callbacks
 from ui.state import choose_model, init_state, render_controls, request_from_state, sync_query_params
@@ -100,9 +101,8 @@ def main() -> None:
             compact = trace_compact(request, form)
             if compact is None:
                 error = "Cancelled."
-        else:
-            with st.spinner("Running the model…"):
-                trace = get_trace(request)
+        else:  # on a miss the page shows the queue's note while the pass waits its turn, then a spinner
+            trace = get_trace(request)
     except (InputError, ModelLoadError, ValueError) as exc:
         error = _as_text(str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
@@ -129,16 +129,18 @@ def main() -> None:
         if isinstance(error, str) and uses_other_model:
             head_slot.button("Use the bundled model", on_click=_use_bundled, type="primary")
     format_picker()  # the camera button of every chart on every page: PNG or SVG
-    set_context(AppContext(request=request, settings=settings, trace=trace, error=error, focus=focus,
-                           head_slot=head_slot, words=words, compact=compact))
+    # The context names the trace and holds it for this run only: release_run lets it go, so an idle session does
+    # not keep it out of the cache's byte budget (ui.run_traces).
+    set_context(make_context(request, settings, shaped, error, focus=focus, head_slot=head_slot, words=words))
     sync_query_params(settings)
     completed = False
     try:
         nav.run()
         completed = True
     finally:
-        # Earlier runs' page globals (and their traces) are held by callbacks of widgets that are gone: let them go,
-        # and collect them once a new trace has pushed an old one out.
+        release_run()  # the trace out of the page's globals, which its fragments and callbacks keep alive
+        # Earlier runs' page globals are held by callbacks of widgets that are gone: let them go, and collect them
+        # once a new trace has pushed an old one out.
         dropped = drop_stale_widget_callbacks(at_end=True) if completed else 0
         collect_after_run(force=dropped > 0)
 

@@ -17,6 +17,7 @@ from ui.context import require_trace
 from ui.derived import analysis_bundle, cached_head_stats
 from attention_explorer.figures import layer_head_figure
 from ui.focus import set_focus
+from ui.run_traces import with_page_traces
 from ui.state import head_fragment, open_page_if_requested
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
@@ -82,6 +83,7 @@ stats = cached_head_stats(trace)
 
 
 @st.fragment
+@with_page_traces  # a rerun of the fragment takes the trace from the cache (ui.run_traces)
 def stat_grid() -> None:
     """The statistic picker and its grid: choosing another statistic reruns only this part."""
     open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)  # a click on a cell (its callback ran before this rerun)
@@ -105,4 +107,4 @@ _picker(trace.n_layers, trace.n_heads)
 
 st.subheader("Download")
 csv_button("All statistics, one row per head (CSV)", rows_to_csv(stats.to_rows()), "head_stats.csv", "stats_csv")
-bundle_buttons(lambda: analysis_bundle(trace), f"{trace.model_kind}_analysis", "stats_bundle")
+bundle_buttons(lambda: analysis_bundle(ctx.trace), f"{trace.model_kind}_analysis", "stats_bundle")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 from model_core.analysis import grid_to_csv, norm_weighted_attention
@@ -57,7 +58,9 @@ def _head(layer: int, head: int) -> None:
             show_figure(attention_heatmap(matrix, tokens, title=title, sentence_b_start=b,
                                           hide=hide, masked=ctx.masked(), zmax=float(matrix.max()), value_name="α" if key == "norm_raw" else "‖α f(x)‖"),
                         f"{trace.model_kind}_L{layer}H{head}_{stem}")
-            csv_button(f"{title}, this head (CSV)", lambda m=matrix: token_matrix_to_csv(m, csv_labels, csv_labels),
+            # A copy: a view of one head would keep the trace's whole weights alive while the button waits.
+            csv_button(f"{title}, this head (CSV)",
+                       lambda m=np.array(matrix): token_matrix_to_csv(m, csv_labels, csv_labels),
                        f"{stem}_L{layer}H{head}.csv", key)
 
 
@@ -75,4 +78,4 @@ show_figure(layer_head_figure(drop, f"Share on {on}: raw minus norm-weighted (pe
 
 st.subheader("Download")
 csv_button("Share drop per head (CSV)", grid_to_csv(drop), "special_share_drop.csv", "norm_drop")
-bundle_buttons(lambda: analysis_bundle(trace), f"{trace.model_kind}_analysis", "norm_bundle")
+bundle_buttons(lambda: analysis_bundle(ctx.trace), f"{trace.model_kind}_analysis", "norm_bundle")

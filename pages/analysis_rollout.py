@@ -18,6 +18,7 @@ from ui.analysis_widgets import (
 )
 from ui.context import require_trace
 from ui.derived import analysis_bundle, rollout_and_flow
+from ui.run_traces import with_page_traces
 
 st.header("Attention rollout and attention flow")
 ctx = require_trace(compact=True)
@@ -55,6 +56,7 @@ if ctx.words:
 
 
 @st.fragment
+@with_page_traces  # a rerun of the fragment takes the trace from the cache (ui.run_traces)
 def rollout_view() -> None:
     """The layer slider with the rollout it picks and its CSV: moving it reruns only this part."""
     layer = st.slider("Rollout up to layer", 0, trace.n_layers - 1, trace.n_layers - 1, key="rollout_layer")
@@ -103,4 +105,4 @@ st.subheader("Download")
 csv_button(f"Relevance to {target} (CSV)",
            matrix_to_csv(np.stack(list(series.values()), 1), position_labels(csv_labels), list(series)),
            f"{stem}_relevance.csv", "cls_csv")
-bundle_buttons(lambda: analysis_bundle(trace), f"{trace.model_kind}_analysis", "rollout_bundle")
+bundle_buttons(lambda: analysis_bundle(ctx.trace), f"{trace.model_kind}_analysis", "rollout_bundle")

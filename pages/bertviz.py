@@ -27,6 +27,13 @@ VIEW_HELP = {
               "softmax. The vectors come from the trace, so this works for the custom encoder too.",
 }
 
+
+
+def _view_trace(words: bool):
+    """The trace the view draws: the run's, or its words' (``word_level_trace``) for the head and model views."""
+    return word_level_trace(ctx.trace, ctx.words, ctx.weights()) if words else ctx.trace
+
+
 ctx = require_trace()
 t, layer, head = ctx.trace, ctx.focus.layer, ctx.focus.head
 st.title("bertviz views")
@@ -61,7 +68,7 @@ if ctx.words is not None:
                    "belong to pieces.")
     else:
         # The head and model views read only the weights and the tokens: give them the words.
-        t = word_level_trace(t, ctx.words, ctx.weights())
+        t = _view_trace(words=True)
         st.info(ctx.words_note(), icon=":material/join:")
 
 layers: list[int] | None
@@ -111,7 +118,10 @@ with view_guard(f"bertviz {kind}"):
         f"_tokens{window[0]}-{window[1] - 1}" if window else "")
     st.download_button("Download this view (HTML, opens offline)", file_name=f"{stem}.html", mime="text/html",
                        icon=":material/download:", key="bv_download",
-                       data=lambda: bv.standalone_html(bv.view_html(kind, t, layers, heads, token_window=window,
-                                                                    asset_base=None), stem),
+                       # Built again from the cache when clicked: the page's globals hold no trace after the run.
+                       data=lambda words=t is not ctx.trace: bv.standalone_html(bv.view_html(
+                           kind, _view_trace(words), layers, heads, token_window=window, asset_base=None), stem),
                        help="One self-contained file: bertviz's script, d3, jQuery and require.js are inside it, "
                             "so it draws in any browser with no network.")
+
+del t  # a words' trace is not the cache's: let it go with the run (ui.run_traces)

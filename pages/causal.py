@@ -170,7 +170,8 @@ def _steps(layer: int, head: int) -> None:
                     "Dark cells (−∞) are masked, not a value of the colour scale.")
         kind = "causal" if steps.causal else "bidirectional"
         col.download_button(f"Masked scores, {kind} (CSV)",
-                            data=lambda s=steps: token_matrix_to_csv(s.masked_scores, raw, raw),
+                            # Not the steps: their weights are a view of the trace's, which would stay alive.
+                            data=lambda m=steps.masked_scores: token_matrix_to_csv(m, raw, raw),
                             file_name=f"masked_scores_L{layer}_H{head}_{kind}.csv", mime="text/csv",
                             on_click="ignore", key=f"csv_{i}")
 

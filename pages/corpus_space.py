@@ -170,14 +170,14 @@ if run.manifest["model"] != model.key():
     st.stop()
 n1, n2, n3 = st.columns([2, 2, 1])
 default = next((i for i, t in enumerate(trace.tokens) if t not in ("[CLS]", "[SEP]")), 0)
+labels = trace.labels  # the picker keeps its format_func beyond the run, when the page's globals hold no trace
 position = n1.selectbox("Token of the sidebar's text", range(trace.n_tokens), index=default, key="space_position",
-                        format_func=lambda i: f"{i}: {trace.labels[i]}")
+                        format_func=lambda i: f"{i}: {labels[i]}")
 n_hidden = trace.hidden_states.shape[0]
 nb_layer = n2.slider("Layer (0 = embeddings)", 0, n_hidden - 1, n_hidden - 1, key="space_nb_layer")
 k = n3.number_input("k", 1, 100, 10, key="space_k")
-states = trace.hidden_states
 try:
-    found = neighbours_of(run, states, trace.tokens, position=position, layer=nb_layer, k=int(k))
+    found = neighbours_of(run, trace.hidden_states, trace.tokens, position=position, layer=nb_layer, k=int(k))
 except (CorpusRunError, ValueError) as exc:
     st.error(str(exc))
     st.stop()

@@ -35,6 +35,7 @@ from ui.roles import (
 )
 from ui.roles_figures import role_grid
 from ui.focus import set_focus
+from ui.run_traces import with_page_traces
 from ui.state import head_fragment, open_page_if_requested
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
@@ -93,6 +94,7 @@ def _top_table(grid: np.ndarray, role: str) -> None:
 
 
 @st.fragment
+@with_page_traces  # a rerun of the fragment takes the trace from the cache (ui.run_traces)
 def role_view() -> None:
     """The role picker, its grid and its top heads: another role reruns only this part."""
     open_page_if_requested(OPEN_FLAG, HEATMAPS_PAGE)

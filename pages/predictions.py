@@ -63,7 +63,7 @@ if ctx.words is not None:
 with view_guard("next-token table"):
     st.dataframe(prediction_table(t, SHOWN, tokens), hide_index=True, height=min(TABLE_HEIGHT, 38 + 35 * n),
                  key="pred_table", on_select=_pick_row, selection_mode="single-row")
-csv_button("Next-token predictions (CSV, top 10 at every position)", lambda: rows_to_csv(next_token_rows(t)),
+csv_button("Next-token predictions (CSV, top 10 at every position)", lambda: rows_to_csv(next_token_rows(ctx.trace)),
            "next_token_predictions.csv", "pred_csv")
 
 st.subheader("Logit lens")

@@ -207,3 +207,12 @@ def test_rollout_into_the_last_token_equals_the_full_rollout(llama):
     expected = attention_rollout(full.weights)[-1, -1]  # after the last layer, the row of the last token
     np.testing.assert_allclose(rollout_row(compact, -1), expected, atol=1e-6)
     np.testing.assert_allclose(rollout_row(compact, 7), attention_rollout(full.weights)[-1, 7], atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_a_compact_traces_predictions_are_the_full_traces(tiny_decoders, family):
+    # One function unembeds both (the final norm, the unembedding, Gemma 2's final-logit softcap), from the last
+    # layer's output that each pass records its own way.
+    full, compact = _pair(tiny_decoders[family])
+    np.testing.assert_array_equal(compact.next_token_ids, full.next_token_ids)
+    np.testing.assert_allclose(compact.next_token_probs, full.next_token_probs, atol=1e-5, rtol=0)

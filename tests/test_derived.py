@@ -45,8 +45,8 @@ def test_derived_results_go_with_their_trace():
     gone = weakref.ref(trace)
     kept = weakref.ref(results[1])
     key = trace_cache.cached_key(trace)
-    assert any(k[0] == key for k in trace_cache.DERIVED._items)
+    assert trace_cache.DERIVED.entries_of(key) == 4
     del trace, results
     gc.collect()
     assert gone() is None and kept() is None
-    assert not any(k[0] == key for k in trace_cache.DERIVED._items)
+    assert trace_cache.DERIVED.entries_of(key) == 0

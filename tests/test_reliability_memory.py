@@ -88,3 +88,83 @@ def test_memory_plateaus_over_200_reruns_with_different_texts(tmp_path):
     assert growth < MAX_GROWTH_MB, (
         f"RSS grew {growth:.0f} MB from runs 50-100 to runs 150-200 (keeping every trace: "
         f"~{unbounded_mb:.0f} MB): {result['samples']}")
+
+
+# -- idle sessions hold no trace: the cache's byte budget bounds them all (ui.run_traces) --------------------------
+
+APP = str(ROOT / "app.py")
+SMALL = {"ctl_model": "custom", "ctl_num_hidden_layers": 2, "ctl_num_attention_heads": 2, "ctl_hidden_size": 32}
+
+
+def _heatmaps_session(text: str):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=180)
+    for key, value in {**SMALL, "ctl_text_a": text, "ctl_text_b": ""}.items():
+        at.session_state[key] = value
+    at.run()
+    at.switch_page("pages/heatmaps.py")
+    del at.session_state["_app_context"]  # through app.py, not the page alone (tests/test_pages.py)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.get("plotly_chart")) >= 6
+    return at
+
+
+def test_an_idle_session_holds_no_trace_once_the_cache_let_it_go(monkeypatch):
+    """A session's context, its page's globals, fragments, callbacks and downloads outlive its run: none may keep
+    its trace, or every idle tab holds one beside the cache's budget (eight 400-token SmolLM2 tabs held 2.3 GB).
+    With room for one trace, a second session's text pushes the first's out, and it is freed at once (no garbage
+    collection runs); the first session's context still names it, and reading it builds it again."""
+    import gc
+    import weakref
+
+    import ui.loaders
+
+    monkeypatch.setenv("AE_TRACE_CACHE_MB", "0.001")  # room for the latest trace only
+    ui.loaders.TRACES.clear()
+    gc.collect()
+    gc.disable()
+    try:
+        first = _heatmaps_session("the cat sat on the mat")
+        old = weakref.ref(first.session_state["_app_context"].trace)
+        assert old() is not None
+        _heatmaps_session("a dog ran in the park")
+        assert len(ui.loaders.TRACES) == 1
+        assert old() is None, [type(r).__name__ for r in gc.get_referrers(old())]
+    finally:
+        gc.enable()
+    again = first.session_state["_app_context"].trace
+    assert again.tokens[1:4] == ("the", "cat", "sat")
+
+
+@pytest.mark.browser
+def test_an_idle_tab_whose_trace_the_cache_let_go_redraws_on_a_head_change(tmp_path):
+    """The focused head's fragment of an idle tab reads its trace from the cache; when another tab's text pushed it
+    out, a head change still draws the new head (the whole page reruns and builds it again), with no traceback."""
+    from harness.browser import CHROMIUM, CHROMIUM_MISSING, AppServer, open_chromium, wait_for_run
+
+    if not CHROMIUM.exists():
+        pytest.skip(CHROMIUM_MISSING)
+    server = AppServer(tmp_path / "server.log", extra_env={"AE_TRACE_CACHE_MB": "0.001"})
+    try:
+        with open_chromium() as browser:
+            tabs = []
+            for text in ("the cat sat on the mat", "a dog ran in the park"):
+                page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
+                page.goto(f"{server.url}/heatmaps?text_a={text.replace(' ', '+')}", wait_until="domcontentloaded")
+                page.get_by_role("heading", name="Layer 0, head 0").wait_for(timeout=180_000)
+                wait_for_run(page, 180)
+                tabs.append(page)
+            first = tabs[0]
+            combo = first.locator('section[data-testid="stSidebar"] input[role="combobox"][aria-label="Head"]')
+            combo.click()
+            combo.press("ArrowDown")
+            first.locator('[role="listbox"] [role="option"][data-key="3"]').click()
+            first.get_by_role("heading", name="Layer 0, head 3").wait_for(timeout=180_000)
+            wait_for_run(first, 180)
+            assert first.locator('[data-testid="stException"]').count() == 0
+            sentence = first.locator('section[data-testid="stSidebar"] textarea[aria-label="Sentence A"]')
+            assert sentence.input_value() == "the cat sat on the mat"
+    finally:
+        server.stop()

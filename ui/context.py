@@ -1,8 +1,14 @@
-"""The per-run context every page reads: the sidebar's request, its one trace, and the focused head."""
+"""The per-run context every page reads: the sidebar's request, its one trace, and the focused head.
+
+The context names its trace by its key in the one trace cache and never holds the trace itself: it is stored in the
+session's state, which outlives the run (``ui.run_traces`` says why and holds the trace for the run).
+"""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 import streamlit as st
 
@@ -14,6 +20,7 @@ from model_core.compact.trace import CompactTrace
 from model_core.settings import Settings
 from model_core.words import WordSpans, readable_tokens
 from ui.focus import Focus
+from ui.run_traces import TraceKey, TraceKind, begin_run, hold, resolve, track_page
 from ui.st_private import leave_legacy_pages_mode
 
 _KEY = "_app_context"
@@ -26,8 +33,13 @@ class AppContext:
     # What the sidebar asks for; None when its options do not fit together (``error`` says why).
     request: TraceRequest | None
     settings: Settings
-    trace: AttentionTrace | None
     error: str | None
+    # Which trace this run has for ``request`` ("full", or a long input's "compact"), or None (``error`` says why):
+    # ``trace`` and ``compact`` read it from the cache (``resolve``).
+    kind: TraceKind | None = None
+    # The trace's shape, for a widget callback (it runs before the next run holds the trace).
+    n_layers: int = 0
+    n_heads: int = 0
     # The focused head at the start of this run, held to the trace's shape (``ui.focus.clamp_focus``). A page that
     # draws the picker in a fragment reads the focus its ``draw`` is given instead, which a fragment rerun updates.
     focus: Focus = Focus()
@@ -36,8 +48,21 @@ class AppContext:
     head_slot: "object | None" = None
     # The trace's words when the sidebar's "Words, not WordPieces" is on, else None.
     words: WordSpans | None = None
-    # A long input's compact trace (``model_core.compact.trace``); ``trace`` is None then.
-    compact: CompactTrace | None = None
+
+    @property
+    def key(self) -> TraceKey | None:
+        """The trace's key in ``ui.loaders.TRACES``, or None when there is no trace."""
+        return None if self.kind is None or self.request is None else (self.kind, self.request)
+
+    @property
+    def trace(self) -> AttentionTrace | None:
+        """This run's full trace (the cache's: ``resolve``), or None (a long input's compact trace, or an error)."""
+        return resolve(self.key) if self.kind == "full" else None  # type: ignore[arg-type,return-value]
+
+    @property
+    def compact(self) -> CompactTrace | None:
+        """A long input's compact trace (``model_core.compact.trace``), or None; ``trace`` is None then."""
+        return resolve(self.key) if self.kind == "compact" else None  # type: ignore[arg-type,return-value]
 
     @property
     def layer(self) -> int:
@@ -133,12 +158,31 @@ class AppContext:
         return aggregate_heads(self.weights(), how, layer, head)
 
 
+def make_context(request: TraceRequest | None, settings: Settings, trace: AttentionTrace | CompactTrace | None,
+                 error: str | None, **rest: Any) -> AppContext:
+    """The context of a run that got ``trace`` (full or compact, from ``ui.loaders.TRACES``) for ``request``: the
+    trace is held for the run (``hold``), the context keeps its key. ``rest``: the other fields."""
+    if trace is None or request is None:
+        return AppContext(request=request, settings=settings, error=error, **rest)
+    kind: TraceKind = "compact" if isinstance(trace, CompactTrace) else "full"
+    hold((kind, request), trace)
+    return AppContext(request=request, settings=settings, error=error, kind=kind, n_layers=trace.n_layers,
+                      n_heads=trace.n_heads, **rest)
+
+
 def set_context(ctx: AppContext) -> None:
+    """Store this full run's context (app.py, before the page runs); ``release_run`` ends the run."""
+    begin_run()
     st.session_state[_KEY] = ctx
 
 
 def get_context() -> AppContext:
     """The context app.py stored for this run."""
+    track_page(sys._getframe(1).f_globals)
+    return _stored_context()
+
+
+def _stored_context() -> AppContext:
     if _KEY not in st.session_state:
         # Streamlit's legacy multipage mode runs a pages/ script alone when a fresh server's
         # first visitor opens a sub-page URL, before app.py has ever called st.navigation.
@@ -151,7 +195,8 @@ def require_trace(compact: bool = False) -> AppContext:
 
     A long input has only a compact trace: a page that reads it passes ``compact=True`` and checks ``ctx.compact``;
     any other page says its limit and where the compact form is drawn."""
-    ctx = get_context()
+    track_page(sys._getframe(1).f_globals)
+    ctx = _stored_context()
     if ctx.compact is not None:
         if compact:
             return ctx

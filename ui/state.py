@@ -22,6 +22,7 @@ from ui.fields import (
     request_state,
 )
 from ui.focus import HEAD_KEY, LAYER_KEY, focus_picker, get_focus, set_focus
+from ui.run_traces import page_traces
 
 WEIGHT_LABELS = {"random": "Random (seeded)", "pretrained": "Loaded from BERT"}
 
@@ -245,17 +246,20 @@ def head_fragment(key: str, draw: Callable[[int, int], None], *, slot: Any, n_la
                   settings: Settings | None = None) -> None:
     """Draw the one layer/head picker into ``slot`` (the sidebar's) and ``draw(layer, head)`` here, as one fragment.
 
-    A change of layer or head then reruns only this fragment: no trace lookup, no other view rebuilt or
-    resent. A widget callback elsewhere on the page can focus a head with ``ui.focus.set_focus`` and then
-    ``st.rerun(key)``. A page that calls this says so in app.py's ``PAGES`` (app.py draws the picker otherwise).
+    A change of layer or head then reruns only this fragment: no other view rebuilt or resent. The page's trace
+    comes back into its globals from the cache for the rerun (``ui.run_traces.page_traces``); when the cache let it
+    go, the whole page reruns and builds it again. A widget callback elsewhere on the page can focus a head with
+    ``ui.focus.set_focus`` and then ``st.rerun(key)``. A page that calls this says so in app.py's ``PAGES`` (app.py
+    draws the picker otherwise).
     """
 
     @st.fragment(key=key)
     def fragment() -> None:
-        with slot:
-            focus = focus_picker(n_layers, n_heads)
-        sync_query_params(settings)
-        draw(focus.layer, focus.head)
+        with page_traces(draw.__globals__):
+            with slot:
+                focus = focus_picker(n_layers, n_heads)
+            sync_query_params(settings)
+            draw(focus.layer, focus.head)
 
     fragment()
 

@@ -64,6 +64,11 @@ def result_nbytes(value: Any, depth: int = 0) -> int:
 class DerivedCache(BoundedCache):
     """``BoundedCache`` keyed (trace key, function, arguments), whose entries of a trace can be dropped together."""
 
+    def entries_of(self, trace: str) -> int:
+        """How many results derived from the trace keyed ``trace`` are held."""
+        with self._lock:
+            return sum(1 for k in self._items if k[0] == trace)
+
     def drop(self, *, trace: str | None = None, function: str | None = None) -> None:
         """Drop every entry derived from the trace keyed ``trace`` (it was freed), or by ``function``."""
         def match(k: tuple) -> bool:

@@ -3,6 +3,7 @@ queue, live, and a button to leave the queue; a pass the user left is not run.""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +19,8 @@ LEFT_KEY = "gate_left"
 """Session state: the key of the pass the user left the queue of (``in_turn``'s ``key``)."""
 LEFT_MESSAGE = ("You left the queue, so the model did not run on this input. Change the text, or join the queue "
                 "again.")
+RUNNING = "Running the model…"
+"""The spinner of a pass once its turn came (while it waits, the queue's note is the only thing shown)."""
 
 
 def queue_message(place: int, running: int) -> str:
@@ -115,7 +118,8 @@ def queue_turn(show: Callable[[int, int], None], served: Callable[[], None]) -> 
 
 
 def in_turn(key: str, build: Callable[[], R], note: Note | None = None) -> R:
-    """``build()`` (one model pass, on a cache miss) in its turn of the gate, with a waiting note while it waits.
+    """``build()`` (one model pass, on a cache miss) in its turn of the gate, with a waiting note while it waits and
+    a ``RUNNING`` spinner once its turn came.
 
     Call it inside a cache's build function, so that a cached result never waits. ``key`` names the pass, for the
     "Leave the queue" button: a pass the user left is not run, and the page says so (``stop_if_left``). ``note``
@@ -123,6 +127,6 @@ def in_turn(key: str, build: Callable[[], R], note: Note | None = None) -> R:
     wait for another session's result (a cache entry being built): it would hold the gate meanwhile.
     """
     stop_if_left(key)
-    note = note or WaitingNote(key)
-    with queue_turn(note.show, note.clear):
+    shown = note or WaitingNote(key)
+    with queue_turn(shown.show, shown.clear), (st.spinner(RUNNING) if note is None else contextlib.nullcontext()):
         return build()

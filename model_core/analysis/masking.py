@@ -94,18 +94,19 @@ class MaskingEffect:
         return int(layers[0]) if layers.size else None
 
 
-_ROWS = 128
-"""Query rows per block in ``_pattern_change``: float64 temporaries stay ~ head x 128 x n."""
+_ROWS = 32
+"""Query rows per block in ``_pattern_change``: float64 temporaries stay ~ head x 32 x n, in the CPU's cache, and a
+causal block computes little right of its last row (0.68 s for SmolLM2 at 512 tokens, 1.12 s with 128 rows)."""
 
 
 def _rows(x: Any, r0: int, r1: int, width: int) -> Any:
     """Query rows ``r0:r1`` of one layer's weights (numpy or torch, any device), keys up to ``width``, as a float64
-    torch block on the CPU: a copy, so a read-only input stays untouched."""
+    torch block on the CPU: a copy (even of a float64 CPU tensor), so the caller may change it in place."""
     import torch
 
     if isinstance(x, np.ndarray):
         return torch.tensor(x[:, r0:r1, :width], dtype=torch.float64)
-    return x[:, r0:r1, :width].to("cpu", torch.float64)
+    return x[:, r0:r1, :width].to("cpu", torch.float64, copy=True)
 
 
 def _pattern_change(a: Any, b: Any, allowed: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -125,19 +126,19 @@ def _pattern_change(a: Any, b: Any, allowed: np.ndarray, queries: np.ndarray) ->
         rows = queries[r0:r1]
         if not rows.any():
             continue
-        keep = torch.from_numpy(rows.copy())
-        p = _rows(a, r0, r1, width)[:, keep]
-        q = _rows(b, r0, r1, width)[:, keep]
-        tv_sum += 0.5 * (p - q).abs().sum(-1).sum(-1)
-        # Renormalised as js_divergence does; a row summing to 0 (a switched-off head) gives NaN.
-        p = p / p.sum(-1, keepdim=True)
-        q = q / q.sum(-1, keepdim=True)
-        # ½ sum p log(p/m) + q log(q/m), with s = p + q and r = p / s: ½ sum s (log 2 + r log r + (1-r) log(1-r)),
-        # two logarithms a cell instead of three (they are most of the masking page's time); xlogy(0, .) = 0.
-        s = p + q
-        r = p / s.clamp_min(1e-300)
-        js = (0.5 * s * (np.log(2.0) + torch.xlogy(r, r) + torch.xlogy(1.0 - r, 1.0 - r))).sum(-1) / np.log(2.0)
-        js_sum += js.clamp(0.0, 1.0).sum(-1)
+        p, q = _rows(a, r0, r1, width), _rows(b, r0, r1, width)
+        if not rows.all():
+            keep = torch.from_numpy(rows.copy())
+            p, q = p[:, keep], q[:, keep]
+        tv_sum += 0.5 * (p - q).abs_().sum(-1).sum(-1)
+        # Renormalised as js_divergence does; a row summing to 0 (a switched-off head) gives NaN. In place: the
+        # temporaries, not the logarithms, were most of the time.
+        p.div_(p.sum(-1, keepdim=True))
+        q.div_(q.sum(-1, keepdim=True))
+        m = p.add(q).mul_(0.5)
+        # sum p log(p/m) + q log(q/m) = sum p log p + q log q - 2 m log m; xlogy(0, .) = 0.
+        js = p.xlogy_(p).add_(q.xlogy_(q)).mul_(0.5).sub_(m.xlogy_(m)).sum(-1) / np.log(2.0)
+        js_sum += js.clamp_(0.0, 1.0).sum(-1)
     count = max(int(queries.sum()), 1)
     return (tv_sum / count).numpy(), (js_sum / count).numpy()
 

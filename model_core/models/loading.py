@@ -246,7 +246,7 @@ def _load(source: ModelSource, device: torch.device) -> LoadedModel:
     return LoadedModel(model, tokenizer, source, device)
 
 
-def _resolve(model_id: str | None, device: str | torch.device | None,
+def _source_and_device(model_id: str | None, device: str | torch.device | None,
              settings: Settings | None) -> tuple[ModelSource, torch.device]:
     settings = settings or load_settings()
     source = resolve_model_source(model_id, settings)
@@ -264,7 +264,7 @@ def load_pretrained_uncached(
     Raises:
         ModelLoadError: with one message that says what to do.
     """
-    source, dev = _resolve(model_id, device, settings)
+    source, dev = _source_and_device(model_id, device, settings)
     return _load(source, dev)
 
 
@@ -285,7 +285,7 @@ def load_pretrained(
     Raises:
         ModelLoadError: with one message that says what to do.
     """
-    source, dev = _resolve(model_id, device, settings)
+    source, dev = _source_and_device(model_id, device, settings)
     return _load_kept(source, str(dev))
 
 
