@@ -14,7 +14,8 @@ TEXTS = ["time flies like an arrow", "fruit flies like a banana, and so do the b
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_concurrent_traces_of_one_model_equal_their_sequential_traces(tiny_decoders, family):
+def test_concurrent_traces_of_one_model_equal_their_sequential_traces(tiny_decoders, family, monkeypatch):
+    monkeypatch.setenv("AE_MAX_RUNS", "6")  # the gate lets the six passes run side by side, as on a GPU server
     requests = [TraceRequest("pretrained", t, model_id=str(tiny_decoders[family]),
                              head_mask=((True, False, True, True), (True,) * 4) if i % 2 else None)
                 for i, t in enumerate(TEXTS * 3)]

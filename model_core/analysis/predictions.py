@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from model_core.models.loading import LoadedModel
+from model_core.trace.forward import top_tokens
 from model_core.trace.trace import AttentionTrace
 from model_core.trace.shape import freeze_arrays
 
@@ -173,20 +174,18 @@ def logit_lens(loaded: LoadedModel, trace: AttentionTrace, position: int, k: int
         raise ValueError(f"k must be between 1 and the vocabulary size ({vocab}), got {k}.")
     logits = unembed_residual(family, loaded.model, trace, position)  # (layer + 1, vocab)
     probs = torch.softmax(logits.float(), dim=-1)
-    top = probs.topk(k, dim=-1)
-    final_id = int(top.indices[-1, 0])
+    ids, top_probs, strings = top_tokens(probs, k, loaded.tokenizer)  # (layer + 1, k) each
+    final_id = int(ids[-1, 0])
     final_probs = probs[:, final_id]  # (layer + 1,)
     final_ranks = (probs > final_probs[:, None]).sum(dim=-1) + 1  # 1 + how many tokens beat it in each row
-    ids = top.indices.cpu().numpy().astype(np.int64)
-    decode = loaded.tokenizer.decode
     return LogitLens(
         position=position,
         token=trace.tokens[position],
         top_ids=ids,
-        top_probs=top.values.cpu().numpy().astype(np.float32),
-        top_strings=tuple(tuple(decode([int(i)]) for i in row) for row in ids),
+        top_probs=top_probs.astype(np.float32),
+        top_strings=strings,
         final_id=final_id,
-        final_string=decode([final_id]),
+        final_string=loaded.tokenizer.decode([final_id]),
         final_probs=final_probs.cpu().numpy().astype(np.float32),
         final_ranks=final_ranks.cpu().numpy().astype(np.int64),
     )

@@ -15,6 +15,7 @@ import torch
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.corpus.stats import N_STATS, BatchMasks, batch_head_stats
 from model_core.trace.encoding import MAX_TEXT_CHARS, clean_text
+from model_core.trace.gate import GATE
 from model_core.families import Family
 
 LongPolicy = Literal["truncate", "skip"]
@@ -207,7 +208,8 @@ def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: li
     picked: list[dict[str, np.ndarray]] = []
     for batch in plan_batches(encoded, batch_size, model.n_layers * model.n_heads, cell_budget):
         rows = [t.text_id - first_id for t in batch]
-        stats[rows], vectors = batch_stats(model, batch, sample, qk, hidden)
+        with GATE.turn():  # the pass and its numpy statistics, as one turn of the route's gate
+            stats[rows], vectors = batch_stats(model, batch, sample, qk, hidden)
         if vectors is not None:
             picked.append(vectors)
         n_tokens[rows] = [len(t.ids) for t in batch]

@@ -15,7 +15,7 @@ from model_core.families import Family
 from model_core.corpus.sample import array_path, create_arrays, plan_sample, write_rows
 from model_core.corpus.sources import Corpus
 from model_core.corpus.stats import PatternRules, StatSums
-from model_core.corpus import store
+import model_core.corpus.store as store
 from model_core.models.memory import release_freed_memory
 
 CORPUS_MAX_TOKENS = 512

@@ -28,6 +28,7 @@ import torch
 
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.families.capture import recording
+from model_core.trace.gate import GATE
 from model_core.trace.request import Models, TraceRequest
 from model_core.roles.haystack import HAYSTACK, haystack_prompt, password
 from model_core.roles.probes import ENCODER_NOTES
@@ -87,30 +88,32 @@ def password_positions(tokenizer: Any, prompt: str, needle: str, secret: str) ->
 def _one_depth(loaded: LoadedCorpusModel, prompt: str, needle: str, secret: str,
                step: Callable[[], None]) -> tuple[np.ndarray, str, int, int, int]:
     """Decode greedily after one prompt; (hits per head, generated text, tokens copied, password tokens, n)."""
-    tok, model = loaded.tokenizer, loaded.module
-    ids, answer = password_positions(tok, prompt, needle, secret)
-    wanted = set(ids[answer].tolist())
-    dev = loaded.device
-    out = model(input_ids=torch.as_tensor(ids[None, :-1], device=dev), use_cache=True)
-    past, nxt = out.past_key_values, torch.as_tensor(ids[None, -1:], device=dev)
-    step()
-    hits = np.zeros((loaded.n_layers, loaded.n_heads))
-    copied, generated = 0, []
-    for _ in range(len(answer) + EXTRA_STEPS):
-        with recording(vectors=False) as rec:
-            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        w = int(out.logits[0, -1].argmax())
-        if w in wanted:
-            rows = torch.stack([rec.weights[layer][0, :, -1, :] for layer in range(loaded.n_layers)])
-            hits += copy_hits(rows.float().cpu().numpy(), w, answer, ids)
-            copied += 1
-        generated.append(w)
-        nxt = torch.tensor([[w]], device=dev)
+    # Greedy decoding with a KV cache, which Family.forward does not serve yet: the gate still holds the whole decode.
+    with GATE.turn():
+        tok, model = loaded.tokenizer, loaded.module
+        ids, answer = password_positions(tok, prompt, needle, secret)
+        wanted = set(ids[answer].tolist())
+        dev = loaded.device
+        out = model(input_ids=torch.as_tensor(ids[None, :-1], device=dev), use_cache=True)
+        past, nxt = out.past_key_values, torch.as_tensor(ids[None, -1:], device=dev)
         step()
-        if w == tok.eos_token_id or "\n" in tok.decode([w]):
-            break
-    return hits, tok.decode(generated), copied, len(answer), len(ids)
+        hits = np.zeros((loaded.n_layers, loaded.n_heads))
+        copied, generated = 0, []
+        for _ in range(len(answer) + EXTRA_STEPS):
+            with recording(vectors=False) as rec:
+                out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            w = int(out.logits[0, -1].argmax())
+            if w in wanted:
+                rows = torch.stack([rec.weights[layer][0, :, -1, :] for layer in range(loaded.n_layers)])
+                hits += copy_hits(rows.float().cpu().numpy(), w, answer, ids)
+                copied += 1
+            generated.append(w)
+            nxt = torch.tensor([[w]], device=dev)
+            step()
+            if w == tok.eos_token_id or "\n" in tok.decode([w]):
+                break
+        return hits, tok.decode(generated), copied, len(answer), len(ids)
 
 
 def _fitting_haystack(loaded: LoadedCorpusModel, secret: str) -> int:
