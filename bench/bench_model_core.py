@@ -62,7 +62,7 @@ def measure_one(kind: str, sizes: list[int], repeat: int) -> dict:
     import torch
 
     from model_core import Models, TraceRequest, build_custom_model, build_trace, select_device
-    from model_core.settings import load_settings
+    from model_core.trace.resolve import resolve
 
     torch.set_grad_enabled(False)
     rss_start = peak_rss_mb()
@@ -73,12 +73,7 @@ def measure_one(kind: str, sizes: list[int], repeat: int) -> dict:
         request = TraceRequest("custom", weights="pretrained" if kind == "custom+bert" else "random")
     t0 = time.perf_counter()
     device = select_device()
-    if kind == "bert":
-        models.pretrained(request.model_id or load_settings().default_model, device)
-    else:
-        spec = request.spec(load_settings().default_model)
-        models.custom(spec, device)
-        models.tokenizer(spec.model_id, device)
+    resolve(request, device=device, models=models)  # the model loaded (or built) once, as the app's cache keeps it
     load_s = time.perf_counter() - t0
     rows = []
     for n in sizes:
