@@ -22,11 +22,6 @@ COMPACT_PAGES = (("pages/heatmaps.py", "Attention heatmaps", ":material/grid_vie
 _SHARE = {"forward": (0.0, 0.45), "summary": (0.45, 0.55)}  # each phase's part of the bar (about its time)
 
 
-def compact_key(trace: CompactTrace) -> str:
-    """What identifies a compact trace in the caches of what pages derive from it (the trace itself is not hashed)."""
-    return f"{trace.description}|{trace.n_tokens}|{hash(trace.tokens)}"
-
-
 def _cancel(key: str) -> None:
     st.session_state[CANCELLED_KEY] = key
 
