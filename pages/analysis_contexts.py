@@ -18,7 +18,7 @@ from attention_explorer.analysis_figures import context_bins_figure, cosine_by_l
 from ui.analysis_widgets import bundle_buttons, clicked_cell, csv_button, how_to_read, show_figure
 from ui.context import require_trace
 from attention_explorer.figures import layer_head_figure
-from ui.state import select_head
+from ui.focus import set_focus
 
 BANK_A = "she sat on the river bank and watched the water"
 BANK_B = "he went to the bank to deposit the cash"
@@ -34,7 +34,7 @@ def _focus_clicked() -> None:
     # A callback runs before the sidebar's head picker is drawn, so it may set the focused head.
     cell = clicked_cell("ctx_js_grid")
     if cell is not None:
-        select_head(*cell)
+        set_focus(*cell)
 
 
 st.header("One word, two contexts")

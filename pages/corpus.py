@@ -41,7 +41,8 @@ from ui.corpus_figures import pattern_figure, corpus_stat_figure
 from ui.roles import model_key as roles_model_key
 from ui.roles import probe_scores
 from ui.roles_figures import mean_by_pattern, role_pattern_figure
-from ui.state import open_page_if_requested, select_head
+from ui.focus import get_focus, set_focus
+from ui.state import open_page_if_requested
 
 HEATMAPS_PAGE = "pages/heatmaps.py"
 OPEN_FLAG = "_corpus_open_heatmaps"
@@ -211,16 +212,14 @@ show = s2.radio("Show", ["mean", "std"], horizontal=True, key="corpus_show",
                 format_func={"mean": "Mean over texts", "std": "Standard deviation"}.get)
 mean, std = run.stat(stat)
 count = run.count[STAT_NAMES.index(stat)]
-FOCUS = "_corpus_head"
-focus = st.session_state.get(FOCUS, (min(ctx.layer, n_layers - 1), min(ctx.head, n_heads - 1)))
-focus = (min(focus[0], n_layers - 1), min(focus[1], n_heads - 1))
+kept = get_focus()  # the one focus, held to the run's shape (a run may be of another model than the sidebar's)
+focus = (min(kept.layer, n_layers - 1), min(kept.head, n_heads - 1))
 
 
 def _focus_from(chart_key: str) -> None:
     cell = clicked_cell(chart_key)
     if cell is not None:
-        st.session_state[FOCUS] = cell
-        select_head(*cell)
+        set_focus(*cell)
 
 
 left, right = st.columns([3, 2])

@@ -30,7 +30,8 @@ from ui.compact_figures import (
 from ui.context import AppContext
 from ui.downloads import figure_config
 from ui.guard import view_guard
-from ui.state import head_fragment, select_head
+from ui.focus import set_focus
+from ui.state import head_fragment
 from ui.trace_cache import per_trace
 
 WINDOW = 128
@@ -87,7 +88,7 @@ def _overview(ctx: AppContext) -> None:
         points = st.session_state["compact_overview"].get("selection", {}).get("points", [])
         picked = [p for p in points if p.get("curve_number") == 1 and "point_index" in p]
         if picked:
-            select_head(*divmod(int(picked[0]["point_index"]), t.n_heads))
+            set_focus(*divmod(int(picked[0]["point_index"]), t.n_heads))
             st.rerun(scope="app")
 
     st.subheader("Overview: every layer × head")

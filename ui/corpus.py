@@ -19,8 +19,11 @@ from model_core.corpus import CorpusModel, CorpusRun, CorpusRunError, LoadedCorp
 from model_core.corpus.run import CORPUS_MAX_TOKENS
 from model_core.corpus.sample import DEFAULT_CAP
 from model_core.settings import Settings, corpus_runs_dir
+from model_core.trace.gate import waiting_with
 from ui.loaders import CACHED_MODELS, device
 from ui.fields import control_key, request_params, request_state
+from ui.focus import set_focus
+from ui.waiting import queue_message
 
 
 RUNNING = "_corpus_running"  # the folder of a run this session started and has not seen finish
@@ -46,14 +49,19 @@ def run_with_progress(corpus, model: CorpusModel, folder: Path, options: RunOpti
     bar = bar_col.progress(0.0, text=f"Running {len(corpus):,} texts through {model.label()}…")
     cancel_col.button("Cancel", key="corpus_cancel", help="Stops the run; the finished part is kept and can resume.")
 
+    done = [0.0]  # the bar's fraction, kept while a batch waits for its turn
+
     def progress(p) -> None:
         eta = f" · about {p.eta_s:.0f} s left" if p.eta_s is not None else ""
-        bar.progress(min(p.done / p.total, 1.0), text=f"{p.done:,} / {p.total:,} texts · {p.rate:.0f} texts/s{eta}")
+        done[0] = min(p.done / p.total, 1.0)
+        bar.progress(done[0], text=f"{p.done:,} / {p.total:,} texts · {p.rate:.0f} texts/s{eta}")
 
     try:
         with st.spinner("Loading the model…"):
             loaded = loaded_model(model)
-        run_corpus(corpus, model, folder, options=options, loaded=loaded, resume=resume, progress=progress)
+        # Each batch takes its turn at the gate; while it waits, the bar says its place (Cancel leaves the queue).
+        with waiting_with(lambda place, running: bar.progress(done[0], text=queue_message(place, running))):
+            run_corpus(corpus, model, folder, options=options, loaded=loaded, resume=resume, progress=progress)
     except (CorpusRunError, ValueError) as exc:
         st.session_state.pop(RUNNING, None)
         st.error(str(exc))
@@ -81,12 +89,10 @@ def load_text_and_head(model_key: dict[str, Any], text_a: str, text_b: str | Non
                        flag: str) -> None:
     """From a widget callback: put the run's model and a text in the sidebar, focus the head, and set ``flag``
     (the page then switches to the heatmaps at the start of its next run)."""
-    from ui.state import select_head
-
     for key, value in sidebar_state(model_key).items():
         st.session_state[key] = value
     st.session_state[control_key("text_a")], st.session_state[control_key("text_b")] = text_a, text_b or ""
-    select_head(layer, head)
+    set_focus(layer, head)
     st.session_state[flag] = True
 
 
