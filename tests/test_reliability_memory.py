@@ -168,3 +168,21 @@ def test_an_idle_tab_whose_trace_the_cache_let_go_redraws_on_a_head_change(tmp_p
             assert sentence.input_value() == "the cat sat on the mat"
     finally:
         server.stop()
+
+
+def test_a_fragment_rerun_gets_the_page_trace_from_the_cache_and_lets_it_go_after():
+    """``page_traces`` around a fragment's rerun: the trace ``release_run`` took out of the page's globals is back
+    (the cache's object) while the fragment runs, and out again afterwards."""
+    from model_core import TraceRequest
+    from ui.loaders import TRACES
+    from ui.run_traces import RELEASED, page_traces
+
+    class Trace:  # stands for a cached trace; only its identity matters here
+        nbytes = 1
+
+    key = ("full", TraceRequest(text_a="page traces test"))
+    cached = TRACES.get(key, Trace)
+    page = {"__name__": "__main__", "__file__": "pages/x.py", RELEASED: {"t": key}, "title": "kept"}
+    with page_traces(page):
+        assert page["t"] is cached
+    assert "t" not in page and page["title"] == "kept" and page[RELEASED] == {"t": key}

@@ -97,7 +97,7 @@ def resolve(key: TraceKey) -> Trace:
     trace = _cached(key)
     in_run = _in_script_run()
     if trace is None and in_run:
-        st.rerun(scope="app")  # a no-op in a widget callback: then it is built below
+        st.rerun(scope="app")  # from a widget callback too: Streamlit ends the callback and reruns
     if trace is None:
         trace = _build_quietly(key)
     if in_run:  # never in a server thread that outlives the run
@@ -144,12 +144,15 @@ def page_traces(page_globals: dict) -> Iterator[None]:
     if run.full or RELEASED not in page_globals:
         yield
         return
-    for name, key in page_globals[RELEASED].items():
+    released = dict(page_globals[RELEASED])
+    for name, key in released.items():
         page_globals[name] = resolve(key)
     try:
         yield
     finally:
-        _release_globals(page_globals)
+        for name in released:
+            page_globals.pop(name, None)
+        _release_globals(page_globals)  # and any trace the rerun bound anew
         run.held = {}
 
 
