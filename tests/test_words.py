@@ -131,17 +131,19 @@ def test_the_word_level_trace_carries_the_merged_weights_and_the_words(split_tra
 
 def test_with_words_on_the_maximum_over_heads_is_taken_over_the_word_matrices(split_trace):
     """Merging after the maximum would sum the pieces' maxima; the view takes the maximum of the merged heads."""
-    from ui.context import AppContext
+    from model_core import TraceRequest
+    from ui.context import make_context
 
     words = word_spans(split_trace.tokens)
-    ctx = AppContext(request=None, settings=None, trace=split_trace, error=None, words=words)
+    request = TraceRequest("pretrained", " ".join(split_trace.tokens))  # names the trace; make_context holds it
+    ctx = make_context(request, None, split_trace, None, words=words)
     merged = words.merge(split_trace.weights)
     np.testing.assert_array_equal(ctx.aggregate("layer_max", 2), merged[2].max(0))
     np.testing.assert_allclose(ctx.aggregate("layer_mean", 2), words.merge(split_trace.weights[2].mean(0)),
                                atol=1e-6)
     np.testing.assert_array_equal(ctx.aggregate("head", 2, 5), merged[2, 5])
     assert ctx.labels() == (words.words, words.word_start(split_trace.sentence_b_start))
-    plain = AppContext(request=None, settings=None, trace=split_trace, error=None)
+    plain = make_context(request, None, split_trace, None)
     np.testing.assert_array_equal(plain.aggregate("layer_max", 2), split_trace.weights[2].max(0))
     assert plain.labels() == (split_trace.tokens, split_trace.sentence_b_start)
 

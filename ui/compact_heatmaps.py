@@ -88,7 +88,7 @@ def _overview(ctx: AppContext) -> None:
         points = st.session_state["compact_overview"].get("selection", {}).get("points", [])
         picked = [p for p in points if p.get("curve_number") == 1 and "point_index" in p]
         if picked:
-            set_focus(*divmod(int(picked[0]["point_index"]), t.n_heads))
+            set_focus(*divmod(int(picked[0]["point_index"]), ctx.n_heads))
             st.rerun(scope="app")
 
     st.subheader("Overview: every layer × head")
