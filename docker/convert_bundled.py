@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-BUNDLED_FILE = Path(__file__).resolve().parent.parent / "model_core" / "bundled.py"
+BUNDLED_FILE = Path(__file__).resolve().parent.parent / "model_core" / "models" / "bundled.py"
 
 # In a child process with HF_HUB_OFFLINE=1 (huggingface_hub reads it once, at import): the folder alone must do.
 OFFLINE_CHECK = (
