@@ -115,3 +115,19 @@ def test_the_deployments_own_default_folder_loads_with_local_folders_off(tmp_pat
     assert resolve_model_source(None, settings).kind == "folder"
     with pytest.raises(ModelLoadError, match="switched off"):
         resolve_model_source(str(tmp_path / "other"), settings)
+
+
+def test_models_loaded_from_several_threads_at_once_all_load_and_later_loads_still_work(tiny_decoders):
+    """Two sessions loading models at the same moment once left transformers' meta-device patches in place, and every
+    later load in the process failed ("Cannot copy out of meta tensor"); loads now take turns (``LOADING``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from model_core.models.loading import load_pretrained_uncached
+
+    folders = [str(tiny_decoders[family]) for family in ("llama", "gpt2")] * 3
+    for _ in range(3):
+        with ThreadPoolExecutor(max_workers=len(folders)) as pool:
+            loaded = list(pool.map(lambda folder: load_pretrained_uncached(folder, device="cpu"), folders))
+        assert all(not p.is_meta for m in loaded for p in m.model.parameters())
+    after = load_pretrained_uncached(folders[0], device="cpu")
+    assert not any(p.is_meta for p in after.model.parameters())

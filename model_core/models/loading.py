@@ -11,6 +11,7 @@ import functools
 import os
 import re
 import socket
+import threading
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,9 +239,16 @@ def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
     return use_capture(model, family.layers(model)), tokenizer
 
 
+LOADING = threading.RLock()
+"""Held while a model loads. transformers builds a model under process-wide patches (its weights first on the meta
+device); two loads at once, in two sessions or threads, can leave those patches in place, and every later load then
+fails with "Cannot copy out of meta tensor". So loads take turns (``tests/test_loading.py``)."""
+
+
 def _load(source: ModelSource, device: torch.device) -> LoadedModel:
-    model, tokenizer = _from_pretrained(source)
-    model = model.to(device).eval()
+    with LOADING:
+        model, tokenizer = _from_pretrained(source)
+        model = model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return LoadedModel(model, tokenizer, source, device)
@@ -264,8 +272,9 @@ def load_pretrained_uncached(
     Raises:
         ModelLoadError: with one message that says what to do.
     """
-    source, dev = _source_and_device(model_id, device, settings)
-    return _load(source, dev)
+    with LOADING:  # the bundled decoder's first conversion loads a model too
+        source, dev = _source_and_device(model_id, device, settings)
+        return _load(source, dev)
 
 
 @functools.lru_cache(maxsize=4)
@@ -285,8 +294,9 @@ def load_pretrained(
     Raises:
         ModelLoadError: with one message that says what to do.
     """
-    source, dev = _source_and_device(model_id, device, settings)
-    return _load_kept(source, str(dev))
+    with LOADING:  # a second thread asking for the same model waits for the first load, then finds it kept
+        source, dev = _source_and_device(model_id, device, settings)
+        return _load_kept(source, str(dev))
 
 
 @functools.lru_cache(maxsize=2)
