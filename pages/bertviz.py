@@ -118,9 +118,10 @@ with view_guard(f"bertviz {kind}"):
         f"_tokens{window[0]}-{window[1] - 1}" if window else "")
     st.download_button("Download this view (HTML, opens offline)", file_name=f"{stem}.html", mime="text/html",
                        icon=":material/download:", key="bv_download",
-                       # Built again from the cache when clicked: the page's globals hold no trace after the run.
-                       data=lambda words=t is not ctx.trace: bv.standalone_html(bv.view_html(
-                           kind, _view_trace(words), layers, heads, token_window=window, asset_base=None), stem),
+                       # The file itself, built with the page: a deferred build on click went through a backend round
+                       # trip that a busy server could lose, and the bytes hold no trace after the run.
+                       data=bv.standalone_html(bv.view_html(kind, t, layers, heads, token_window=window,
+                                                            asset_base=None), stem),
                        help="One self-contained file: bertviz's script, d3, jQuery and require.js are inside it, "
                             "so it draws in any browser with no network.")
 
