@@ -41,6 +41,11 @@ PAGES = [
     ("pages/analysis_head_stats.py", "Head statistics", ":material/bar_chart:", "Analyses", True),
     ("pages/analysis_masking.py", "Head masking", ":material/content_cut:", "Analyses", False),
     ("pages/head_roles.py", "Head roles", ":material/psychology:", "Analyses", True),
+    ("pages/contributions.py", "Contributions", ":material/account_tree:", "Effects", False),
+    ("pages/attribution.py", "Direct logit attribution", ":material/functions:", "Effects", False),
+    ("pages/patching.py", "Activation patching", ":material/swap_horiz:", "Effects", False),
+    ("pages/generate.py", "Generate", ":material/chat:", "Generation", False),
+    ("pages/kv_cache.py", "KV cache", ":material/compress:", "Generation", False),
     ("pages/corpus.py", "Corpus statistics", ":material/library_books:", "Corpus", False),
     ("pages/corpus_space.py", "Query–key space & nearest contexts", ":material/scatter_plot:", "Corpus", True),
 ]

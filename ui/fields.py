@@ -107,6 +107,50 @@ QUERY_PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
 """Query-parameter name -> (session key, parser): the request's fields by their own names, then the view's."""
 
 
+def _float_in(lo: float, hi: float, *, open_lo: bool = False, open_hi: bool = False) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if value != value or value < lo or value > hi or (open_lo and value == lo) or (open_hi and value == hi):
+            left, right = "(" if open_lo else "[", ")" if open_hi else "]"
+            raise ValueError(f"{value} is outside {left}{lo}, {hi}{right}")
+        return value
+    return parse
+
+
+PRESSES = ("streaming_llm", "knorm", "snapkv", "tova", "observed_attention")
+"""The KV-cache compression policies the KV cache page offers (kvpress 0.5.5's names)."""
+
+PAGE_PARAMS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
+    # Contributions: the token the graph starts from (-1: the last), its threshold, the layer opened below it.
+    "graph_token": ("pg_graph_token", _int_in(-1, 19_999), -1),
+    "graph_threshold": ("pg_graph_threshold", _float_in(0.0, 1.0), 0.04),
+    "graph_layer": ("pg_graph_layer", _int_in(-1, MAX_INDEX), -1),
+    # Direct logit attribution: the answer and foil as written ("" = the top prediction / the runner-up).
+    "answer": ("pg_answer", _text, ""),
+    "foil": ("pg_foil", _text, ""),
+    # Activation patching: the two prompts, the answer and the foil ("" = the page's ready pair).
+    "clean": ("pg_clean", _text, ""),
+    "corrupt": ("pg_corrupt", _text, ""),
+    "patch_answer": ("pg_patch_answer", _text, ""),
+    "patch_foil": ("pg_patch_foil", _text, ""),
+    # Generate: the prompt and the decoding settings.
+    "prompt": ("pg_prompt", _text, ""),
+    "chat": ("pg_chat", _flag, True),
+    "max_new": ("pg_max_new", _int_in(1, 1024), 48),
+    "sampling": ("pg_sampling", _flag, False),
+    "temperature": ("pg_temperature", _float_in(0.0, 5.0, open_lo=True), 1.0),
+    "top_p": ("pg_top_p", _float_in(0.0, 1.0, open_lo=True), 0.95),
+    "gen_seed": ("pg_gen_seed", _int_in(0, MAX_SEED), 0),
+    # KV cache: the policy and the compression ratio.
+    "press": ("pg_press", _choice(*PRESSES), "snapkv"),
+    "ratio": ("pg_ratio", _float_in(0.0, 1.0, open_lo=True, open_hi=True), 0.5),
+}
+"""The new pages' own link parameters: name -> (session key, parser, default). A page reads and writes its values
+through ``st.session_state[key]`` (widgets with ``key=``); the URL mirrors them like the sidebar's."""
+
+QUERY_PARAMS.update({name: (key, parse) for name, (key, parse, _) in PAGE_PARAMS.items()})
+
+
 def request_state(request: TraceRequest, names: tuple[str, ...] = REQUEST_FIELDS) -> dict[str, Any]:
     """Session-state values that put the request's ``names`` into the sidebar."""
     return {control_key(name): getattr(request, name) for name in names}

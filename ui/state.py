@@ -16,6 +16,7 @@ from ui.fields import (
     MODEL_LABELS,
     OLD_MODEL_NAMES,
     OLD_PARAM_NAMES,
+    PAGE_PARAMS,
     QUERY_PARAMS,
     control_key,
     param_text,
@@ -50,7 +51,8 @@ OTHER_KEY = "_other_model_id"
 
 def _defaults(settings: Settings) -> dict[str, Any]:
     return {**request_state(TraceRequest(model_id=settings.default_model, text_a=DEFAULT_TEXT_A, text_b=DEFAULT_TEXT_B)),
-            "ctl_words": False, "sel_tokens": [], LAYER_KEY: 0, HEAD_KEY: 0}
+            "ctl_words": False, "sel_tokens": [], LAYER_KEY: 0, HEAD_KEY: 0,
+            **{key: default for key, _, default in PAGE_PARAMS.values()}}
 
 
 def init_state(settings: Settings | None = None) -> list[str]:

@@ -10,9 +10,15 @@ from model_core.cli.models import add_models_parser, models_main
 from model_core.cli.neighbours import add_neighbours_parser, neighbours_main
 from model_core.cli.roles import add_roles_parser, roles_main
 from model_core.cli.weights import add_weights_parser, weights_main
+from model_core.cli.graph import add_graph_parser, graph_main
+from model_core.cli.attribute import add_attribute_parser, attribute_main
+from model_core.cli.patch import add_patch_parser, patch_main
+from model_core.cli.generate import add_generate_parser, generate_main
+from model_core.cli.kv import add_kv_parser, kv_main
 
 VERBS = {"export": export_main, "weights": weights_main, "roles": roles_main, "corpus": corpus_main,
-         "models": models_main, "neighbours": neighbours_main}
+         "models": models_main, "neighbours": neighbours_main, "graph": graph_main, "attribute": attribute_main,
+         "patch": patch_main, "generate": generate_main, "kv": kv_main}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m model_core", description="Attention Explorer's model core.")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_export_parser, add_weights_parser, add_roles_parser, add_corpus_parser, add_models_parser,
-                add_neighbours_parser):
+                add_neighbours_parser, add_graph_parser, add_attribute_parser, add_patch_parser, add_generate_parser,
+                add_kv_parser):
         add(sub)
     return parser
 

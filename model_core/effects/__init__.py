@@ -1,0 +1,1 @@
+"""Which attention matters: the contribution graph, direct logit attribution, activation patching."""

@@ -1,0 +1,82 @@
+"""A norm with its statistics frozen at one residual: the affine map that splits a normed sum into its parts' shares.
+
+A LayerNorm or RMSNorm is not linear, but with its scale (1/σ or 1/rms) fixed at the residual it is applied to, it is
+an affine map: ``norm(x) = A x + b``. Direct logit attribution (a component's write through the final norm) and the
+contribution graph of a post-norm block (BERT's LayerNorm after each residual sum, Gemma 2/3's norm on the attention
+output) both apply ``A`` to each part, so the parts sum exactly to the normed whole minus ``b``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+CHECK_TOLERANCE = 1e-4
+"""How far (relative) the frozen map may be from the module itself before the norm is called unsupported."""
+
+
+@dataclass(frozen=True, eq=False)
+class FrozenNorm:
+    """``norm(x) = apply(x) + bias`` with the statistics of one residual ``x``.
+
+    Shape:
+        scale: (..., 1): 1/σ (LayerNorm) or 1/rms (RMSNorm) of each position of the residual it was frozen at.
+        weight: (d_model,): the norm's gain as the module applies it (Gemma's ``1 + w``).
+        bias: (d_model,) or None: the norm's bias (LayerNorm), the part of the output no component writes.
+    """
+
+    scale: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    centred: bool
+
+    def apply(self, part: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """The linear part of the frozen norm applied to one part of the residual.
+
+        Args:
+            part: (..., d_model), broadcastable against ``scale``.
+            scale: a different broadcast of the frozen scale (e.g. ``scale[i]`` for many parts of position i).
+        """
+        s = self.scale if scale is None else scale
+        centred = part - part.mean(dim=-1, keepdim=True) if self.centred else part
+        return centred * s * self.weight
+
+
+def _gain(module: Any) -> torch.Tensor:
+    weight = module.weight.detach()
+    # Gemma's RMSNorms scale by (1 + w); their classes say so in the name (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm).
+    return weight + 1.0 if type(module).__name__.startswith("Gemma") else weight
+
+
+def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
+    """Freeze ``module`` (a LayerNorm or an RMSNorm) at the residual ``x`` and check the map against the module.
+
+    Shape: x (..., d_model).
+
+    Raises:
+        ValueError: the module is neither norm, or the frozen map does not reproduce it (an unsupported norm).
+    """
+    x = x.detach()
+    xf = x.float()
+    if isinstance(module, torch.nn.LayerNorm) or getattr(module, "bias", None) is not None:
+        eps = float(getattr(module, "eps", getattr(module, "variance_epsilon", 1e-5)))
+        var = xf.var(dim=-1, keepdim=True, unbiased=False)
+        frozen = FrozenNorm(scale=torch.rsqrt(var + eps).to(x.dtype), weight=_gain(module),
+                            bias=module.bias.detach(), centred=True)
+    elif getattr(module, "weight", None) is not None:
+        eps = getattr(module, "variance_epsilon", None)
+        eps = float(getattr(module, "eps", 1e-6) if eps is None else eps)
+        rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+        frozen = FrozenNorm(scale=rms.to(x.dtype), weight=_gain(module), bias=None, centred=False)
+    else:
+        raise ValueError(f"{type(module).__name__} is not a LayerNorm or an RMSNorm; its parts cannot be attributed.")
+    with torch.no_grad():
+        expected = module(x)
+    got = frozen.apply(x) + (0 if frozen.bias is None else frozen.bias)
+    scale = expected.abs().max().clamp_min(1e-6)
+    if float((got - expected).abs().max() / scale) > CHECK_TOLERANCE:
+        raise ValueError(f"{type(module).__name__} is not a norm this tool can freeze (its frozen map differs from "
+                         "the module); direct attribution and contributions need a LayerNorm or an RMSNorm.")
+    return frozen

@@ -1,0 +1,1 @@
+"""Generation and what a compressed KV cache keeps."""
