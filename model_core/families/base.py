@@ -32,6 +32,8 @@ class ForwardOutput:
             them, None where the layer had none (layers of one kind share one tensor); else None.
         layer_scales, layer_softcaps: a compact pass's score scaling and softcap per layer; else None.
         model_output: the chapter-3 encoder's own output (its per-step records, which its walk reads), else None.
+        past: a decoder's key/value cache after the pass (a transformers ``Cache``) when the pass was given one,
+            else None.
     """
 
     weights: list[torch.Tensor]
@@ -48,6 +50,7 @@ class ForwardOutput:
     layer_scales: list[float] | None = None
     layer_softcaps: list[float | None] | None = None
     model_output: Any = None
+    past: Any = None
 
 
 class Family:

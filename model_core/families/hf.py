@@ -25,22 +25,48 @@ class TransformersFamily(Family):
         """The transformer blocks, in order."""
         raise NotImplementedError
 
-    @torch.inference_mode()
     def forward(self, model: Any, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, *, head_mask: torch.Tensor | None = None,
                 vectors: bool = True, hidden: bool | str = True, compact: bool = False,
                 on_layer: Callable[[int], None] | None = None, logits: bool = False,
-                stop_after: int | None = None) -> ForwardOutput:
+                stop_after: int | None = None, grad: bool = False,
+                edit_z: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None,
+                past: Any = None, position_ids: torch.Tensor | None = None) -> ForwardOutput:
         """As ``Family.forward``; ``logits`` adds the next-token logits (the unembedding costs a pass of its own
         over the vocabulary, so corpus batches leave it out). ``stop_after`` runs the blocks up to that one and
-        records it alone (the block walk): the lists hold None for the blocks before it, and there are no logits."""
+        records it alone (the block walk): the lists hold None for the blocks before it, and there are no logits.
+
+        Args:
+            grad: run with autograd (attribution patching's backward pass); otherwise in inference mode.
+            edit_z: called in every layer with (layer, z), z the heads' outputs before the output projection,
+                (batch, pos, head, d_head); a tensor it returns replaces z (activation patching), None leaves it.
+            past: a decoder's key/value cache (a transformers ``Cache``) to extend: generation, the KV-cache page.
+                The cache is used and returned as ``ForwardOutput.past``.
+            position_ids: (batch, pos) true positions of ``input_ids`` (a compressed cache's last token keeps its
+                own, n - 1; transformers would otherwise take the cache's length). transformers derives the cache
+                position and the causal mask from them.
+        """
+        if past is not None and not self.is_decoder:
+            raise ValueError(f"A {self.label} has no key/value cache; generation and the KV cache need a decoder.")
+        with torch.inference_mode(not grad):
+            return self._forward(model, input_ids, token_type_ids, attention_mask, head_mask=head_mask,
+                                 vectors=vectors, hidden=hidden, compact=compact, on_layer=on_layer, logits=logits,
+                                 stop_after=stop_after, edit_z=edit_z, past=past, position_ids=position_ids)
+
+    def _forward(self, model: Any, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                 attention_mask: torch.Tensor | None, *, head_mask: torch.Tensor | None, vectors: bool,
+                 hidden: bool | str, compact: bool, on_layer: Callable[[int], None] | None, logits: bool,
+                 stop_after: int | None, edit_z: Any, past: Any, position_ids: torch.Tensor | None) -> ForwardOutput:
         layers = self.layers(model)
         with GATE.turn(), recording(vectors=vectors, gate=head_mask, hidden=hidden, only=stop_after,
-                                    compact=compact, on_layer=on_layer) as rec:
+                                    compact=compact, on_layer=on_layer, edit_z=edit_z) as rec:
             stop = None if stop_after is None else layers[stop_after].register_forward_hook(_stopper(rec))
             try:
                 net = model if logits and stop is None else self.base(model)
-                extra = {"token_type_ids": token_type_ids} if self.uses_token_types else {"use_cache": False}
+                extra = {"token_type_ids": token_type_ids} if self.uses_token_types else {
+                    "use_cache": past is not None, **({"past_key_values": past} if past is not None else {})}
+                if position_ids is not None:
+                    extra["position_ids"] = position_ids
                 out = net(input_ids=input_ids, attention_mask=attention_mask, **extra)
             except _PassStopped:
                 out = None
@@ -57,7 +83,8 @@ class TransformersFamily(Family):
         common = dict(queries=pick(rec.queries) if vectors or compact else None,
                       keys=pick(rec.keys) if vectors or compact else None,
                       hidden=rec.residual if hidden else None, score_scale=rec.scaling[first],
-                      score_softcap=rec.softcap.get(first), lm_logits=out.logits if logits and out is not None else None)
+                      score_softcap=rec.softcap.get(first), lm_logits=out.logits if logits and out is not None else None,
+                      past=getattr(out, "past_key_values", None) if past is not None else None)
         if compact:
             return ForwardOutput(weights=[], values=None, mask=None, layer_masks=pick(rec.masks),
                                  layer_scales=pick(rec.scaling), layer_softcaps=pick(rec.softcap), **common)
