@@ -84,3 +84,32 @@ def test_result_bytes_count_arrays_inside_containers_and_dataclasses():
     stats = head_stats(trace)
     assert result_nbytes(stats) == sum(g.nbytes for g in stats.to_dict().values())
     assert result_nbytes((np.zeros(10, np.float32), {"a": np.zeros(3, np.int64)}, b"xyz")) == 40 + 24 + 3
+
+
+def test_a_trace_freed_while_its_thread_holds_the_caches_lock_does_not_deadlock():
+    """A trace's finalizer runs in whichever thread frees it (here: a garbage collection under the cache's own lock,
+    as an allocation inside ``DERIVED`` could start); it must take no lock, and the results go at the next call."""
+    import gc
+    import threading
+
+    trace = synthetic_trace(12, 2, 2, seed=3)
+    _row_sums(trace, 0)
+    key = trace_cache.cached_key(trace)
+    cycle = [trace]
+    cycle.append(cycle)  # freed only by a garbage collection
+    del trace
+    done = threading.Event()
+
+    def collect_under_the_lock():
+        with DERIVED._lock, trace_cache._KEYS_LOCK:
+            gc.collect()
+        done.set()
+
+    del cycle
+    worker = threading.Thread(target=collect_under_the_lock, daemon=True)
+    worker.start()
+    assert done.wait(10), "the finalizer deadlocked on a lock its own thread held"
+    other = synthetic_trace(9, 2, 2, seed=4)  # another text: another key
+    _row_sums(other, 0)  # the next call forgets the freed trace and drops its results
+    assert key not in trace_cache._KEYS.values()
+    assert DERIVED.entries_of(key) == 0

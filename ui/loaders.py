@@ -76,12 +76,6 @@ WALKS: BoundedCache = BoundedCache(lambda: _trace_budget() / 4, max_entries=WALK
 the chapter-3 encoder; a walk of another layer takes 0.02-1.3 s, so a few are kept, bounded by bytes."""
 
 
-def _stoppable() -> None:
-    """Called while this run waits for another session's build of the same trace: reading the session state is where
-    Streamlit stops or restarts a run (a Cancel, a new text, a closed tab), so the wait can end."""
-    _ = "_" in st.session_state
-
-
 COLLECT_DELAY_S = 1.0
 
 
@@ -163,7 +157,7 @@ def get_trace(request: TraceRequest) -> AttentionTrace:
     """
     # On a miss the pass waits its turn at the gate, the page showing its place (``ui.waiting``); a hit never waits.
     return TRACES.get(("full", request), lambda: in_turn(f"full|{request!r}", lambda: build_trace(
-        request, models=CACHED_MODELS)), wait=_stoppable)
+        request, models=CACHED_MODELS)), wait=stoppable)
 
 
 get_trace.clear = TRACES.clear  # type: ignore[attr-defined]
@@ -190,7 +184,7 @@ def get_compact(request: TraceRequest, progress: Any = None, note: Note | None =
     # weight (it computes that on request): leaving both out saves about a third of the trace's time.
     return TRACES.get(("compact", request), lambda: in_turn(f"compact|{request!r}", lambda: build_compact(
         request, models=CACHED_MODELS, max_tokens=load_settings().max_tokens, progress=progress,
-        predictions=False, largest_weight=False), note), wait=_stoppable)
+        predictions=False, largest_weight=False), note), wait=stoppable)
 
 
 def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> MaskedRun:
@@ -205,7 +199,7 @@ def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> M
     baseline = get_trace(request)
     mask = head_mask_from_off(baseline.n_layers, baseline.n_heads, off)
     return MASKED_RUNS.get((request, off), lambda: in_turn(f"masked|{request!r}|{off}", lambda: run_masked(
-        request, baseline, mask, models=CACHED_MODELS)), wait=_stoppable)
+        request, baseline, mask, models=CACHED_MODELS)), wait=stoppable)
 
 
 def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
@@ -221,7 +215,7 @@ def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
         return in_turn(f"walk|{request!r}|{layer}", lambda: build_walkthrough(request, layer, trace,
                                                                               models=CACHED_MODELS))
 
-    return WALKS.get((request, layer), build, wait=_stoppable)
+    return WALKS.get((request, layer), build, wait=stoppable)
 
 
 get_walkthrough.clear = WALKS.clear  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ This module imports nothing else of ``ui``: ``ui.loaders`` and the pages' helper
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -98,18 +99,34 @@ DERIVED = DerivedCache(lambda: derived_budget(), max_entries=DERIVED_MAX_ENTRIES
 
 _KEYS: dict[int, str] = {}  # id(trace) -> trace_key, while the trace lives (its finalizer removes it)
 _KEYS_LOCK = threading.Lock()
+_FREED: collections.deque[tuple[int, str]] = collections.deque()  # (id, key) of freed traces, not yet forgotten
 
 
 def _forget(ident: int, key: str) -> None:
-    with _KEYS_LOCK:
-        _KEYS.pop(ident, None)
-        alive = key in _KEYS.values()  # another live trace object with the same content keeps its results
-    if not alive:
-        DERIVED.drop(trace=key)
+    """A trace's finalizer: note it, take no lock. A finalizer runs in whichever thread frees the trace (a garbage
+    collection any allocation starts), which may hold ``_KEYS_LOCK`` or the cache's own lock at that moment;
+    ``_drain_freed`` does the work later, holding no lock."""
+    _FREED.append((ident, key))
+
+
+def _drain_freed() -> None:
+    """Forget the traces freed since the last call, and drop their results unless a live trace has the same key."""
+    while True:
+        try:
+            ident, key = _FREED.popleft()
+        except IndexError:
+            return
+        with _KEYS_LOCK:
+            if _KEYS.get(ident) == key:
+                del _KEYS[ident]
+            alive = key in _KEYS.values()  # another live trace object with the same content keeps its results
+        if not alive:
+            DERIVED.drop(trace=key)
 
 
 def cached_key(trace: Trace) -> str:
     """``trace_key(trace)``, computed once per trace object; its derived results are dropped when it is freed."""
+    _drain_freed()
     ident = id(trace)
     with _KEYS_LOCK:
         key = _KEYS.get(ident)
@@ -121,8 +138,10 @@ def cached_key(trace: Trace) -> str:
     return key
 
 
-def _stoppable() -> None:
-    """While another session computes the same result: reading the session state is where Streamlit stops a run."""
+def stoppable() -> None:
+    """Called while this run waits for another session's build of the same result: reading the session state is
+    where Streamlit stops or restarts a run (a Cancel, a new text, a closed tab), so the wait can end. Outside a
+    Streamlit run it does nothing."""
     with contextlib.suppress(Exception):
         _ = "_" in st.session_state
 
@@ -145,7 +164,7 @@ def per_trace(*, spinner: str | bool = False) -> Callable[[Callable[..., R]], Ca
                 with st.spinner(spinner) if isinstance(spinner, str) else contextlib.nullcontext():
                     return fn(trace, *args)
 
-            return DERIVED.get((cached_key(trace), name, args), build, wait=_stoppable)
+            return DERIVED.get((cached_key(trace), name, args), build, wait=stoppable)
 
         def cached(trace: Trace, *args: Any) -> bool:
             return (cached_key(trace), name, args) in DERIVED
