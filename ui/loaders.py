@@ -35,7 +35,7 @@ from model_core.analysis.predictions import LogitLens, logit_lens
 from model_core.settings import BUNDLED_DECODER_ID, Settings, load_settings
 from model_core.trace.resolve import model_id_of
 from model_core.walk.encoder import Walkthrough
-from ui.trace_cache import per_trace
+from ui.trace_cache import per_trace, stoppable
 from ui.waiting import Note, in_turn
 
 # Traces are immutable (read-only arrays), so all sessions share one copy: a cache_data copy per session would

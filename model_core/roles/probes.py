@@ -30,6 +30,7 @@ import torch
 
 from model_core.analysis._common import is_special
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
+from model_core.trace.gate import GATE
 from model_core.trace.request import Models, TraceRequest
 from model_core.roles.scores import PROBE_ROLES, RoleInput, role_scores
 
@@ -185,14 +186,16 @@ def probe_inputs(loaded: LoadedCorpusModel, texts: tuple[str, ...]) -> list[Role
     for i, (e, m) in enumerate(zip(encoded, lengths)):
         ids[i, :m], types[i, :m], attention_mask[i, :m] = e.input_ids[0], e.token_type_ids[0], 1
     dev = loaded.device
-    out = family.forward(loaded.module, ids.to(dev), types.to(dev), attention_mask.to(dev), vectors=False,
-                         hidden=False)
     specials = family.special_tokens(tokenizer)
     inputs = []
-    for i, (e, m) in enumerate(zip(encoded, lengths)):
-        weights = torch.stack([w[i, :, :m, :m] for w in out.weights]).to("cpu", torch.float32).numpy()
-        inputs.append(RoleInput(weights, e.input_ids[0].numpy(), np.array([is_special(t, specials) for t in e.tokens]),
-                                out.mask[i, :m, :m].cpu().numpy().astype(bool)))
+    with GATE.turn():  # until the batch's weights are numpy: they are the pass's memory
+        out = family.forward(loaded.module, ids.to(dev), types.to(dev), attention_mask.to(dev), vectors=False,
+                             hidden=False)
+        for i, (e, m) in enumerate(zip(encoded, lengths)):
+            weights = torch.stack([w[i, :, :m, :m] for w in out.weights]).to("cpu", torch.float32).numpy()
+            inputs.append(RoleInput(weights, e.input_ids[0].numpy(),
+                                    np.array([is_special(t, specials) for t in e.tokens]),
+                                    out.mask[i, :m, :m].cpu().numpy().astype(bool)))
     return inputs
 
 

@@ -6,9 +6,9 @@ Protocol:
   password of three words drawn by the seed, and a question whose answer starts the password's sentence again
   (about 530 tokens with SmolLM2's tokenizer: short enough for a 2-core CPU, long enough that the needle is one
   sentence among many). The needle goes after 10 %, 50 % and 90 % of the haystack (``DEPTHS``), one run each.
-- Greedy decoding with the KV cache: the prompt but its last token is read once without recording, then each
-  step feeds one token, with the model's attention going through the app's capturing attention function
-  (``model_core.families.capture``), which records that step's query row in every layer and head.
+- Greedy decoding with the KV cache through the one route (``Family.forward`` with ``past``): the prompt but its
+  last token is read once in compact form (no weights kept), then each step feeds one token, and the capturing
+  attention function (``model_core.families.capture``) records that step's query row in every layer and head.
 - At a step whose greedy token w is one of the password's tokens, a head *copies* when its strongest key (the
   argmax of its attention row) is a password position holding w. A head's score is the number of steps at which
   it copies divided by the number of password tokens (Wu et al.'s |g_h ∩ k| / |k|), averaged over the depths. A
@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
-from model_core.families.capture import recording
 from model_core.trace.gate import GATE
 from model_core.trace.request import Models, TraceRequest
 from model_core.roles.haystack import HAYSTACK, haystack_prompt, password
@@ -84,36 +83,44 @@ def password_positions(tokenizer: Any, prompt: str, needle: str, secret: str) ->
     return np.asarray(enc["input_ids"], dtype=np.int64), np.asarray(answer, dtype=np.int64)
 
 
-@torch.inference_mode()
 def _one_depth(loaded: LoadedCorpusModel, prompt: str, needle: str, secret: str,
                step: Callable[[], None]) -> tuple[np.ndarray, str, int, int, int]:
-    """Decode greedily after one prompt; (hits per head, generated text, tokens copied, password tokens, n)."""
-    # Greedy decoding with a KV cache, which Family.forward does not serve yet: the gate still holds the whole decode.
-    with GATE.turn():
-        tok, model = loaded.tokenizer, loaded.module
-        ids, answer = password_positions(tok, prompt, needle, secret)
-        wanted = set(ids[answer].tolist())
-        dev = loaded.device
-        out = model(input_ids=torch.as_tensor(ids[None, :-1], device=dev), use_cache=True)
-        past, nxt = out.past_key_values, torch.as_tensor(ids[None, -1:], device=dev)
+    """Decode greedily after one prompt; (hits per head, generated text, tokens copied, password tokens, n).
+
+    Every pass goes through the one route (``Family.forward`` with a key/value cache): the prompt's prefill in
+    compact form (no n x n weights: the haystack is long), then one turn of the gate per generated token, so other
+    users' passes go between the steps.
+    """
+    from transformers import DynamicCache
+
+    tok, model, family = loaded.tokenizer, loaded.module, loaded.family
+    ids, answer = password_positions(tok, prompt, needle, secret)
+    wanted = set(ids[answer].tolist())
+    dev = loaded.device
+    past = DynamicCache(config=model.config)
+    prefix = torch.as_tensor(ids[None, :-1], device=dev)
+    family.forward(model, prefix, torch.zeros_like(prefix), None, vectors=False, hidden=False, compact=True,
+                   past=past)
+    nxt = torch.as_tensor(ids[None, -1:], device=dev)
+    step()
+    hits = np.zeros((loaded.n_layers, loaded.n_heads))
+    copied, generated = 0, []
+    for _ in range(len(answer) + EXTRA_STEPS):
+        with GATE.turn():  # until this step's weights are numpy
+            out = family.forward(model, nxt, torch.zeros_like(nxt), None, vectors=False, hidden=False, logits=True,
+                                 past=past)
+            w = int(out.lm_logits[0, -1].argmax())
+            rows = (torch.stack([out.weights[layer][0, :, -1, :] for layer in range(loaded.n_layers)]).float()
+                    .cpu().numpy() if w in wanted else None)
+        if rows is not None:
+            hits += copy_hits(rows, w, answer, ids)
+            copied += 1
+        generated.append(w)
+        nxt = torch.tensor([[w]], device=dev)
         step()
-        hits = np.zeros((loaded.n_layers, loaded.n_heads))
-        copied, generated = 0, []
-        for _ in range(len(answer) + EXTRA_STEPS):
-            with recording(vectors=False) as rec:
-                out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            w = int(out.logits[0, -1].argmax())
-            if w in wanted:
-                rows = torch.stack([rec.weights[layer][0, :, -1, :] for layer in range(loaded.n_layers)])
-                hits += copy_hits(rows.float().cpu().numpy(), w, answer, ids)
-                copied += 1
-            generated.append(w)
-            nxt = torch.tensor([[w]], device=dev)
-            step()
-            if w == tok.eos_token_id or "\n" in tok.decode([w]):
-                break
-        return hits, tok.decode(generated), copied, len(answer), len(ids)
+        if w == tok.eos_token_id or "\n" in tok.decode([w]):
+            break
+    return hits, tok.decode(generated), copied, len(answer), len(ids)
 
 
 def _fitting_haystack(loaded: LoadedCorpusModel, secret: str) -> int:
