@@ -75,8 +75,7 @@ if not off_set:
     st.info("Pick at least one head to switch off; the comparison appears here.")
     st.stop()
 
-with st.spinner("Running the model with the heads switched off…"):
-    masked = get_masked_run(ctx.request, tuple(sorted(off_set)))
+masked = get_masked_run(ctx.request, tuple(sorted(off_set)))  # its own spinner, or its place in the queue
 effect = compare_masking(trace, masked)
 
 next_token = None

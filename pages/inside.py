@@ -196,8 +196,7 @@ ENCODER_STEPS = (
 def _walk(layer: int, head: int) -> None:
     """The walk for one layer and head, one folded step each; a change of layer or head reruns only this."""
     try:
-        with st.spinner(f"Walking through layer {layer}…"):
-            wt = get_walkthrough(ctx.request, layer)
+        wt = get_walkthrough(ctx.request, layer)  # its own spinner, or its place in the queue
     except NoBlockWalk as exc:
         no_block_walk(str(exc))
         return

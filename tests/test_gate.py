@@ -214,7 +214,10 @@ def _passes(monkeypatch) -> list[dict]:
                 call.setdefault("gate", GATE.snapshot())
             hook = first.register_forward_pre_hook(seen)
             try:
-                return _forward(self, model, *args, **kwargs)
+                out = _forward(self, model, *args, **kwargs)
+                # The builder's own turn must outlive the pass (its arrays become numpy under it): still held here.
+                call["after"] = GATE.snapshot()["running"]
+                return out
             finally:
                 hook.remove()
         monkeypatch.setattr(cls, "forward", wrapped)
@@ -241,6 +244,7 @@ def test_a_compact_trace_a_masked_run_and_the_block_walk_each_run_one_gated_pass
     assert [c["compact"] for c in calls] == [True, False, False]
     # While the model runs, its pass holds the one turn: none runs beside it, none runs outside the gate.
     assert [c["gate"]["running"] for c in calls] == [1, 1, 1]
+    assert [c["after"] for c in calls] == [1, 1, 1]  # each builder held its turn around the pass
 
 
 def test_the_encoder_walk_and_a_corpus_batch_run_gated_passes_of_the_route(monkeypatch):
@@ -257,3 +261,4 @@ def test_the_encoder_walk_and_a_corpus_batch_run_gated_passes_of_the_route(monke
     ids = torch.tensor(trace.token_ids)[None]
     loaded.forward(ids, torch.zeros_like(ids), torch.ones_like(ids))
     assert [c["gate"]["running"] for c in calls] == [1, 1]
+    assert calls[0]["after"] == 1  # the walk held its turn around the pass

@@ -25,6 +25,7 @@ from model_core import (
     build_walkthrough,
 )
 from model_core.analysis.masked_run import MaskedRun, run_masked
+from model_core.walk.decoder import DecoderWalk
 from model_core.compact.trace import CompactTrace
 from model_core.compact.build import build_compact, trace_form
 from model_core.compact.views import TraceForm
@@ -156,8 +157,18 @@ def get_trace(request: TraceRequest) -> AttentionTrace:
         InputError, ModelLoadError, ValueError: with a message for the user.
     """
     # On a miss the pass waits its turn at the gate, the page showing its place (``ui.waiting``); a hit never waits.
-    return TRACES.get(("full", request), lambda: in_turn(f"full|{request!r}", lambda: build_trace(
-        request, models=CACHED_MODELS)), wait=stoppable)
+    def build() -> AttentionTrace:
+        _load_models(request)  # before the turn: a model load must not hold the one turn every user waits for
+        return in_turn(f"full|{request!r}", lambda: build_trace(request, models=CACHED_MODELS))
+
+    return TRACES.get(("full", request), build, wait=stoppable)
+
+
+def _load_models(request: TraceRequest, walk: bool = False) -> None:
+    """Load (or build) the request's model into the process's cache, outside the gate's turn."""
+    from model_core.trace.resolve import resolve
+
+    resolve(request, device=device(), models=CACHED_MODELS, walk=walk)
 
 
 get_trace.clear = TRACES.clear  # type: ignore[attr-defined]
@@ -202,7 +213,7 @@ def get_masked_run(request: TraceRequest, off: tuple[tuple[int, int], ...]) -> M
         request, baseline, mask, models=CACHED_MODELS)), wait=stoppable)
 
 
-def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
+def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough | DecoderWalk:
     """The walk through ``layer`` for the tokens of ``get_trace(request)``: in ``request.walk_spec()``'s encoder, or
     through a decoder's own block.
 
@@ -210,8 +221,9 @@ def get_walkthrough(request: TraceRequest, layer: int) -> Walkthrough:
         InputError, ModelLoadError, ValueError: as ``get_trace``; ValueError for a bad layer or a decoder family
             with no block walk.
     """
-    def build() -> Walkthrough:
+    def build() -> Walkthrough | DecoderWalk:
         trace = get_trace(request)  # before the turn: holding it while another session builds this trace would stall
+        _load_models(request, walk=not trace.is_decoder)  # the encoder walk's chapter-3 encoder (BERT's weights)
         return in_turn(f"walk|{request!r}|{layer}", lambda: build_walkthrough(request, layer, trace,
                                                                               models=CACHED_MODELS))
 
