@@ -54,13 +54,24 @@ def _hold_gate(seconds: float) -> threading.Thread:
     return thread
 
 
-def test_the_note_goes_when_the_turn_comes(one_run):
+def test_the_note_goes_when_the_turn_comes(one_run, monkeypatch):
+    from ui.waiting import WaitingNote
+
+    shown = []
+    show = WaitingNote.show
+
+    def recorded(self, place, running):
+        shown.append((place, running))
+        return show(self, place, running)
+
+    monkeypatch.setattr(WaitingNote, "show", recorded)
     at = AppTest.from_function(_script)
     holder = _hold_gate(HOLD_S)
     started = time.monotonic()
     at.run(timeout=30)
     holder.join()
     assert time.monotonic() - started >= HOLD_S * 0.9  # it did wait for the other pass
+    assert shown and shown[0] == (1, 1)  # while it waited, the note said: next in the queue, 1 running
     assert [m.value for m in at.markdown] == ["result: built"]
     assert not at.info and not at.button  # the note and its button are cleared once the pass runs
 
