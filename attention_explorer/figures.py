@@ -8,6 +8,7 @@ import textwrap
 import numpy as np
 import plotly.graph_objects as go
 
+from attention_explorer.reply_marks import mark_reply, mark_reply_on_tokens
 from model_core.analysis.aggregate import pool_matrix
 
 WEIGHT_SCALE = "Blues"
@@ -69,6 +70,7 @@ def attention_heatmap(
     key_tokens: tuple[str, ...] | None = None,
     first: tuple[int, int] = (0, 0),
     pool: int = 1,
+    reply_start: int | None = None,
 ) -> go.Figure:
     """The app's one query x key heatmap: tokens on both axes and the exact value on hover.
 
@@ -83,11 +85,17 @@ def attention_heatmap(
     pooled: ``matrix`` holds block means of ``pool`` positions a side over ``tokens``, and the axes show token
     positions (a cell centred on its block), so a box drawn on it reads positions.
 
+    ``reply_start`` (a generated sequence's first reply token, ``AttentionTrace.reply_start``) draws a dashed teal
+    line on both axes before it, as sentence B's start is drawn dotted orange.
+
     Shape: matrix (q_pos, k_pos), or (ceil(pos / pool),) * 2 pooled; masked as matrix, bool.
     """
     if pool > 1:
-        return _pooled_heatmap(matrix, len(tokens), pool, title=title, colorscale=colorscale, zmin=zmin, zmax=zmax,
-                               value_name=value_name, height=height)
+        fig = _pooled_heatmap(matrix, len(tokens), pool, title=title, colorscale=colorscale, zmin=zmin, zmax=zmax,
+                              value_name=value_name, height=height)
+        if reply_start is not None and 0 < reply_start < len(tokens):
+            mark_reply(fig, x=reply_start - 0.5, y=reply_start - 0.5)
+        return fig
     hidden = set(hide) if key_tokens is None else set()  # ``hide`` drops positions of a square matrix only
     keys = tokens if key_tokens is None else key_tokens
     rows = np.array([i for i in range(len(tokens)) if i not in hidden], dtype=int)
@@ -128,6 +136,7 @@ def attention_heatmap(
         m = len(rows)
         for shape in (dict(x0=b, x1=b, y0=-0.5, y1=m - 0.5), dict(y0=b, y1=b, x0=-0.5, x1=m - 0.5)):
             fig.add_shape(type="line", line=dict(color="#e4572e", width=2, dash="dot"), **shape)
+    mark_reply_on_tokens(fig, reply_start, rows + first[0], cols + first[1])
     height = height or min(760, 260 + 14 * n)
     # One tick label per ~12 px of the plot's height (the plot is about square), at most MAX_TICKS.
     max_ticks = int(np.clip((height - 150) // 12, 8, MAX_TICKS))
@@ -295,34 +304,18 @@ def layer_head_figure(
     n_layers, n_heads = grid.shape
     row_px = min(34, (MAX_GRID_PX - 130) // max(n_layers, 1))  # 30 decoder layers still fit in 1,000 px
     hover = "layer %{y}, head %{x}<br>%{z:.4f}<extra></extra>"
-    fig = go.Figure(
-        go.Heatmap(
-            z=grid,
-            x=list(range(n_heads)),
-            y=list(range(n_layers)),
-            colorscale=colorscale,
-            zmin=zmin,
-            zmax=zmax,
-            colorbar={"title": colorbar},
-            hovertemplate=hover,
-            hoverinfo="skip" if clickable else None,
-            texttemplate="%{z:.2f}" if cell_text and n_heads <= 16 else None,
-        )
-    )
+    fig = go.Figure(go.Heatmap(
+        z=grid, x=list(range(n_heads)), y=list(range(n_layers)), colorscale=colorscale, zmin=zmin, zmax=zmax,
+        colorbar={"title": colorbar}, hovertemplate=hover, hoverinfo="skip" if clickable else None,
+        texttemplate="%{z:.2f}" if cell_text and n_heads <= 16 else None))
     if clickable:
         layers, heads = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
         finite = np.isfinite(grid.ravel())
-        fig.add_trace(
-            go.Scatter(
-                x=heads.ravel()[finite],
-                y=layers.ravel()[finite],
-                mode="markers",
-                marker={"symbol": "square", "size": max(8, row_px - 8), "color": "rgba(0,0,0,0)"},
-                customdata=grid.ravel()[finite],
-                hovertemplate="layer %{y}, head %{x}<br>%{customdata:.4f}<extra>click to open</extra>",
-                showlegend=False,
-            )
-        )
+        fig.add_trace(go.Scatter(
+            x=heads.ravel()[finite], y=layers.ravel()[finite], mode="markers",
+            marker={"symbol": "square", "size": max(8, row_px - 8), "color": "rgba(0,0,0,0)"},
+            customdata=grid.ravel()[finite], showlegend=False,
+            hovertemplate="layer %{y}, head %{x}<br>%{customdata:.4f}<extra>click to open</extra>"))
     fig.update_xaxes(title="head", tickmode="linear", dtick=1, range=[-0.5, n_heads - 0.5], showgrid=False)
     fig.update_yaxes(title="layer", tickmode="linear", dtick=1, range=[n_layers - 0.5, -0.5], showgrid=False)
     fig.update_layout(title=title, height=height or max(300, row_px * n_layers + 130), clickmode="event+select",
@@ -337,7 +330,7 @@ def token_labels(tokens: tuple[str, ...] | list[str], start: int = 0) -> list[st
 
 
 def vector_heatmap(matrix: np.ndarray, tokens: tuple[str, ...], *, title: str, colorscale: str = SCORE_SCALE,
-                   x_title: str = "dimension", max_dims: int = 128) -> go.Figure:
+                   x_title: str = "dimension", max_dims: int = 128, reply_start: int | None = None) -> go.Figure:
     """Rows are tokens, columns are vector dimensions (the first ``max_dims``). Shape: (pos, dim).
 
     Like ``attention_heatmap`` at any length: float32 z (a typed array), the token read on hover from the
@@ -355,10 +348,12 @@ def vector_heatmap(matrix: np.ndarray, tokens: tuple[str, ...], *, title: str, c
                       xaxis=dict(title=x_title),
                       yaxis=dict(autorange="reversed",
                                  **category_ticks(labels, int(np.clip((height - 80) // 12, 8, MAX_TICKS)))))
+    mark_reply_on_tokens(fig, reply_start, np.arange(len(tokens)), None)
     return fig
 
 
-def token_norms_figure(tokens: tuple[str, ...], series: dict[str, np.ndarray], title: str) -> go.Figure:
+def token_norms_figure(tokens: tuple[str, ...], series: dict[str, np.ndarray], title: str,
+                       reply_start: int | None = None) -> go.Figure:
     """One line per series (label -> one number per token), e.g. each token's vector norm at a step.
 
     Shape: each series (pos,).
@@ -371,10 +366,12 @@ def token_norms_figure(tokens: tuple[str, ...], series: dict[str, np.ndarray], t
     fig.update_layout(title=dict(text=title, font=dict(size=13)), height=320, margin=dict(l=10, r=10, t=36, b=10),
                       yaxis=dict(title="L2 norm", rangemode="tozero"), legend=dict(orientation="h", y=-0.3),
                       xaxis=dict(tickangle=-45 if len(tokens) > 12 else 0, **category_ticks(labels)))
+    mark_reply_on_tokens(fig, reply_start, None, np.arange(len(tokens)))
     return fig
 
 
-def selection_grid(values: np.ndarray, tokens: tuple[str, ...], *, title: str, value_name: str) -> go.Figure:
+def selection_grid(values: np.ndarray, tokens: tuple[str, ...], *, title: str, value_name: str,
+                   reply_start: int | None = None) -> go.Figure:
     """Every layer x head as one row, every token as a column: what a selection of tokens sends or receives.
 
     Typed-array z, the token read from the category axis on hover, thinned ticks, at most 1,000 px tall.
@@ -395,4 +392,5 @@ def selection_grid(values: np.ndarray, tokens: tuple[str, ...], *, title: str, v
                       xaxis=dict(side="top", tickangle=-90 if n > 24 else 0, **category_ticks(labels)),
                       yaxis=dict(autorange="reversed", **category_ticks(rows, int(np.clip((height - 120) // 12, 8,
                                                                                         MAX_TICKS)))))
+    mark_reply_on_tokens(fig, reply_start, None, np.arange(n))
     return fig

@@ -61,8 +61,27 @@ class Trace:
         core: the ``model_core.AttentionTrace`` with every number (attentions, queries, keys, hidden states...).
     """
 
-    def __init__(self, core: AttentionTrace) -> None:
+    def __init__(self, core: AttentionTrace, request: TraceRequest | None = None, device: str | None = None) -> None:
         self.core = core
+        self._request = request  # the model it came from (None for a trace loaded from a file)
+        self._device = device
+
+    def _resolved(self, model: str | None = None):
+        """The model this trace came from, loaded once per process (``model_core.trace.resolve``), or ``model``.
+
+        Raises:
+            ValueError: a trace loaded from a file does not know its model and none was given.
+        """
+        from model_core.trace.resolve import resolve
+
+        if model is not None:
+            request = TraceRequest("pretrained", "", model_id=model)
+        elif self._request is not None:
+            request = self._request
+        else:
+            raise ValueError("This trace was loaded from a file and does not know its model: pass model=... (a hub "
+                             "id, a local folder or a bundled id such as 'bundled:SmolLM2-135M-Instruct').")
+        return resolve(request, device=self._device)
 
     def __repr__(self) -> str:
         t = self.core
@@ -233,7 +252,7 @@ def trace(text: str, text_b: str = "", *, model: str | None = None, truncate: bo
         model_core.ModelLoadError: the model cannot be loaded; the message says why.
     """
     request = TraceRequest("pretrained", text, text_b or "", model_id=model, truncate=truncate)
-    return Trace(build_trace(request, device=device))
+    return Trace(build_trace(request, device=device), request, device)
 
 
 def walk(text: str, layer: int = 0, text_b: str = "", *, model: str | None = None, device: str | None = None):

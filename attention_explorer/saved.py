@@ -18,7 +18,7 @@ from model_core.trace.trace import AttentionTrace
 FORMAT = "attention-explorer-trace/1"
 # Fields that are not arrays: kept in one JSON document inside the file.
 _META = ("tokens", "sentence_b_start", "model_kind", "causal", "description", "score_scale", "score_softcap",
-         "special_tokens", "next_token_strings")
+         "special_tokens", "next_token_strings", "reply_start")
 
 
 def save_trace(trace: AttentionTrace, path: str | Path) -> Path:
@@ -52,6 +52,7 @@ def load_trace(path: str | Path) -> AttentionTrace:
     if meta.pop("format", None) != FORMAT:
         raise ValueError(f"{path} was saved in another format than {FORMAT}.")
     meta["tokens"] = tuple(meta["tokens"])
+    meta.setdefault("reply_start", None)  # files saved before generation have none
     meta["special_tokens"] = frozenset(meta["special_tokens"])
     if meta["next_token_strings"] is not None:
         meta["next_token_strings"] = tuple(tuple(row) for row in meta["next_token_strings"])

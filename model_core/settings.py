@@ -18,6 +18,16 @@ HARD_MAX_TOKENS = 8192
 DEFAULT_MAX_TOKENS = 4096
 """The longest input by default: a decoder's long prompt is traced in compact form (``model_core.compact.trace``)."""
 
+CHARS_PER_TOKEN_BOUND = 16
+"""Characters a token may take, for the character cap only: English prose is about 4.3 a SmolLM2 token, long
+words and code 5-6, WordPiece's longest pieces 18. A text past ``16 × max_tokens`` characters is over the token
+limit unless it is mostly runs of one character (SmolLM2 has 81-character tokens of spaces); the tokenizer, not
+this bound, decides the limit."""
+
+MIN_TEXT_CHARS = CHARS_PER_TOKEN_BOUND * DEFAULT_MAX_TOKENS
+"""The character cap's floor (65,536): a small token limit (a 512-position BERT, a low AE_MAX_TOKENS) still takes
+any text the box and links took before (60,000 characters), to refuse it by tokens or truncate it."""
+
 DEFAULT_FULL_TRACE_MB = 320
 """The largest full trace by default, in MB of float32 weights (layer x head x n²): SmolLM2 (270 heads) up to 544
 tokens, MiniLM (72 heads) to its 512 positions. Past it, the app traces a transformers model in compact form."""
@@ -52,6 +62,19 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_MAX_RUNS": ("auto", "Most model passes that run at once (1 to 64); the others wait their turn, first in first out, and a waiting page shows its place. auto: 1 on a CPU (passes share its cores, and each holds about 0.9 GB at 400 SmolLM2 tokens), 2 with a CUDA GPU."),
     "AE_TORCH_THREADS": ("", "Threads for torch on the CPU; empty uses half the cores (sessions run side by side). OMP_NUM_THREADS also works."),
 }
+
+
+def text_char_cap(max_tokens: int) -> int:
+    """The most characters a text may have for a limit of ``max_tokens`` tokens: ``CHARS_PER_TOKEN_BOUND`` a token,
+    at least ``MIN_TEXT_CHARS``. One cap for the text box, links, the command line and the trace; it only stops
+    absurd inputs (a 5 MB paste) before tokenising, and the token limit stays the real one.
+
+    >>> text_char_cap(4096), text_char_cap(8192), text_char_cap(512)
+    (65536, 131072, 65536)
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens} must be a positive number of tokens.")
+    return max(CHARS_PER_TOKEN_BOUND * max_tokens, MIN_TEXT_CHARS)
 
 
 def auto_max_runs(device: str) -> int:
@@ -142,6 +165,11 @@ class Settings:
             raise ValueError(f"AE_MAX_PARAMS={self.max_params} must be a positive whole number of parameters.")
         if not self.default_model.strip():
             raise ValueError("AE_DEFAULT_MODEL is empty; unset it to use the bundled model.")
+
+    @property
+    def max_text_chars(self) -> int:
+        """The character cap of a text here (``text_char_cap(max_tokens)``): the text box's and links' limit."""
+        return text_char_cap(self.max_tokens)
 
     def is_model_allowed(self, model_id: str) -> bool:
         """Whether the allowlist admits ``model_id`` (the bundled model and the default always pass)."""

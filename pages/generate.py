@@ -1,5 +1,50 @@
-"""PLACEHOLDER: being built (issue 33/34); replaced before landing."""
+"""Generate: ask the sidebar's decoder something, read the reply as it streams, then step through it: what each new
+token attended to, drawn on the text, and the candidates the model weighed. The whole sequence is traced once, so
+every page can open it, with the reply's start marked."""
 
 import streamlit as st
 
-st.info("This page is being built.")
+from model_core.generate.generation import has_chat_template
+from ui.context import get_context
+from ui.guard import view_guard
+from ui.generate import (
+    controls, current_result, decoder_or_stop, generate_button, open_everywhere, reader, run_job, show_reply,
+    trace_of,
+)
+
+ctx = get_context()
+st.title("Generate")
+loaded, model_id = decoder_or_stop(ctx)
+has_template = has_chat_template(loaded.tokenizer)
+st.caption(f"{loaded.description} · greedy by default; each new token is one pass through the model on its "
+           "key/value cache.")
+controls(has_template)
+generate_button(model_id, has_template)
+job = st.session_state.get("_gen_job")
+streaming = job is not None and not job["started"]  # this run streams the reply (it shows as it comes)
+run_job(loaded, ctx.settings)
+result = current_result(model_id)
+if result is None:
+    st.stop()
+show_reply(result, streamed=streaming)
+if result.n_new == 0:
+    st.info("Stopped before the first token: nothing to trace. Press Generate again.")
+    st.stop()
+
+st.subheader("The whole sequence, traced")
+request = result.request(model_id)
+try:
+    sequence = trace_of(request)
+except ValueError as exc:  # InputError and ModelLoadError are ValueErrors
+    st.error(str(exc), icon=":material/error:")
+    st.stop()
+if sequence is None:  # the compact trace was cancelled
+    st.stop()
+st.caption(f"{sequence.n_tokens} tokens ({'compact form' if hasattr(sequence, 'lse') else 'full trace'}), exactly "
+           "what teacher forcing the prompt and reply gives; the reply starts at position "
+           f"{result.reply_start}.")
+open_everywhere(request, model_id, ctx.request)
+
+st.subheader("Step through the reply")
+with view_guard("reply reader"):
+    reader(result, sequence, loaded.tokenizer, ctx.focus)

@@ -50,8 +50,13 @@ def _flag(raw: str) -> bool:
 
 MAX_INDEX = 9_999
 """The largest layer or head a link may name; the page then clamps it to the model's own sizes."""
-LINK_TEXT_CHARS = 60_000
-"""The longest text a link may carry: as much as the sidebar's text boxes take (``ui.state.TEXT_MAX_CHARS``)."""
+def link_text_chars() -> int:
+    """The longest text a link may carry: the deployment's character cap (``Settings.max_text_chars``: 16 a token of
+    AE_MAX_TOKENS, at least 65,536), as much as the sidebar's text boxes take. Read when a link is, since
+    AE_MAX_TOKENS sets it; a link of up to 60,000 characters (the cap before) opens under any setting."""
+    from model_core.settings import load_settings
+
+    return load_settings().max_text_chars
 
 
 def _positions(raw: str) -> list[int]:
@@ -62,8 +67,9 @@ def _positions(raw: str) -> list[int]:
 
 
 def _text(raw: str) -> str:
-    if len(raw) > LINK_TEXT_CHARS:
-        raise ValueError(f"longer than {LINK_TEXT_CHARS:,} characters")
+    cap = link_text_chars()
+    if len(raw) > cap:
+        raise ValueError(f"longer than {cap:,} characters (16 a token of AE_MAX_TOKENS)")
     return raw
 
 

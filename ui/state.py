@@ -11,7 +11,6 @@ from model_core.trace.request import REQUEST_FIELDS
 from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID, Settings, load_settings
 from model_core.words import RULE as WORD_RULE
 from ui.fields import (
-    LINK_TEXT_CHARS,
     MAX_SEED,
     MODEL_LABELS,
     OLD_MODEL_NAMES,
@@ -132,21 +131,33 @@ def model_summary(s: Any, settings: Settings | None = None) -> str:
     return f"Custom encoder · {shape} · seed {s['ctl_seed']}" + (" · causal" if s["ctl_causal"] else "")
 
 
-TEXT_MAX_CHARS = LINK_TEXT_CHARS
-"""The most characters a text box takes: about 4,096 tokens of English is 18,000; code and other scripts run longer."""
+def text_max_chars(settings: Settings | None = None) -> int:
+    """The most characters a text box takes: the deployment's character cap (``Settings.max_text_chars``: 16 a token
+    of AE_MAX_TOKENS, 65,536 at 4,096 tokens, 131,072 at 8,192), as a link's (``ui.fields.link_text_chars``).
+    English is about 4.3 characters a token; code and other scripts run longer."""
+    return (settings or load_settings()).max_text_chars
 
 
-def text_from_upload(data: bytes, name: str) -> tuple[str | None, str | None]:
-    """(the text, None), or (the text's first ``TEXT_MAX_CHARS``, a note), or (None, why it cannot be read)."""
+def __getattr__(name: str) -> int:
+    # TEXT_MAX_CHARS, the old constant, read when asked: the cap follows AE_MAX_TOKENS, set after this import.
+    if name == "TEXT_MAX_CHARS":
+        return text_max_chars()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def text_from_upload(data: bytes, name: str, max_chars: int | None = None) -> tuple[str | None, str | None]:
+    """(the text, None), or (the text's first ``max_chars`` (default ``text_max_chars()``), a note), or (None, why it
+    cannot be read)."""
     from model_core.corpus.sources import CorpusInputError, decode_text
 
+    cap = text_max_chars() if max_chars is None else max_chars
     try:
         text = decode_text(data, name)
     except CorpusInputError as exc:
         return None, str(exc)
-    if len(text) > TEXT_MAX_CHARS:
-        return text[:TEXT_MAX_CHARS], (f"{name} has {len(text):,} characters; the text box takes {TEXT_MAX_CHARS:,}, "
-                                       "so its first ones are used.")
+    if len(text) > cap:
+        return text[:cap], (f"{name} has {len(text):,} characters; the text box takes {cap:,} (16 a token of "
+                            "AE_MAX_TOKENS), so its first ones are used.")
     return text, None
 
 
@@ -173,13 +184,14 @@ def render_controls(settings: Settings | None = None) -> Any:
     _normalise_model(st.session_state)
     _persist(*(key for key, _ in QUERY_PARAMS.values()))
     sb = st.sidebar
-    sb.text_area("Sentence A", key="ctl_text_a", height=80, max_chars=TEXT_MAX_CHARS)
+    max_chars = settings.max_text_chars
+    sb.text_area("Sentence A", key="ctl_text_a", height=80, max_chars=max_chars)
     sb.file_uploader("…or open a text file", type=["txt", "md", "text", "log", "csv", "json", "py"],
                      key="ctl_text_file", on_change=_read_text_file, help="Its text fills the box above. A long prompt or a document: a decoder "
                      "reads up to AE_MAX_TOKENS tokens (4,096 by default); past a few hundred, the trace is compact.")
     if st.session_state.get("_text_file_error"):
         sb.error(st.session_state["_text_file_error"])
-    sb.text_area("Sentence B (optional)", key="ctl_text_b", height=68, max_chars=TEXT_MAX_CHARS)
+    sb.text_area("Sentence B (optional)", key="ctl_text_b", height=68, max_chars=max_chars)
     slot = sb.container()
     sb.toggle("Words, not WordPieces", key="ctl_words",
               help="Merge the pieces of each word (em ##bed ##ding ##s → embeddings) in every token view. " + WORD_RULE)

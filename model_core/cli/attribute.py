@@ -1,13 +1,107 @@
-"""PLACEHOLDER: the `attribute` verb, being built; replaced before landing."""
+"""The ``attribute`` verb: direct logit attribution of a decoder's next-token logit at one position.
+
+``python -m model_core attribute --model pretrained --model-id ID --text TEXT [--answer STR] [--foil STR]
+[--position I] --json`` prints {"tokens", "answer_id", "foil_id", "logit", "embed", "heads": L×H, "mlps": [L], "rest",
+"position", "parts_sum"} (and a "note" for a model with a final-logit softcap). The answer defaults to the model's top
+prediction; with ``--foil`` the logit difference is split (``--foil runner-up``: the second prediction).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from typing import Any
+
+from model_core.cli.options import MODEL_CHOICES
+
+RUNNER_UP = "runner-up"
 
 
-def add_attribute_parser(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("attribute", help="(being built)")
+def add_attribute_parser(sub: Any) -> None:
+    """Add the ``attribute`` verb to the command line's subparsers."""
+    att = sub.add_parser("attribute", help="split a decoder's next-token logit (or a logit difference) into each "
+                                           "head's, MLP's and the embedding's direct effect")
+    att.add_argument("--model", choices=MODEL_CHOICES, required=True,
+                     help="pretrained: a decoder language model (GPT-2 or Llama-like); an encoder has no logit")
+    att.add_argument("--model-id", default=None, help="hub id, folder, or bundled:SmolLM2-135M-Instruct")
+    att.add_argument("--text", required=True, help="the text; the logit is the next token's after --position")
+    att.add_argument("--answer", default=None,
+                     help="the answer token as written, leading space included (\" Paris\"); default: the model's "
+                          "top prediction")
+    att.add_argument("--foil", default=None,
+                     help=f"a token whose logit is subtracted (\" London\"), or {RUNNER_UP!r} for the model's second "
+                          "prediction; default: no foil (the logit itself)")
+    att.add_argument("--position", type=int, default=-1, help="the position to read (default -1: the last token)")
+    att.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
+    att.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def run_attribute(args: argparse.Namespace) -> Any:
+    """Trace the text once and attribute its logit (``model_core.effects.attribution``).
+
+    Raises:
+        ValueError: an encoder, a text that cannot be traced, an answer or foil that is not one token.
+    """
+    from model_core.effects.attribution import NotADecoder, attribute, token_id_of, top_two
+    from model_core.trace.forward import check_full_size, trace_model
+    from model_core.trace.request import TraceRequest
+    from model_core.trace.resolve import resolve
+
+    if args.model == "custom":
+        raise NotADecoder("The chapter-3 encoder has no next-token logit, so direct logit attribution needs a "
+                          "decoder (--model pretrained --model-id bundled:SmolLM2-135M-Instruct). For an encoder "
+                          "use `python -m model_core graph`.")
+    request = TraceRequest(args.model, args.text, model_id=args.model_id)
+    resolved = resolve(request, device=args.device)
+    if not resolved.family.is_decoder:
+        raise NotADecoder(f"{resolved.description} is an encoder: it has no next-token logit, so direct logit "
+                          "attribution needs a decoder (e.g. --model-id bundled:SmolLM2-135M-Instruct). For an "
+                          "encoder use `python -m model_core graph`.")
+    encoded = resolved.encode(request)
+    try:
+        check_full_size(resolved.family.n_layers(resolved.model.config), resolved.family.n_heads(resolved.model.config),
+                        encoded.input_ids.shape[1])
+    except ValueError as exc:
+        raise ValueError(f"Direct logit attribution needs a full trace (its values and hidden states). {exc}") from exc
+    trace = trace_model(resolved.family, resolved.model, encoded, resolved.description, tokenizer=resolved.tokenizer)
+    top, second = top_two(trace, args.position)
+    answer = top if args.answer is None else token_id_of(resolved.tokenizer, args.answer)
+    foil = None if args.foil is None else second if args.foil == RUNNER_UP else token_id_of(resolved.tokenizer,
+                                                                                           args.foil)
+    return attribute(trace, resolved.model, resolved.family, answer, foil, args.position), resolved.tokenizer
+
+
+def _lines(result: Any, tokenizer: Any) -> list[str]:
+    """A few lines for people: what is split, the check, the biggest parts."""
+    name = lambda i: repr(tokenizer.decode([i]))  # noqa: E731
+    what = f"logit({name(result.answer_id)})" + ("" if result.foil_id is None else f" - logit({name(result.foil_id)})")
+    lines = [f"{what} after token {result.position} ({result.tokens[result.position]!r}): {result.logit:.4f}",
+             f"parts sum to {result.total:.4f}: embed {result.embed:.4f}, heads {result.heads.sum():.4f}, "
+             f"MLPs {result.mlps.sum():.4f}, rest {result.rest:.4f}"]
+    for sign, label in ((1, "towards"), (-1, "against")):
+        top = ", ".join(f"L{la}H{h} {v:+.3f}" for la, h, v in result.top_heads(5, sign))
+        lines.append(f"heads {label}: {top or '(none)'}")
+    mlp = ", ".join(f"L{la} {result.mlps[la]:+.3f}" for la in (-abs(result.mlps)).argsort()[:5])
+    lines.append(f"largest MLPs: {mlp}")
+    if result.final_softcap is not None:
+        lines.append(f"(before the model's final-logit softcap of {result.final_softcap:g})")
+    return lines
 
 
 def attribute_main(args: argparse.Namespace) -> int:
-    raise SystemExit("python -m model_core attribute is being built.")
+    """The ``attribute`` verb: JSON (``--json``) or a few lines; exit 1 with one line on bad input."""
+    try:
+        result, tokenizer = run_attribute(args)
+    except (ValueError, OSError) as exc:  # NotADecoder, NotOneToken, InputError and ModelLoadError are ValueErrors
+        return _error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    print("\n".join(_lines(result, tokenizer)))
+    return 0

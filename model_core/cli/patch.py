@@ -1,13 +1,84 @@
-"""PLACEHOLDER: the `patch` verb, being built; replaced before landing."""
+"""The ``patch`` verb: ``python -m model_core patch --model pretrained --model-id ID --clean A --corrupt B --answer X
+--foil Y [--json]``: activation patching of every head (and the residual stream), exact and by attribution."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from typing import Any
+
+from model_core.cli.options import MODEL_CHOICES
+
+TOP = 10
 
 
-def add_patch_parser(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("patch", help="(being built)")
+def add_patch_parser(sub: Any) -> None:
+    """Add the ``patch`` verb to the command line's subparsers."""
+    patch = sub.add_parser("patch", help="activation patching: each head's effect on logit(answer) - logit(foil) "
+                                         "when its output is taken from the clean prompt into the corrupted one")
+    patch.add_argument("--model", choices=MODEL_CHOICES, required=True,
+                       help="pretrained: a decoder (GPT-2, Llama-like); an encoder cannot be patched")
+    patch.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id such as "
+                                                        "bundled:SmolLM2-135M-Instruct")
+    patch.add_argument("--clean", required=True, help="the clean prompt")
+    patch.add_argument("--corrupt", required=True, help="the corrupted prompt, as many tokens as the clean one")
+    patch.add_argument("--answer", required=True, help="one token as written, leading space included (\" Paris\")")
+    patch.add_argument("--foil", required=True, help="one token as written (\" Rome\")")
+    patch.add_argument("--no-residual", action="store_true", help="skip the residual stream's layer x position grid")
+    patch.add_argument("--no-table", action="store_true", help="skip the table of attention beside effect")
+    patch.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
+    patch.add_argument("--json", action="store_true",
+                       help='print {"clean", "corrupt", "heads": L x H, "attribution": L x H, "residual", ...}')
 
 
 def patch_main(args: argparse.Namespace) -> int:
-    raise SystemExit("python -m model_core patch is being built.")
+    """The ``patch`` verb: JSON (``--json``) or the metrics and the top heads; exit 1 with the message on bad input."""
+    from model_core.effects.patching_inputs import CONTRIBUTIONS_HINT
+    from model_core.effects.patching_run import patch_prompts
+
+    if args.model == "custom":
+        print("error: activation patching compares next-token logits, and the chapter-3 encoder predicts no next "
+              "token. Use --model pretrained with a decoder (e.g. --model-id bundled:SmolLM2-135M-Instruct). "
+              + CONTRIBUTIONS_HINT, file=sys.stderr)
+        return 1
+    progress = None if args.json else _progress
+    try:
+        result = patch_prompts(args.clean, args.corrupt, args.answer, args.foil, model_id=args.model_id,
+                               device=args.device, table=not args.no_table, residual=not args.no_residual,
+                               progress=progress)
+    except (ValueError, OSError) as exc:  # PatchingError, InputError and ModelLoadError are ValueErrors
+        print(f"error: {exc}" if str(exc) else f"error: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    print(file=sys.stderr)  # after the progress line
+    _print_text(result)
+    return 0
+
+
+def _progress(done: int, total: int) -> None:
+    print(f"\rexact patching: {done}/{total} patched passes", end="", file=sys.stderr, flush=True)
+
+
+def _print_text(result: Any) -> None:
+    import numpy as np
+
+    runs = result.runs
+    inputs = runs.inputs
+    print(f"metric logit({inputs.answer!r}) - logit({inputs.foil!r}): clean {runs.clean:.4f}, corrupt "
+          f"{runs.corrupt:.4f}; {inputs.n_tokens} tokens, differing at {inputs.differing.tolist()}")
+    heads = result.exact.heads
+    order = np.argsort(-np.abs(np.nan_to_num(heads)), axis=None)[:TOP]
+    print("top heads by |effect| (exact; attribution estimate):")
+    for flat in order:
+        layer, head = np.unravel_index(flat, heads.shape)
+        print(f"  L{layer}H{head}: {heads[layer, head]:+.3f} ({result.attribution.heads[layer, head]:+.3f})")
+    rho = result.rank_correlation
+    print(f"rank correlation of attribution with exact patching: heads {rho['heads']:.3f}, residual "
+          f"{rho['residual']:.3f}")
+    if result.table is not None:
+        corr = result.table.correlations()
+        print(f"rank correlation of attention to the changed tokens with |effect|: "
+              f"{corr['attention_vs_abs_effect']:.3f}")

@@ -12,6 +12,8 @@ import torch
 from model_core.compact.summary import summarise_layer
 from model_core.compact.trace import OVERVIEW_CELLS, CompactTrace, LayerMask, Progress
 from model_core.compact.views import TraceForm, choose_form
+from model_core.families.capture import current_recorder
+from model_core.models.memory import release_freed_memory
 from model_core.settings import Settings
 from model_core.trace.forward import top_predictions
 from model_core.trace.gate import GATE
@@ -20,8 +22,8 @@ from model_core.trace.encoding import EncodedInput
 from model_core.trace.resolve import Models, Resolved, resolve
 
 COMPACT_MAX_TOKENS = 4096
-"""The default limit of a compact trace on the command line (the app passes ``AE_MAX_TOKENS``, 4,096 by default;
-a full trace is limited by the size of its weights, ``AE_FULL_TRACE_MB``): SmolLM2's positions allow 8,192."""
+"""The command line's limit of a compact trace before ``AE_MAX_TOKENS`` set it (4,096, that setting's default; a
+full trace is limited by the size of its weights, ``AE_FULL_TRACE_MB``): SmolLM2's positions allow 8,192."""
 
 
 def _allowed(mask: torch.Tensor | None, n: int, causal: bool) -> torch.Tensor:
@@ -38,14 +40,14 @@ def _allowed(mask: torch.Tensor | None, n: int, causal: bool) -> torch.Tensor:
 
 @torch.inference_mode()
 def build_compact(request: TraceRequest, *, device: str | torch.device | None = None,
-                  settings: Settings | None = None, models: Models | None = None, max_tokens: int = COMPACT_MAX_TOKENS,
+                  settings: Settings | None = None, models: Models | None = None, max_tokens: int | None = None,
                   top_k: int = 10, progress: Progress | None = None, predictions: bool = True,
                   largest_weight: bool = True) -> CompactTrace:
     """Run the request's pretrained model once with sdpa and summarise every layer into a ``CompactTrace``.
 
     Args:
         request: a pretrained model (any transformers family) and its text; no head mask.
-        max_tokens: the longest input accepted (within the model's positions).
+        max_tokens: the longest input accepted (within the model's positions); None means ``AE_MAX_TOKENS``.
         progress: called with ("forward" | "summary", fraction done).
         predictions: keep a decoder's top ``top_k`` next tokens at every position (about 2 s at 4,096 tokens on
             a 2-core CPU: the unembedding is 49,152 x 576 per position for SmolLM2).
@@ -70,54 +72,94 @@ def build_compact(request: TraceRequest, *, device: str | torch.device | None = 
         return _summarise(resolved, encoded, report, top_k if predictions else 0, largest_weight)
 
 
+class _LayerCopies:
+    """The ``on_layer`` of a compact pass: each layer's recorded queries and keys, copied into the trace's arrays as
+    soon as the layer has run, and the recorder's own tensors swapped for views of those arrays.
+
+    The pass then never holds two copies (the recorded tensors were freed only in the summary, after the whole
+    pass), and a query that is a view of a fused projection's output does not keep that output alive. Each layer's
+    freed blocks are given back at once (``malloc_trim``): glibc otherwise keeps the heap they fragment resident.
+    """
+
+    def __init__(self, n_layers: int, report: Progress):
+        self.n_layers, self.report = n_layers, report
+        self.queries: np.ndarray | None = None  # (layer, head, pos, d_head)
+        self.keys: np.ndarray | None = None  # (layer, kv_head, pos, d_head)
+
+    def __call__(self, layer: int) -> None:
+        rec = current_recorder()
+        q, k = rec.queries[layer][0], rec.keys[layer][0]  # (head, pos, d_head), (kv_head, pos, d_head)
+        if self.queries is None:
+            self.queries = np.empty((self.n_layers, *q.shape), dtype=np.float32)
+            self.keys = np.empty((self.n_layers, *k.shape), dtype=np.float32)
+        self.queries[layer] = q.float().cpu().numpy()
+        self.keys[layer] = k.float().cpu().numpy()
+        rec.queries[layer] = torch.from_numpy(self.queries[layer])[None]
+        rec.keys[layer] = torch.from_numpy(self.keys[layer])[None]
+        release_freed_memory()  # the recorded tensors' blocks, or glibc keeps the heap they fragment resident
+        self.report("forward", (layer + 1) / self.n_layers)
+
+
+def _layer_masks(raw_masks: list, n: int, causal: bool) -> tuple[list[LayerMask], np.ndarray]:
+    """Each distinct mask of the pass as a ``LayerMask`` (layers of one kind share one tensor), and which one each
+    layer used. Worked out before the summary, so the pass's own n x n masks (an additive float mask is 268 MB at
+    8,192 tokens) are freed before it starts.
+
+    Shape: raw_masks[layer] (1, 1, q_pos, k_pos) additive or bool, or None -> mask_of_layer (layer,) int64.
+    """
+    mask_ids: dict[int, int] = {}
+    masks: list[LayerMask] = []
+    mask_of_layer = np.empty(len(raw_masks), dtype=np.int64)
+    for layer in range(len(raw_masks)):
+        raw, raw_masks[layer] = raw_masks[layer], None  # the pass's reference goes with the last layer using it
+        key = 0 if raw is None else raw.data_ptr()
+        if key not in mask_ids:
+            mask_ids[key] = len(masks)
+            masks.append(LayerMask.of(_allowed(raw, n, causal)))
+        mask_of_layer[layer] = mask_ids[key]
+        del raw
+    return masks, mask_of_layer
+
+
 def _summarise(resolved: Resolved, encoded: EncodedInput, report: Progress, top_k: int,
                largest_weight: bool) -> CompactTrace:
     """Run the compact pass and summarise each layer into a ``CompactTrace``."""
     family, model, dev = resolved.family, resolved.model, resolved.device
     n_layers = family.n_layers(model.config)
     want_predictions = family.is_decoder and top_k > 0
+    copies = _LayerCopies(n_layers, report)
     out = family.forward(model, encoded.input_ids.to(dev), encoded.token_type_ids.to(dev), None, compact=True,
-                         hidden="last" if want_predictions else False,
-                         on_layer=lambda layer: report("forward", (layer + 1) / n_layers))
+                         hidden="last" if want_predictions else False, on_layer=copies)
     predictions = (top_predictions(family, model, out.hidden[-1][0], top_k)[:2] if want_predictions
                    else (None, None))
     n = encoded.input_ids.shape[1]
     kv = torch.as_tensor(family.kv_heads(model.config))
     pool = math.ceil(n / OVERVIEW_CELLS)
-    mask_ids: dict[int, int] = {}
-    masks: list[LayerMask] = []
-    mask_of_layer = np.empty(n_layers, dtype=np.int64)
-    queries = keys = None
+    masks, mask_of_layer = _layer_masks(out.layer_masks, n, family.is_decoder)
+    queries, keys = copies.queries, copies.keys
     lse = overview = None
     stats: dict[str, np.ndarray] = {}
     for layer in range(n_layers):
-        raw, out.layer_masks[layer] = out.layer_masks[layer], None  # freed as we go
-        key = 0 if raw is None else raw.data_ptr()  # layers of one kind share one mask tensor
-        if key not in mask_ids:
-            mask_ids[key] = len(masks)
-            masks.append(LayerMask.of(_allowed(raw, n, family.is_decoder)))
-        mask_of_layer[layer] = mask_ids[key]
-        q = out.queries[layer][0].float().cpu()  # (head, pos, d_head)
-        k = out.keys[layer][0].float().cpu()  # (kv_head, pos, d_head)
-        out.queries[layer] = out.keys[layer] = None
-        summary = summarise_layer(q, k.index_select(0, kv), masks[mask_of_layer[layer]], out.layer_scales[layer],
+        out.queries[layer] = out.keys[layer] = None  # views of ``queries`` and ``keys``
+        q = torch.from_numpy(queries[layer])  # (head, pos, d_head)
+        k = torch.from_numpy(keys[layer]).index_select(0, kv)  # each query head's key: (head, pos, d_head)
+        summary = summarise_layer(q, k, masks[mask_of_layer[layer]], out.layer_scales[layer],
                                   out.layer_softcaps[layer], pool, largest=largest_weight)
-        if queries is None:  # filled layer by layer, so the recorded tensors are freed as we go
-            queries = np.empty((n_layers, *q.shape), dtype=np.float32)
-            keys = np.empty((n_layers, *k.shape), dtype=np.float32)
+        if lse is None:
             lse = np.empty((n_layers, *summary.lse.shape), dtype=np.float64)
             overview = np.empty((n_layers, *summary.overview.shape), dtype=np.float32)
-        queries[layer], keys[layer] = q.numpy(), k.numpy()
         lse[layer], overview[layer] = summary.lse.numpy(), summary.overview.numpy()
         for name, value in summary.stats.items():
             stats.setdefault(name, np.empty((n_layers, len(value))))[layer] = value.numpy()
+        release_freed_memory()
         report("summary", (layer + 1) / n_layers)
+    allowed = [m.allowed.numpy() for m in masks]
     return CompactTrace(
         tokens=encoded.tokens, token_ids=encoded.input_ids[0].numpy().astype(np.int64),
         queries=queries, keys=keys, kv_heads=kv.numpy().astype(np.int64), lse=lse,
-        masks=torch.stack([m.allowed for m in masks]).numpy(), mask_of_layer=mask_of_layer, overview=overview, stats=stats,
-        pool=pool, model_kind=family.name, description=resolved.description, causal=family.is_decoder,
-        score_scale=out.layer_scales[0], score_softcap=out.layer_softcaps[0],
+        masks=allowed[0][None] if len(allowed) == 1 else np.stack(allowed), mask_of_layer=mask_of_layer,
+        overview=overview, stats=stats, pool=pool, model_kind=family.name, description=resolved.description,
+        causal=family.is_decoder, score_scale=out.layer_scales[0], score_softcap=out.layer_softcaps[0],
         next_token_ids=predictions[0], next_token_probs=predictions[1],
     )
 

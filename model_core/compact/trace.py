@@ -45,6 +45,7 @@ FIELDS = {
     "overview": "(layer, head, m, m) float32: exact block means (rows averaged, keys summed: rows sum to 1)",
     "stat_<name>": "(layer, head) float64: each head statistic, mean over the query rows (see STAT_NAMES)",
     "next_token_ids/probs": "(pos, k): a decoder's top next-token predictions at every position (optional)",
+    "meta.reply_start": "where a generated reply starts (its first token), or absent/null for a typed-in text",
 }
 
 
@@ -84,6 +85,7 @@ class CompactTrace(TraceShape):
         mask_of_layer: Shape: (layer,). overview: exact block means. Shape: (layer, head, m, m).
         stats: name -> Shape: (layer, head).
         pool: positions per overview cell.
+        reply_start: where a generated reply starts (its first token's position), or None for a typed-in text.
     """
 
     tokens: tuple[str, ...]
@@ -105,11 +107,14 @@ class CompactTrace(TraceShape):
     next_token_ids: np.ndarray | None = None
     next_token_probs: np.ndarray | None = None
     meta_extra: dict = field(default_factory=dict)
+    reply_start: int | None = None
 
     def __post_init__(self) -> None:
         n_layers, n_heads, n, _ = self.queries.shape
         if len(self.tokens) != n or self.lse.shape != (n_layers, n_heads, n) or self.keys.shape[2] != n:
             raise CompactFormatError("The compact trace's arrays disagree on the number of tokens or heads.")
+        if self.reply_start is not None and not 0 < int(self.reply_start) < n:
+            raise CompactFormatError(f"The reply starts at {self.reply_start}, outside the trace's 1-{n - 1}.")
         if self.masks.shape[1:] != (n, n) or self.mask_of_layer.shape != (n_layers,):
             raise CompactFormatError("The compact trace's masks do not match its tokens or layers.")
 
@@ -172,7 +177,7 @@ class CompactTrace(TraceShape):
         path = Path(path)
         meta = dict(format=FORMAT, version=VERSION, model_kind=self.model_kind, description=self.description,
                     causal=self.causal, score_scale=self.score_scale, score_softcap=self.score_softcap,
-                    pool=self.pool, stat_names=list(self.stats), **self.meta_extra)
+                    pool=self.pool, stat_names=list(self.stats), reply_start=self.reply_start, **self.meta_extra)
         arrays = dict(meta=np.array(json.dumps(meta)), tokens=np.array(self.tokens, dtype=str),
                       token_ids=self.token_ids, queries=self.queries, keys=self.keys, kv_heads=self.kv_heads,
                       lse=self.lse, masks=np.packbits(self.masks, axis=-1), mask_of_layer=self.mask_of_layer,
@@ -249,6 +254,7 @@ def load_compact(path: str | Path) -> CompactTrace:
         model_kind=meta["model_kind"], description=meta["description"], causal=bool(meta["causal"]),
         score_scale=float(meta["score_scale"]), score_softcap=meta["score_softcap"],
         next_token_ids=arrays.get("next_token_ids"), next_token_probs=arrays.get("next_token_probs"),
+        reply_start=meta.get("reply_start"),  # files written before generation have none
     )
 
 

@@ -19,6 +19,8 @@ EXPORT_KEYS = ("tokens", "token_type_ids", "attentions", "scores", "masked_score
 PREDICTION_KEYS = ("next_token_ids", "next_token_probs", "next_token_strings")
 """A decoder's exports also carry its top next-token predictions at every position."""
 WORD_KEYS = ("words", "word_attentions", "word_spans")
+REPLY_KEY = "reply_start"
+"""A generated sequence's export also carries where the reply starts: a 0-d int64, absent for a typed-in text."""
 
 
 def word_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
@@ -54,6 +56,7 @@ def _piece_arrays(trace: AttentionTrace) -> dict[str, np.ndarray]:
         "keys": trace.keys.astype(np.float32),
         "kv_heads": trace.kv_heads.astype(np.int64),
         **dict(zip(PREDICTION_KEYS, predictions)),
+        **({} if trace.reply_start is None else {REPLY_KEY: np.array(trace.reply_start, dtype=np.int64)}),
     }
 
 
@@ -95,7 +98,7 @@ def trace_to_npz_bytes(trace: AttentionTrace, *, words: bool = False) -> bytes:
 def trace_to_json(trace: AttentionTrace, *, words: bool = False) -> str:
     """The trace as JSON text; -inf (masked scores) becomes null."""
     return to_json_str({**trace_arrays(trace, words=words), "description": trace.description,
-                        "sentence_b_start": trace.sentence_b_start})
+                        "sentence_b_start": trace.sentence_b_start, REPLY_KEY: trace.reply_start})
 
 
 def write_trace(trace: AttentionTrace, path: str | Path, *, words: bool = False) -> Path:

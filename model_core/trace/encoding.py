@@ -9,11 +9,13 @@ from typing import Any
 
 import torch
 
-from model_core.settings import HARD_MAX_TOKENS
+from model_core.settings import CHARS_PER_TOKEN_BOUND, HARD_MAX_TOKENS, text_char_cap
 
 DEFAULT_TEXT_A = "time flies like an arrow"
 DEFAULT_TEXT_B = "fruit flies like a banana"
-MAX_TEXT_CHARS = 20_000
+MAX_TEXT_CHARS = text_char_cap(HARD_MAX_TOKENS)
+"""The most characters any setting lets a text have (131,072: the cap of the largest token limit). A text's own cap
+is ``text_char_cap`` of the token limit it is encoded for (``encode``'s ``max_tokens``)."""
 
 
 class InputError(ValueError):
@@ -58,11 +60,14 @@ def encode(
     """Tokenise with BERT's WordPiece: [CLS] A [SEP] (B [SEP]), token types 0 then 1; with ``decoder``, as a decoder
     language model reads text (``encode_decoder``).
 
+    Before tokenising, a text (A and B together) over ``text_char_cap(max_tokens)`` characters is refused, with or
+    without ``truncate``: no text that fits ``max_tokens`` tokens at up to 16 characters a token is.
+
     Raises:
-        InputError: empty text, text that gives no tokens, or more than ``max_tokens`` tokens
-            without ``truncate``.
+        InputError: empty text, text that gives no tokens, more characters than the cap, or more than
+            ``max_tokens`` tokens without ``truncate``.
     """
-    a, b = _check_length(text, text_b)
+    a, b = _check_length(text, text_b, max_tokens, limit_hint)
     pieces = _decoder_pieces if decoder else _wordpiece_pieces
     ids, types, b_start = pieces(tokenizer, a, b, None)
     n = len(ids)
@@ -131,10 +136,15 @@ def _decoder_pieces(tokenizer: Any, a: str, b: str, max_tokens: int | None) -> P
     return ids, types, b_start
 
 
-def _check_length(text: str | None, text_b: str | None) -> tuple[str, str]:
-    if len(text or "") + len(text_b or "") > MAX_TEXT_CHARS:
-        raise InputError(f"The text has {len(text or '') + len(text_b or '')} characters; the limit is "
-                         f"{MAX_TEXT_CHARS}. Paste a shorter passage.")
+def _check_length(text: str | None, text_b: str | None, max_tokens: int, limit_hint: str) -> tuple[str, str]:
+    """The texts cleaned, after refusing more characters than the cap of ``max_tokens`` (checked first, on the raw
+    lengths: a 5 MB paste is refused before any pass over it)."""
+    n_chars = len(text or "") + len(text_b or "")
+    tokens = min(max_tokens, HARD_MAX_TOKENS)  # a corpus encodes with no token limit; its texts are cut first
+    cap = text_char_cap(tokens)
+    if n_chars > cap:
+        raise InputError(f"The text has {n_chars} characters, more than {cap:,}: {CHARS_PER_TOKEN_BOUND} characters a "
+                         f"token for the limit of {tokens:,} tokens{limit_hint}. Paste a shorter passage.")
     a, b = clean_text(text), clean_text(text_b)
     if not a:
         if b:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from model_core.chapter3.spec import CustomOptions, CustomSpec
+from model_core.generate.sequence import encode_request, with_reply
 from model_core.settings import Settings
 from model_core.trace.encoding import DEFAULT_TEXT_A
 from model_core.trace.forward import trace_custom, trace_pretrained
@@ -26,8 +27,8 @@ from model_core.trace.trace import AttentionTrace
 from model_core.walk.decoder import DecoderWalk, walk_decoder_layer
 from model_core.walk.encoder import Walkthrough, encoded_from_trace, walk_layer
 
-__all__ = ["MODEL_FIELDS", "Models", "REQUEST_FIELDS", "TraceRequest", "build_trace", "build_walkthrough",
-           "token_limit"]
+__all__ = ["MODEL_FIELDS", "Models", "REQUEST_FIELDS", "TEXT_FIELDS", "TraceRequest", "build_trace",
+           "build_walkthrough", "token_limit"]
 
 _CUSTOM_ONLY = tuple(f.name for f in fields(CustomOptions))
 _SHAPE = ("norm_placement", "num_hidden_layers", "num_attention_heads", "hidden_size")
@@ -53,6 +54,12 @@ class TraceRequest(CustomOptions):
             options (``CustomOptions``), keyword-only.
         truncate: keep the first tokens of a text over the limit instead of refusing it.
         head_mask: which heads are on, (layer, head) of bools; None = all.
+        token_ids: a generated sequence's own ids (``model_core.generate``), or None. The model reads them instead of
+            tokenising ``text_a`` while they still describe it (``text_a`` is their decoding with special tokens
+            kept, and there is no sentence B): re-tokenising a reply may split it otherwise. An edited text, or
+            another tokenizer, is tokenised as typed. A link carries them as comma-separated ids.
+        reply_start: where the generated reply starts among ``token_ids`` (its first token's position), or None;
+            the trace's ``reply_start``, which every page marks on its token axes.
     """
 
     model: Literal["pretrained", "custom"] = "pretrained"
@@ -61,6 +68,8 @@ class TraceRequest(CustomOptions):
     model_id: str | None = None
     truncate: bool = False
     head_mask: tuple[tuple[bool, ...], ...] | None = field(default=None)
+    token_ids: tuple[int, ...] | None = None
+    reply_start: int | None = None
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
@@ -81,6 +90,7 @@ class TraceRequest(CustomOptions):
             if mask.ndim != 2:
                 raise ValueError(f"head_mask must be (layer, head) of bools, got shape {mask.shape}.")
             put("head_mask", None if mask.all() else tuple(tuple(bool(v) for v in row) for row in mask))
+        self._normalise_reply(put)
         if self.model == "pretrained":
             for name in _CUSTOM_ONLY:
                 put(name, defaults[name])
@@ -92,6 +102,31 @@ class TraceRequest(CustomOptions):
         else:
             put("model_id", None)
         self.spec()  # validates the custom encoder's options
+
+    def _normalise_reply(self, put) -> None:
+        """``token_ids`` as a tuple of ints (a link gives "1,2,3") and ``reply_start`` within them; both None where
+        they cannot apply (the custom encoder, a sentence pair, no ids)."""
+        ids, start = self.token_ids, self.reply_start
+        if isinstance(ids, str):
+            try:
+                ids = [int(v) for v in ids.split(",") if v.strip()]
+            except ValueError:
+                raise ValueError("token_ids must be comma-separated token ids, e.g. 1,2,3.") from None
+        ids = None if ids is None else tuple(int(v) for v in ids)
+        if self.model != "pretrained" or self.text_b or not ids:
+            put("token_ids", None)
+            put("reply_start", None)
+            return
+        if any(v < 0 for v in ids):
+            raise ValueError("token_ids must be token ids (0 or more).")
+        put("token_ids", ids)
+        if start in (None, ""):
+            put("reply_start", None)
+            return
+        start = int(start)
+        if not 0 < start < len(ids):
+            raise ValueError(f"reply_start {start} is outside the generated ids: it must be 1-{len(ids) - 1}.")
+        put("reply_start", start)
 
     def spec(self, default_model: str | None = None) -> CustomSpec:
         """The custom encoder this request runs; ``default_model`` stands in for a ``model_id`` of None.
@@ -124,7 +159,9 @@ class TraceRequest(CustomOptions):
 REQUEST_FIELDS = tuple(f.name for f in fields(TraceRequest) if f.name != "head_mask")
 """The fields a user sets: the sidebar's controls, a link's query parameters and a corpus run's "open in the
 sidebar" are these, by these names (the head mask is the masking page's own)."""
-MODEL_FIELDS = tuple(name for name in REQUEST_FIELDS if name not in ("text_a", "text_b", "truncate"))
+TEXT_FIELDS = ("text_a", "text_b", "truncate", "token_ids", "reply_start")
+"""The request's fields that say what text it reads (a generated one's ids and reply among them)."""
+MODEL_FIELDS = tuple(name for name in REQUEST_FIELDS if name not in TEXT_FIELDS)
 """The request's fields that name a model (a pretrained one by ``model`` and ``model_id`` alone)."""
 
 
@@ -144,9 +181,9 @@ def build_trace(request: TraceRequest, *, device: str | torch.device | None = No
         ValueError: an option is out of range.
     """
     resolved = resolve(request, device=device, settings=settings, models=models)
-    encoded = resolved.encode(request)
+    encoded = encode_request(resolved, request)  # a generated sequence's own ids, while they describe its text
     if resolved.loaded is not None:
-        return trace_pretrained(resolved.loaded, encoded, request.head_mask_array())
+        return with_reply(trace_pretrained(resolved.loaded, encoded, request.head_mask_array()), request, encoded)
     return trace_custom(resolved.model, encoded, resolved.description, request.head_mask_array())
 
 

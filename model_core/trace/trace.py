@@ -46,6 +46,8 @@ class AttentionTrace(TraceShape):
         next_token_ids: a decoder's top next-token predictions at every position, best first. Shape: (pos, k) int64.
         next_token_probs: their probabilities. Shape: (pos, k).
         next_token_strings: their text. Shape: (pos, k) as nested tuples.
+        reply_start: where a generated reply starts (its first token's position; the prompt is before it), or None
+            for a text that was typed in (``model_core.generate``).
     """
 
     tokens: tuple[str, ...]
@@ -71,6 +73,7 @@ class AttentionTrace(TraceShape):
     next_token_ids: np.ndarray | None = None
     next_token_probs: np.ndarray | None = None
     next_token_strings: tuple[tuple[str, ...], ...] | None = None
+    reply_start: int | None = None
 
     @property
     def attentions(self) -> np.ndarray:
@@ -97,6 +100,9 @@ class AttentionTrace(TraceShape):
             object.__setattr__(self, "score_scale", 1.0 / math.sqrt(self.queries.shape[-1]))
         assert self.kv_heads.shape == (n_heads,)
         assert self.next_token_ids is None or self.next_token_ids.shape[0] == n
+        if self.reply_start is not None:
+            object.__setattr__(self, "reply_start", int(self.reply_start))
+            assert 0 < self.reply_start < n, (self.reply_start, n)
         freeze_arrays(self)
 
     # -- sizes ---------------------------------------------------------------------------

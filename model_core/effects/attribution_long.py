@@ -1,0 +1,109 @@
+"""Direct logit attribution of a long input: one extra pass that keeps what the last position needs.
+
+A long input's compact trace keeps queries and keys, not the values or the residual stream that ``attribute`` reads.
+This pass runs the model once more through the one forward route, in its compact form (sdpa, no n² weights), and
+keeps every head's z at the last position (the output projection's input, from a hook) and the residual stream
+(the route's own hidden states): (layer, head, d_head) and (layer + 1, d_model) numbers, whatever the length. The
+split over source tokens needs every value, so it is left to full traces.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_core.effects.attribution import Attribution, decompose, require_decoder_family
+from model_core.trace.shape import freeze_arrays
+
+_KEPT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ae_dla_kept", default=None)
+
+
+def _keep(layer: int, _module: Any, args: tuple) -> None:
+    """A pre-hook on an output projection: keep its input (z, heads concatenated) at the last position, in the
+    thread that runs this pass only (the model is shared with other sessions)."""
+    kept = _KEPT.get()
+    if kept is not None:
+        kept[layer] = args[0][0, -1].detach().to("cpu", torch.float64).numpy()
+
+
+def _projections(family: Any, model: Any) -> list[Any]:
+    out = []
+    for block in family.layers(model):
+        attn = getattr(block, "self_attn", None) or getattr(block, "attn")
+        out.append(next(getattr(attn, name) for name in ("o_proj", "dense", "c_proj") if hasattr(attn, name)))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class LastPosition:
+    """What the attribution reads at the last position, from one pass.
+
+    Attributes:
+        z: every head's input to the output projection. Shape: (layer, head, d_head) float64.
+        hidden: the residual stream: the embedding, then every layer's output. Shape: (layer + 1, d_model) float32.
+        top_ids: the model's top next-token predictions there, best first. Shape: (k,) int64.
+    """
+
+    z: np.ndarray
+    hidden: np.ndarray
+    top_ids: np.ndarray
+
+    def __post_init__(self) -> None:
+        freeze_arrays(self)
+
+
+def last_position_pass(family: Any, model: Any, token_ids: np.ndarray, k: int = 10) -> LastPosition:
+    """Run the model once in compact form and keep every head's z and the residual stream at the last position.
+
+    Shape: token_ids (pos,).
+
+    Raises:
+        NotADecoder: the family is an encoder's.
+    """
+    from model_core.trace.forward import top_predictions
+    from model_core.trace.gate import GATE
+
+    require_decoder_family(family)
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(np.array(token_ids), dtype=torch.long, device=device)[None]  # (1, pos)
+    kept: dict[int, np.ndarray] = {}
+    hooks = [proj.register_forward_pre_hook(partial(_keep, i)) for i, proj in enumerate(_projections(family, model))]
+    token = _KEPT.set(kept)
+    try:
+        with GATE.turn():  # until the tensors are numpy
+            out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden=True, compact=True)
+            last = torch.stack([h[0, -1] for h in out.hidden])  # (layer + 1, d_model)
+            top = top_predictions(family, model, last[-1:], k)[0][0]
+            hidden = last.detach().to("cpu", torch.float32).numpy()
+    finally:
+        _KEPT.reset(token)
+        for hook in hooks:
+            hook.remove()
+    n_heads = family.n_heads(model.config)
+    z = np.stack([kept[i].reshape(n_heads, -1) for i in range(len(kept))])  # (layer, head, d_head)
+    return LastPosition(z=z, hidden=hidden, top_ids=top)
+
+
+def attribute_last(family: Any, model: Any, token_ids: np.ndarray, tokens: tuple[str, ...], answer_id: int,
+                   foil_id: int | None = None, expected_top: int | None = None, *,
+                   last: LastPosition | None = None) -> Attribution:
+    """``attribute`` at the last position of any input, from one extra pass (``last_position_pass``, or ``last`` when
+    it was run already) instead of a full trace: the same numbers, with no source split (``Attribution.sources``
+    needs the full trace).
+
+    Args:
+        token_ids: the input's token ids (a compact trace's ``token_ids``). Shape: (pos,).
+        tokens: its tokens.
+        expected_top: the top prediction the trace recorded at the last position (a model check), or None.
+
+    Raises:
+        NotADecoder: the family is an encoder's. ValueError, RuntimeError: as ``decompose``.
+    """
+    last = last or last_position_pass(family, model, token_ids)
+    return decompose(model, family, last.z, last.hidden, tuple(tokens), len(tokens) - 1, answer_id, foil_id,
+                     int(last.top_ids[0]) if expected_top is None else expected_top)

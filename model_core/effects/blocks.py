@@ -1,0 +1,224 @@
+"""How each family's attention and MLP outputs join the residual stream, for the contribution graph.
+
+A block's output at query ``i`` is split into parts (Ferrando & Voita 2024): the attention block's parts are each
+(key ``j``, head ``h``) term ``αᵢⱼʰ·W_Oʰ·vⱼʰ`` and the residual entering the block; the MLP block's are its output and
+the residual after attention. Families differ in how those parts reach the residual:
+
+- pre-norm decoders (GPT-2, Llama, Qwen, Mistral, Gemma 1, Phi-3) and the chapter-3 encoder with pre-LN:
+  ``resid_mid = resid_pre + Σ terms + b_O``; Phi runs attention and MLP side by side, so there
+  ``resid_mid = resid_pre + attention output`` by definition;
+- Gemma 2/3 (and OLMo 2) normalise the attention output before the sum: the norm is frozen at the attention output
+  (``model_core.effects.norms.freeze``) and each term goes through its linear part;
+- post-LN encoders (BERT, the chapter-3 encoder with post-LN): ``resid_mid = LN(resid_pre + attention output)``;
+  the LayerNorm is frozen at its input and every part (terms and residual) goes through its linear part (as ALTI,
+  Ferrando et al. 2022); the MLP block likewise with its own LayerNorm. A frozen bias is never a part (``rest``).
+
+Everything here is derived from a trace's weights, values and residual stream plus the model's own weights: no new
+forward pass at lengths a full trace holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from model_core.effects.norms import freeze
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionJoin:
+    """The attention block at some query rows: its whole, its residual part, and how each term is mapped.
+
+    A term's part is ``scale[i] · gain ⊙ centre(αᵢⱼʰ W_Oʰ vⱼʰ)`` (``directions`` applies gain and centring; the
+    walk folds ``scale`` into the weights). ``Σ parts + residual + rest = whole``.
+
+    Shape:
+        scale: (rows,); residual, whole, rest: (rows, d_model); gain: (d_model,) or None.
+    """
+
+    scale: torch.Tensor
+    residual: torch.Tensor
+    whole: torch.Tensor
+    rest: torch.Tensor
+    gain: torch.Tensor | None = None
+    centred: bool = False
+
+    def directions(self, raw: torch.Tensor) -> torch.Tensor:
+        """Map raw term directions ``W_Oʰ vⱼʰ`` as every part is mapped (gain, centring; no per-row scale).
+
+        Shape: (d_model, head, key) -> (d_model, head, key).
+        """
+        out = raw - raw.mean(dim=0, keepdim=True) if self.centred else raw
+        return out if self.gain is None else out * self.gain[:, None, None]
+
+
+@dataclass(frozen=True, eq=False)
+class MlpJoin:
+    """The MLP block at some rows: its two parts and its whole, ``mlp + residual + rest = whole``.
+
+    Shape: every field (rows, d_model).
+    """
+
+    mlp: torch.Tensor
+    residual: torch.Tensor
+    whole: torch.Tensor
+    rest: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class _Layer:
+    """One block's modules as the contribution graph needs them."""
+
+    o_weight: torch.Tensor  # (d_model, head * d_head)
+    o_bias: torch.Tensor | None
+    attn_norm: Any = None  # a norm on the attention output before the sum (Gemma 2/3)
+    post_ln1: Any = None  # LN(resid_pre + attention output) (post-LN encoders)
+    ffn: Callable[[torch.Tensor], torch.Tensor] | None = None  # the MLP of a post-LN block (from resid_mid)
+    post_ln2: Any = None
+    v_of: Callable[[torch.Tensor], torch.Tensor] | None = None  # resid_pre -> (pos, kv_head * d_head) values
+
+
+class BlockMap:
+    """One model's blocks as the contribution graph reads them (every family of ``model_core.families``).
+
+    Args:
+        family: the model's adapter.
+        model: the loaded model (transformers or the chapter-3 encoder).
+    """
+
+    def __init__(self, family: Any, model: Any) -> None:
+        self.family, self.model = family, model
+        config = model.config
+        self.n_layers, self.n_heads = family.n_layers(config), family.n_heads(config)
+        self.kv_heads = torch.as_tensor(family.kv_heads(config))
+        weights = family.output_weights(model)
+        self.d_head = int(weights[0].shape[1]) // self.n_heads
+        self._layers = [_layer_of(family.name, model, i, weights[i]) for i in range(self.n_layers)]
+
+    # -- the terms -------------------------------------------------------------------------
+    @torch.no_grad()
+    def raw_directions(self, layer: int, values: torch.Tensor) -> torch.Tensor:
+        """Each (head, key) term's direction ``W_Oʰ vⱼʰ`` before any norm, laid out per dimension.
+
+        Shape: values (head, pos, d_head) -> (d_model, head, pos).
+        """
+        w = self._layers[layer].o_weight.float().view(-1, self.n_heads, self.d_head)  # (d_model, head, d_head)
+        return torch.einsum("mhd,hpd->mhp", w, values.float())
+
+    @torch.no_grad()
+    def heads_out(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """The output projection with its bias applied to the heads' outputs. Shape: (rows, head, d_head) ->
+        (rows, d_model)."""
+        spec = self._layers[layer]
+        out = z.float().reshape(len(z), -1) @ spec.o_weight.float().T
+        return out if spec.o_bias is None else out + spec.o_bias.float()
+
+    # -- the blocks ------------------------------------------------------------------------
+    @torch.no_grad()
+    def attention(self, layer: int, z: torch.Tensor, resid_pre: torch.Tensor) -> AttentionJoin:
+        """The attention block at some rows, from the heads' outputs there (``z = Σⱼ αᵢⱼʰ vⱼʰ``).
+
+        Shape: z (rows, head, d_head), resid_pre (rows, d_model).
+        """
+        spec = self._layers[layer]
+        resid_pre = resid_pre.float()
+        out = self.heads_out(layer, z)
+        bias = torch.zeros_like(out) if spec.o_bias is None else spec.o_bias.float().expand_as(out)
+        ones = torch.ones(len(out), dtype=out.dtype)
+        if spec.post_ln1 is not None:  # post-LN: every part through the LayerNorm frozen at its input
+            norm = freeze(spec.post_ln1, resid_pre + out)
+            whole = spec.post_ln1(resid_pre + out).float()
+            rest = norm.apply(bias) + norm.bias.float()
+            return AttentionJoin(norm.scale[:, 0].float(), norm.apply(resid_pre), whole, rest,
+                                 norm.weight.float(), norm.centred)
+        if spec.attn_norm is not None:  # Gemma 2/3: the attention output normed before the sum
+            norm = freeze(spec.attn_norm, out)
+            rest = norm.apply(bias) + (0 if norm.bias is None else norm.bias.float())
+            whole = resid_pre + spec.attn_norm(out).float()
+            return AttentionJoin(norm.scale[:, 0].float(), resid_pre, whole, rest, norm.weight.float(),
+                                 norm.centred)
+        return AttentionJoin(ones, resid_pre, resid_pre + out, bias)
+
+    @torch.no_grad()
+    def mlp(self, layer: int, resid_mid: torch.Tensor, resid_post: torch.Tensor) -> MlpJoin:
+        """The MLP block at some rows. Shape: resid_mid, resid_post (rows, d_model)."""
+        spec = self._layers[layer]
+        resid_mid, resid_post = resid_mid.float(), resid_post.float()
+        if spec.post_ln2 is None:  # the MLP output is what the block added
+            return MlpJoin(resid_post - resid_mid, resid_mid, resid_post, torch.zeros_like(resid_mid))
+        ffn = spec.ffn(resid_mid).float()
+        norm = freeze(spec.post_ln2, resid_mid + ffn)
+        return MlpJoin(norm.apply(ffn), norm.apply(resid_mid), resid_post,
+                       norm.bias.float().expand_as(resid_mid).clone())
+
+    # -- values of a compact pass ----------------------------------------------------------
+    @torch.no_grad()
+    def values(self, layer: int, resid_pre: torch.Tensor) -> torch.Tensor:
+        """Each query head's value, from the block's input (a compact pass keeps no values).
+
+        Shape: resid_pre (pos, d_model) -> (head, pos, d_head).
+
+        Raises:
+            ValueError: this family's values cannot be recomputed (the chapter-3 encoder is always traced in full).
+        """
+        spec = self._layers[layer]
+        if spec.v_of is None:
+            raise ValueError("The chapter-3 encoder is traced in full; its contributions need no compact pass.")
+        v = spec.v_of(resid_pre).float().view(len(resid_pre), -1, self.d_head).transpose(0, 1)  # (kv, pos, d_head)
+        return v.index_select(0, self.kv_heads)
+
+
+def _layer_of(name: str, model: Any, index: int, o_weight: torch.Tensor) -> _Layer:
+    """Block ``index``'s modules for family ``name``."""
+    if name == "gpt2":
+        block = model.transformer.h[index]
+        d = block.attn.c_proj.weight.shape[0]
+        v_of = lambda x: block.attn.c_attn(block.ln_1(x))[..., 2 * d:]  # noqa: E731 - c_attn is [q | k | v]
+        return _Layer(o_weight.detach(), block.attn.c_proj.bias, v_of=v_of)
+    if name == "bert":
+        block = model.encoder.layer[index]
+        out = block.attention.output
+        ffn = lambda x: block.output.dense(block.intermediate(x))  # noqa: E731 - dropout is off in eval
+        return _Layer(o_weight.detach(), out.dense.bias, post_ln1=out.LayerNorm, ffn=ffn, post_ln2=block.output.LayerNorm,
+                      v_of=block.attention.self.value)
+    if name == "custom":
+        block = model.encoder.layers[index]
+        bias = block.attention.output_linear.bias
+        if block.norm_placement == "post":
+            return _Layer(o_weight.detach(), bias, post_ln1=block.layer_norm_1, ffn=block.feed_forward,
+                          post_ln2=block.layer_norm_2)
+        return _Layer(o_weight.detach(), bias)
+    block = model.model.layers[index]  # Llama-like
+    attn = block.self_attn
+    o_proj = attn.o_proj if hasattr(attn, "o_proj") else attn.dense  # Phi: dense
+    # Gemma 2/3 and OLMo 2 normalise each sublayer's output before the sum (they have a post-feed-forward norm).
+    attn_norm = block.post_attention_layernorm if getattr(block, "post_feedforward_layernorm", None) is not None \
+        else None
+    return _Layer(o_weight.detach(), o_proj.bias, attn_norm=attn_norm, v_of=_llama_values(block, model.config))
+
+
+def _llama_values(block: Any, config: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A Llama-like block's values from its input: its input norm (where it has one), then v_proj (Phi-3: the
+    last third of the fused qkv_proj)."""
+    attn = block.self_attn
+    norm = getattr(block, "input_layernorm", None)
+
+    def values(x: torch.Tensor) -> torch.Tensor:
+        h = x if norm is None else norm(x.to(_dtype(norm)))
+        if hasattr(attn, "v_proj"):
+            v = attn.v_proj(h)
+        else:  # Phi-3: rows are q (heads), then k and v (kv_heads each)
+            qkv = attn.qkv_proj(h)
+            v = qkv[..., -config.num_key_value_heads * attn.head_dim:]
+        v_norm = getattr(attn, "v_norm", None)
+        if v_norm is not None:
+            v = v_norm(v.view(*v.shape[:-1], -1, attn.head_dim)).flatten(-2)
+        return v
+    return values
+
+
+def _dtype(module: Any) -> torch.dtype:
+    p = next(module.parameters(), None)
+    return torch.float32 if p is None else p.dtype

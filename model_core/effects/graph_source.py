@@ -1,0 +1,127 @@
+"""Where the contribution graph reads a layer's attention rows, values and residual stream: a full trace, or a long
+input's compact trace plus one pass that keeps the residual stream.
+
+A full trace (``AttentionTrace``) already holds every weight, each query head's values and the residual stream. A
+compact trace (``CompactTrace``) holds queries, keys and each row's log-sum-exp, so any attention row is exact on
+demand; its values and residual stream come from one more compact pass through the route
+(``Family.forward(compact=True, hidden=True)``), the values recomputed from each block's input
+(``BlockMap.values``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from model_core.effects.blocks import BlockMap
+from model_core.trace.gate import GATE
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A read-only numpy array as a tensor sharing its memory (never written: the graph only reads it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "not writable": nothing here writes
+        return torch.from_numpy(np.asarray(array))
+
+
+class TraceSource:
+    """A full trace's numbers, as the graph reads them.
+
+    Args:
+        trace: the ``AttentionTrace``.
+        blocks: the model's ``BlockMap``.
+    """
+
+    def __init__(self, trace: Any, blocks: BlockMap) -> None:
+        self.trace, self.blocks = trace, blocks
+        self.tokens = tuple(trace.tokens)
+        self.n_layers, self.n_heads, self.n_tokens = trace.n_layers, trace.n_heads, trace.n_tokens
+        self.causal = bool(trace.causal)
+        self.hidden = _tensor(trace.hidden_states)  # (layer + 1, pos, d_model)
+
+    def rows(self, layer: int, positions: np.ndarray, n_keys: int) -> torch.Tensor:
+        """The attention weights of some query rows over keys ``[0, n_keys)``. Shape: -> (rows, head, key)."""
+        w = self.trace.weights[layer][:, positions, :n_keys]  # (head, rows, key)
+        return torch.from_numpy(np.ascontiguousarray(w.transpose(1, 0, 2)))
+
+    def values(self, layer: int) -> torch.Tensor:
+        """Each query head's values. Shape: -> (head, pos, d_head)."""
+        return _tensor(self.trace.values[layer])
+
+
+class CompactSource:
+    """A compact trace's exact rows, with values and residual stream from one compact pass.
+
+    Args:
+        compact: the ``CompactTrace``.
+        blocks: the model's ``BlockMap``.
+        hidden: the residual stream of the compact pass. Shape: (layer + 1, pos, d_model).
+    """
+
+    def __init__(self, compact: Any, blocks: BlockMap, hidden: torch.Tensor) -> None:
+        self.compact, self.blocks, self.hidden = compact, blocks, hidden
+        self.tokens = tuple(compact.tokens)
+        self.n_layers, self.n_heads, self.n_tokens = compact.n_layers, compact.n_heads, compact.n_tokens
+        self.causal = bool(compact.causal)
+        self._values: tuple[int, torch.Tensor] | None = None
+        self.own_nbytes = hidden.numel() * hidden.element_size()
+
+    def rows(self, layer: int, positions: np.ndarray, n_keys: int) -> torch.Tensor:
+        """Exact attention weights ``exp(score − lse)`` of some query rows over keys ``[0, n_keys)``, 0 where masked.
+
+        Shape: -> (rows, head, key).
+        """
+        ct = self.compact
+        q = _tensor(ct.queries[layer][:, positions])  # (head, rows, d_head)
+        k = _tensor(ct.keys[layer][:, :n_keys]).index_select(0, _tensor(ct.kv_heads))
+        scores = torch.matmul(q, k.transpose(-1, -2)) * ct.score_scale  # (head, rows, key)
+        if ct.score_softcap is not None:
+            scores = ct.score_softcap * torch.tanh(scores / ct.score_softcap)
+        allowed = _tensor(ct.masks[ct.mask_of_layer[layer]][positions, :n_keys])
+        lse = _tensor(ct.lse[layer][:, positions])  # (head, rows) float64
+        weights = torch.exp(scores.double() - lse[..., None]).float() * allowed
+        return weights.transpose(0, 1).contiguous()
+
+    def values(self, layer: int) -> torch.Tensor:
+        """Each query head's values, recomputed from the block's input (the last layer's kept). Shape: (head, pos,
+        d_head)."""
+        if self._values is None or self._values[0] != layer:
+            self._values = (layer, self.blocks.values(layer, self.hidden[layer]))
+        return self._values[1]
+
+
+@torch.inference_mode()
+def residual_pass(compact: Any, model: Any, family: Any,
+                  on_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+    """The residual stream of a compact trace's text: one compact pass through the route (sdpa, no weights kept),
+    under a turn of its gate until the tensors are on the CPU.
+
+    Shape: -> (layer + 1, pos, d_model) float32.
+    """
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(np.asarray(compact.token_ids), dtype=torch.long)[None].to(device)
+    with GATE.turn():
+        out = family.forward(model, ids, torch.zeros_like(ids), None, compact=True, vectors=False, hidden=True,
+                             on_layer=on_layer)
+        out.queries.clear()
+        out.keys.clear()
+        return torch.stack([h[0].detach().to("cpu", torch.float32) for h in out.hidden])
+
+
+def trace_flow(trace: Any, model: Any, family: Any):
+    """The ``ContributionFlow`` of a full trace of ``model`` (of ``family``)."""
+    from model_core.effects.graph_flow import ContributionFlow
+
+    blocks = BlockMap(family, model)
+    return ContributionFlow(TraceSource(trace, blocks), blocks)
+
+
+def compact_flow(compact: Any, model: Any, family: Any, on_layer: Callable[[int], None] | None = None):
+    """The ``ContributionFlow`` of a compact trace of ``model``: runs one compact pass for the residual stream."""
+    from model_core.effects.graph_flow import ContributionFlow
+
+    blocks = BlockMap(family, model)
+    return ContributionFlow(CompactSource(compact, blocks, residual_pass(compact, model, family, on_layer)), blocks)

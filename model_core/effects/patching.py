@@ -1,0 +1,332 @@
+"""Activation patching: which heads and which residual positions carry the difference between a clean and a corrupted
+prompt to the next-token logits.
+
+The metric is m = logit(answer) − logit(foil) at the last position, and every effect is normalised as
+(m_patched − m_corrupt) / (m_clean − m_corrupt): 1 means the patch alone restores the clean answer, 0 that it changes
+nothing. *Exact* patching runs the corrupted prompt once per patch, with one activation taken from the clean run:
+
+- a head's output ``z`` (its slice of the output projection's input, TransformerLens's ``hook_z``) at every
+  position, through the route's ``edit_z`` (``Family.forward``), giving a (layer, head) grid;
+- the residual stream entering a layer (``resid_pre``) at one position, through a pre-hook on that block for the
+  pass, giving a (layer, pos) grid.
+
+The patched passes run in batches (copy b of the corrupted prompt carries patch b), with a progress callback and a
+stop flag; a stopped run keeps what it computed and marks the rest NaN. *Attribution* patching (Nanda 2023,
+``patching_attribution``) estimates both grids from one forward and one backward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from model_core.effects.patching_inputs import PatchingError, PatchInputs
+from model_core.families import Family
+from model_core.trace.gate import GATE
+
+EQUAL_METRICS = 1e-4
+"""How close (in logits) the clean and corrupted metrics may be before nothing can be normalised."""
+TOKENS_PER_BATCH = 1024
+"""Tokens one patched pass runs at most (copies × prompt length): 51 copies of a 20-token prompt."""
+MAX_BATCH = 64
+
+Progress = Callable[[int, int], None]
+"""Called with (patches done, patches in all) after each batch."""
+Stop = Callable[[], bool]
+"""Returns True to stop: what was computed is kept, the rest stays NaN and the result is marked partial."""
+
+
+@dataclass(frozen=True, eq=False)
+class PatchRuns:
+    """The clean and corrupted runs: their metrics and the activations patching swaps between them.
+
+    Attributes:
+        inputs: the checked prompts, answer and foil.
+        clean, corrupt: the metric m = logit(answer) − logit(foil) at the last position of each run.
+
+    Shape:
+        z_clean, z_corrupt: (layer, pos, head, d_head), each head's output before the output projection.
+        resid_clean, resid_corrupt: (layer, pos, d_model), the residual stream entering each layer (resid_pre).
+    """
+
+    inputs: PatchInputs
+    clean: float
+    corrupt: float
+    z_clean: torch.Tensor
+    z_corrupt: torch.Tensor
+    resid_clean: torch.Tensor
+    resid_corrupt: torch.Tensor
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.z_clean.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.z_clean.shape[2])
+
+    @property
+    def denominator(self) -> float:
+        """m_clean − m_corrupt: what every effect is divided by."""
+        return self.clean - self.corrupt
+
+    def effect(self, metric: np.ndarray | float) -> np.ndarray:
+        """(m − m_corrupt) / (m_clean − m_corrupt), elementwise."""
+        return (np.asarray(metric, dtype=np.float64) - self.corrupt) / self.denominator
+
+
+@dataclass(frozen=True, eq=False)
+class ExactPatching:
+    """Exact patching's effects; NaN where a stopped run did not get to.
+
+    Shape: heads (layer, head); residual (layer, pos) (resid_pre of each layer at each position).
+    """
+
+    heads: np.ndarray
+    residual: np.ndarray
+    partial: bool = False
+
+    @property
+    def done(self) -> int:
+        """How many patches were computed."""
+        return int(np.isfinite(self.heads).sum() + np.isfinite(self.residual).sum())
+
+
+# -- one pass ---------------------------------------------------------------------------------------------------
+_PASS: contextvars.ContextVar[object | None] = contextvars.ContextVar("ae_patch_pass", default=None)
+"""The pass this thread runs with residual hooks: a hook on a shared model acts on its own thread's pass only."""
+
+
+def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+
+def _with_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor) -> tuple[tuple, dict]:
+    if "hidden_states" in kwargs:
+        return args, {**kwargs, "hidden_states": hidden}
+    return (hidden, *args[1:]), kwargs
+
+
+@contextlib.contextmanager
+def resid_hooks(family: Family, model: Any, edit: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
+    """For the passes this thread runs in the block, call ``edit(layer, resid_pre)`` on each block's input; a tensor
+    it returns replaces the input. The hooks are removed on leaving, and another thread's pass never sees them act.
+
+    Shape: resid_pre (batch, pos, d_model).
+    """
+    marker = object()
+
+    def hook_for(layer: int):
+        def pre_hook(_module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            if _PASS.get() is not marker:
+                return None
+            replaced = edit(layer, _hidden_of(args, kwargs))
+            return None if replaced is None else _with_hidden(args, kwargs, replaced)
+        return pre_hook
+
+    handles = [block.register_forward_pre_hook(hook_for(i), with_kwargs=True)
+               for i, block in enumerate(family.layers(model))]
+    token = _PASS.set(marker)
+    try:
+        yield
+    finally:
+        _PASS.reset(token)
+        for handle in handles:
+            handle.remove()
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def metric_of(family: Family, model: Any, last_hidden: torch.Tensor, inputs: PatchInputs) -> torch.Tensor:
+    """logit(answer) − logit(foil) from the last layer's output at the last position, through the final norm, the
+    unembedding and any final softcap (``DecoderFamily.unembed``).
+
+    Shape: last_hidden (batch, d_model) -> (batch,).
+    """
+    logits = family.unembed(model, last_hidden)
+    return (logits[:, inputs.answer_id] - logits[:, inputs.foil_id]).float()
+
+
+def run_metric(family: Family, model: Any, ids: np.ndarray, inputs: PatchInputs, *, copies: int = 1,
+               edit_z: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None,
+               hidden: bool | str = "last") -> tuple[torch.Tensor, Any]:
+    """One pass of ``copies`` copies of ``ids`` through the route, and the metric of each copy.
+
+    Returns the metric (copies,) and the route's ``ForwardOutput``.
+    """
+    dev = _device(model)
+    batch = torch.as_tensor(ids, dtype=torch.long, device=dev)[None].expand(copies, -1).contiguous()
+    out = family.forward(model, batch, torch.zeros_like(batch), None, vectors=False, hidden=hidden, edit_z=edit_z)
+    with torch.inference_mode():
+        metric = metric_of(family, model, out.hidden[-1][:, -1], inputs)
+    return metric, out
+
+
+@torch.no_grad()
+def prepare_runs(family: Family, model: Any, inputs: PatchInputs) -> PatchRuns:
+    """Run the clean and the corrupted prompt once each, keeping each head's ``z`` and each layer's ``resid_pre``.
+
+    Raises:
+        PatchingError: the two metrics are equal, so no effect can be normalised.
+    """
+    runs = {}
+    with GATE.turn():
+        for name, ids in (("clean", inputs.clean_ids), ("corrupt", inputs.corrupt_ids)):
+            z: dict[int, torch.Tensor] = {}
+
+            def keep(layer: int, value: torch.Tensor) -> None:
+                z[layer] = value[0].detach().clone()  # (pos, head, d_head)
+
+            metric, out = run_metric(family, model, ids, inputs, edit_z=keep, hidden=True)
+            resid = torch.stack([h[0] for h in out.hidden[:-1]]).detach().clone()  # (layer, pos, d_model)
+            runs[name] = (float(metric[0]), torch.stack([z[i] for i in range(len(z))]), resid)
+    (clean, z_clean, r_clean), (corrupt, z_corrupt, r_corrupt) = runs["clean"], runs["corrupt"]
+    if abs(clean - corrupt) < EQUAL_METRICS:
+        raise PatchingError(f"The clean and corrupted prompts give the same metric (logit({inputs.answer!r}) − "
+                            f"logit({inputs.foil!r}) = {clean:.4f} for both), so no effect can be normalised. "
+                            "Choose a corruption that changes the model's answer, or another answer and foil.")
+    return PatchRuns(inputs, clean, corrupt, z_clean, z_corrupt, r_clean, r_corrupt)
+
+
+# -- exact patching -------------------------------------------------------------------------------------------------
+Patch = tuple[str, int, int]
+"""One patch: ("z", layer, head) or ("resid", layer, position)."""
+
+
+def all_patches(runs: PatchRuns, *, heads: bool = True, residual: bool = True) -> list[Patch]:
+    """Every head, then every (layer, position) of the residual stream."""
+    out: list[Patch] = []
+    if heads:
+        out += [("z", layer, head) for layer in range(runs.n_layers) for head in range(runs.n_heads)]
+    if residual:
+        out += [("resid", layer, pos) for layer in range(runs.n_layers) for pos in range(runs.inputs.n_tokens)]
+    return out
+
+
+@torch.no_grad()
+def patched_metrics(family: Family, model: Any, runs: PatchRuns, patches: list[Patch], *,
+                    source: str = "clean") -> np.ndarray:
+    """The corrupted run's metric with each patch's activation taken from the ``source`` run, one copy per patch,
+    all in one pass (the caller batches).
+
+    The blocks before the earliest patched layer are the same for every copy, so the pass runs them once, on one copy
+    of the corrupted prompt, and a pre-hook on that layer's block repeats its input for the copies (the route's masks
+    and rotary tables, made for one copy, broadcast). A patch late in the model costs its last layers only.
+
+    Args:
+        patches: ("z", layer, head) or ("resid", layer, position), one per copy.
+        source: "clean" (patching), or "corrupt" (the corrupted run's own values: nothing may change).
+
+    Shape: -> (len(patches),) float64.
+    """
+    z_from, resid_from = (runs.z_clean, runs.resid_clean) if source == "clean" else (runs.z_corrupt,
+                                                                                     runs.resid_corrupt)
+    by_layer: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
+    for copy, (kind, layer, index) in enumerate(patches):
+        rows, cols = by_layer.setdefault((kind, layer), ([], []))
+        rows.append(copy)
+        cols.append(index)
+    dev = _device(model)
+    index = {key: (torch.tensor(r, device=dev), torch.tensor(c, device=dev)) for key, (r, c) in by_layer.items()}
+    first = min(layer for _, layer in by_layer)
+    copies = len(patches)
+
+    def edit_z(layer: int, z: torch.Tensor) -> torch.Tensor | None:
+        found = index.get(("z", layer))
+        if found is None:
+            return None
+        rows, heads = found
+        z = z.clone()
+        z[rows, :, heads] = z_from[layer][:, heads].transpose(0, 1).to(z.dtype)  # (k, pos, d_head)
+        return z
+
+    def edit_resid(layer: int, resid: torch.Tensor) -> torch.Tensor | None:
+        found = index.get(("resid", layer))
+        if layer == first:
+            resid = resid.expand(copies, -1, -1).clone()  # (copies, pos, d_model): one copy a patch from here on
+        elif found is None:
+            return None
+        else:
+            resid = resid.clone()
+        if found is not None:
+            rows, positions = found
+            resid[rows, positions] = resid_from[layer][positions].to(resid.dtype)  # (k, d_model)
+        return resid
+
+    with GATE.turn(), resid_hooks(family, model, edit_resid):
+        metric, _ = run_metric(family, model, runs.inputs.corrupt_ids, runs.inputs, edit_z=edit_z)
+        if metric.shape[0] != copies:
+            raise RuntimeError(f"The patched pass returned {metric.shape[0]} metrics for {copies} patches.")
+        return metric.double().cpu().numpy()
+
+
+def unchanged(runs: PatchRuns, patch: Patch) -> bool:
+    """Whether the patch swaps in values equal to the corrupted run's own (a residual position before the first
+    token that differs: a causal model's prefix is the same in both runs), so the patched run is the corrupted run
+    and its effect is exactly 0 without a pass."""
+    kind, layer, index = patch
+    if kind == "resid":
+        return bool(torch.equal(runs.resid_clean[layer, index], runs.resid_corrupt[layer, index]))
+    return bool(torch.equal(runs.z_clean[layer, :, index], runs.z_corrupt[layer, :, index]))
+
+
+def batch_size(n_tokens: int) -> int:
+    """Copies of the prompt one patched pass runs (``TOKENS_PER_BATCH`` tokens, at most ``MAX_BATCH`` copies)."""
+    return int(max(1, min(MAX_BATCH, TOKENS_PER_BATCH // max(n_tokens, 1))))
+
+
+def exact_patching(family: Family, model: Any, runs: PatchRuns, *, heads: bool = True, residual: bool = True,
+                   progress: Progress | None = None, stop: Stop | None = None, batch: int | None = None,
+                   keep: Callable[[ExactPatching], None] | None = None) -> ExactPatching:
+    """Patch every head's ``z`` and every (layer, position) of ``resid_pre`` from the clean run into the corrupted
+    run, one at a time, in batches.
+
+    A patch that swaps in the corrupted run's own values (a residual position before the first differing token) has
+    effect 0 without a pass.
+
+    Args:
+        heads, residual: which grids to compute (the one left out stays NaN).
+        progress: called with (patched passes done, patched passes in all) after each batch.
+        stop: asked before each batch; True keeps what was computed and marks the result partial.
+        batch: copies per pass (default ``batch_size(n_tokens)``).
+        keep: called after each batch with the result so far (marked partial until the last batch), so a caller
+            whose run may be cut short (a Streamlit rerun) keeps what was computed.
+
+    Shape: -> heads (layer, head), residual (layer, pos).
+    """
+    patches = all_patches(runs, heads=heads, residual=residual)
+    size = batch or batch_size(runs.inputs.n_tokens)
+    effects = np.full(len(patches), np.nan)
+    same = np.array([unchanged(runs, p) for p in patches], dtype=bool)
+    effects[same] = 0.0
+    todo = np.flatnonzero(~same)
+    n_heads = runs.n_layers * runs.n_heads if heads else 0
+    for start in range(0, len(todo), size):
+        if stop is not None and stop():
+            return _grids(runs, effects, n_heads, heads, residual, partial=True)
+        chunk = todo[start:start + size]
+        effects[chunk] = runs.effect(patched_metrics(family, model, runs, [patches[i] for i in chunk]))
+        if keep is not None:
+            keep(_grids(runs, effects, n_heads, heads, residual, partial=start + size < len(todo)))
+        if progress is not None:
+            progress(start + len(chunk), len(todo))
+    return _grids(runs, effects, n_heads, heads, residual, partial=False)
+
+
+def _grids(runs: PatchRuns, effects: np.ndarray, n_heads: int, heads: bool, residual: bool, *,
+           partial: bool) -> ExactPatching:
+    """The flat effects (heads first, then the residual stream) as grids."""
+    head_grid = np.full((runs.n_layers, runs.n_heads), np.nan)
+    resid_grid = np.full((runs.n_layers, runs.inputs.n_tokens), np.nan)
+    if heads:
+        head_grid = effects[:n_heads].reshape(runs.n_layers, runs.n_heads).copy()
+    if residual:
+        resid_grid = effects[n_heads:].reshape(runs.n_layers, runs.inputs.n_tokens).copy()
+    return ExactPatching(head_grid, resid_grid, partial=partial)

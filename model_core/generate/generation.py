@@ -1,0 +1,347 @@
+"""Generate a reply through the one forward route: a prompt (in the model's chat template or as typed), one prefill
+pass and one pass per new token on a transformers key/value cache, each pass its own turn of the route's gate (so
+other sessions interleave). Greedy by default (the same tokens as transformers' ``generate(do_sample=False)``), or
+sampling with a temperature, top-p and a seed. Each step keeps the model's top next-token candidates.
+
+``GenerationStream`` yields each new token as it comes (a page streams them) and ends at an end-of-sequence token
+(kept), at ``max_new_tokens``, or when its ``stop`` callable says so, keeping what it generated. ``Generation`` is
+the result; ``Generation.request`` names its whole sequence (prompt and reply) as a ``TraceRequest``, so the one
+trace builder traces it exactly (``model_core.generate.sequence``) with the reply's start marked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from model_core.trace.encoding import clean_text
+from model_core.trace.forward import top_tokens
+
+TOP_CANDIDATES = 10
+"""How many next-token candidates each step keeps."""
+EAGER_PREFILL_MB = 64
+"""A prompt whose attention weights (layer x head x k² float32) pass this is prefilled with sdpa (the compact
+route), which keeps no weights: eager attention would hold them all until the pass ends (283 MB for SmolLM2 at
+512 tokens). Below it the prefill is eager, exactly as transformers' eager model."""
+
+StopReason = Literal["eos", "length", "stopped"]
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How to choose each new token.
+
+    Attributes:
+        max_new_tokens: the most new tokens (1 or more).
+        sample: sample from the distribution (else greedy: the most likely token).
+        temperature: divides the logits before sampling (> 0); sampling only.
+        top_p: sample from the smallest set of tokens whose probability reaches this (0 < top_p <= 1); sampling only.
+        seed: the sampling's random seed (a ``torch.Generator``), so a sampled reply can be repeated.
+    """
+
+    max_new_tokens: int = 48
+    sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a whole number of at least 1, got {self.max_new_tokens}.")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature > 0):
+            raise ValueError(f"temperature must be above 0 (1 samples the model's own distribution; lower is "
+                             f"sharper), got {self.temperature}. For the most likely token, turn sampling off.")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {self.top_p}.")
+        if int(self.seed) != self.seed or self.seed < 0:
+            raise ValueError(f"seed must be a whole number of 0 or more, got {self.seed}.")
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer has a chat template (an Instruct model's)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def prompt_ids(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    """The prompt's token ids: in the model's chat template as the user's message with the assistant's turn opened
+    (``apply_chat_template(..., add_generation_prompt=True)``), or as typed with the tokenizer's own special tokens
+    (a BOS where it adds one), as the app traces a text. The prompt is cleaned as every text is (``clean_text``).
+
+    Raises:
+        ValueError: the prompt is empty, or ``chat`` is asked of a tokenizer with no chat template.
+    """
+    text = clean_text(prompt)
+    if not text:
+        raise ValueError("The prompt is empty; type a question or the start of a text.")
+    if not chat:
+        return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]
+    if not has_chat_template(tokenizer):
+        raise ValueError("This model's tokenizer has no chat template (it is not an Instruct/chat model): turn the "
+                         "chat template off to continue the prompt as typed.")
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=False)
+    # As transformers tokenises a template: the template writes its own special tokens.
+    return [int(i) for i in tokenizer(templated, add_special_tokens=False)["input_ids"]]
+
+
+def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The ids that end a reply: the tokenizer's end-of-sequence token and the model's generation config's."""
+    found: set[int] = set()
+    for value in (getattr(tokenizer, "eos_token_id", None),
+                  getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if value is None:
+            continue
+        found.update(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    return frozenset(found)
+
+
+def check_room(n_prompt: int, max_new_tokens: int, limit: int, limit_hint: str = "") -> None:
+    """Refuse a prompt that leaves no room to generate ``max_new_tokens`` within ``limit`` tokens.
+
+    Raises:
+        ValueError: with the numbers and what to change.
+    """
+    room = limit - n_prompt
+    if room < 1:
+        raise ValueError(f"The prompt has {n_prompt} tokens, and the limit is {limit}{limit_hint}: that leaves no room "
+                         "to generate. Shorten the prompt.")
+    if max_new_tokens > room:
+        raise ValueError(f"The prompt has {n_prompt} tokens and the limit is {limit}{limit_hint}, so at most {room} "
+                         f"new tokens fit; ask for {room} or fewer, or shorten the prompt.")
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One generated token.
+
+    Attributes:
+        position: its position in the whole sequence (the prompt's length for the first).
+        token_id: the token. piece: the tokenizer's piece for it.
+        text: the reply's new text with this token (special tokens skipped; "" while a character's bytes are
+            incomplete), for streaming.
+        candidate_ids, candidate_probs: the model's top next-token candidates at this step, best first, and their
+            probabilities (the model's own distribution, before temperature and top-p). Shape: (k,).
+        candidate_strings: their text.
+    """
+
+    position: int
+    token_id: int
+    piece: str
+    text: str
+    candidate_ids: np.ndarray
+    candidate_probs: np.ndarray
+    candidate_strings: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Generation:
+    """A finished (or stopped) generation: the prompt's ids, the new ids and each step's candidates.
+
+    Attributes:
+        prompt_ids: Shape: (k,) int64. new_ids: the generated ids, an end-of-sequence token kept. Shape: (new,).
+        tokens: the new ids' pieces. reply: the new ids decoded with special tokens skipped (a leading space kept).
+        text: the whole sequence decoded with special tokens kept (``TraceRequest.text_a`` of its trace).
+        candidate_ids, candidate_probs: each step's top candidates. Shape: (new, k). candidate_strings: their text.
+        reason: why it ended: "eos" (an end-of-sequence token), "length" (max_new_tokens), "stopped" (asked to).
+        chat: whether the prompt was wrapped in the chat template. options: the decoding options.
+    """
+
+    prompt_ids: np.ndarray
+    new_ids: np.ndarray
+    tokens: tuple[str, ...]
+    reply: str
+    text: str
+    candidate_ids: np.ndarray
+    candidate_probs: np.ndarray
+    candidate_strings: tuple[tuple[str, ...], ...]
+    reason: StopReason
+    chat: bool = False
+    options: DecodingOptions = field(default_factory=DecodingOptions)
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """The whole sequence: prompt, then reply. Shape: (k + new,) int64."""
+        return np.concatenate([self.prompt_ids, self.new_ids]).astype(np.int64)
+
+    @property
+    def reply_start(self) -> int:
+        """The first new token's position: the prompt's length."""
+        return len(self.prompt_ids)
+
+    @property
+    def n_new(self) -> int:
+        return len(self.new_ids)
+
+    def request(self, model_id: str | None) -> Any:
+        """The ``TraceRequest`` of the whole sequence (its ids, its text, the reply's start) for the model
+        ``model_id``: every page reads its trace.
+
+        Raises:
+            ValueError: nothing was generated (no reply to trace).
+        """
+        from model_core.trace.request import TraceRequest
+
+        if self.n_new == 0:
+            raise ValueError("Nothing was generated yet, so there is no reply to trace; generate again.")
+        return TraceRequest("pretrained", self.text, "", model_id=model_id, token_ids=tuple(self.token_ids.tolist()),
+                            reply_start=self.reply_start)
+
+
+def assemble(tokenizer: Any, prompt: list[int] | np.ndarray, steps: list[Step], reason: StopReason, *,
+             chat: bool = False, options: DecodingOptions | None = None, k: int = TOP_CANDIDATES) -> Generation:
+    """A ``Generation`` from its prompt and the steps generated so far (all of them, or those before a stop)."""
+    prompt = np.asarray(prompt, dtype=np.int64)
+    new = np.array([s.token_id for s in steps], dtype=np.int64)
+    full = np.concatenate([prompt, new]).tolist()
+    return Generation(
+        prompt_ids=prompt, new_ids=new, tokens=tuple(s.piece for s in steps),
+        reply=tokenizer.decode(new.tolist(), skip_special_tokens=True),
+        text=tokenizer.decode(full, skip_special_tokens=False),
+        candidate_ids=np.stack([s.candidate_ids for s in steps]) if steps else np.zeros((0, k), dtype=np.int64),
+        candidate_probs=(np.stack([s.candidate_probs for s in steps]).astype(np.float32) if steps
+                         else np.zeros((0, k), dtype=np.float32)),
+        candidate_strings=tuple(s.candidate_strings for s in steps), reason=reason, chat=chat,
+        options=options or DecodingOptions())
+
+
+class GenerationStream:
+    """Generate from ``prompt`` token by token; iterate it for each ``Step`` as it comes, then read ``result()``.
+
+    Args:
+        family, model, tokenizer: a decoder's adapter, model (loaded by ``model_core.models.loading``) and tokenizer.
+        prompt: the prompt's ids (``prompt_ids``).
+        options: the decoding options.
+        stop: called before each new pass; True ends the generation, keeping what it generated ("stopped").
+        limit: the most tokens the whole sequence may hold (default: the model's positions).
+        chat: whether ``prompt`` is in the chat template (recorded in the result).
+        top_k: candidates kept per step.
+
+    Raises:
+        ValueError: the model is not a decoder, or the prompt leaves no room (``check_room``).
+    """
+
+    def __init__(self, family: Any, model: Any, tokenizer: Any, prompt: list[int], options: DecodingOptions, *,
+                 stop: Callable[[], bool] | None = None, limit: int | None = None, limit_hint: str = "",
+                 chat: bool = False, top_k: int = TOP_CANDIDATES) -> None:
+        if not family.is_decoder:
+            raise ValueError(f"A {family.label} does not generate text: it reads a whole text at once. Pick a decoder "
+                             "language model (the bundled SmolLM2-135M-Instruct, GPT-2, a Llama-like model).")
+        self.family, self.model, self.tokenizer = family, model, tokenizer
+        self.prompt = [int(i) for i in prompt]
+        self.options, self.stop, self.chat, self.top_k = options, stop, chat, top_k
+        limit = family.max_positions(model.config) if limit is None else limit
+        check_room(len(self.prompt), options.max_new_tokens, limit, limit_hint)
+        self.steps: list[Step] = []
+        self.reason: StopReason | None = None
+        self.eos = eos_ids(model, tokenizer)
+        self._printed = 0
+
+    def __iter__(self) -> Iterator[Step]:
+        from transformers import DynamicCache
+
+        model, options = self.model, self.options
+        device = next(model.parameters()).device
+        cache = DynamicCache(config=model.config)
+        generator = torch.Generator().manual_seed(int(options.seed)) if options.sample else None
+        logits = self._pass(torch.tensor([self.prompt], device=device), cache, prefill=True)
+        position = len(self.prompt)
+        while True:
+            step = self._step(logits, position, generator)
+            self.steps.append(step)
+            yield step
+            if step.token_id in self.eos:
+                self.reason = "eos"
+                return
+            if len(self.steps) >= options.max_new_tokens:
+                self.reason = "length"
+                return
+            if self.stop is not None and self.stop():
+                self.reason = "stopped"
+                return
+            logits = self._pass(torch.tensor([[step.token_id]], device=device), cache)
+            position += 1
+
+    def text_chunks(self) -> Iterator[str]:
+        """The reply's text as it grows, chunk by chunk (for ``st.write_stream``); at the end, any bytes held back
+        (a character the reply never finished) as the tokenizer decodes them."""
+        for step in self:
+            if step.text:
+                yield step.text
+        tail = self.tokenizer.decode([s.token_id for s in self.steps], skip_special_tokens=True)[self._printed:]
+        if tail:
+            yield tail
+
+    def result(self) -> Generation:
+        """What was generated so far; "stopped" unless the generation ended by itself."""
+        return assemble(self.tokenizer, self.prompt, self.steps, self.reason or "stopped", chat=self.chat,
+                        options=self.options, k=self.top_k)
+
+    def _pass(self, ids: torch.Tensor, cache: Any, prefill: bool = False) -> torch.Tensor:
+        """One pass through the route on ``ids`` extending ``cache``: the last position's next-token logits through
+        the final norm and the unembedding (as transformers' ``generate`` keeps one position's logits).
+
+        Shape: ids (1, pos) -> (vocab,) float32.
+        """
+        family, model = self.family, self.model
+        config = model.config
+        weights_mb = 4 * family.n_layers(config) * family.n_heads(config) * ids.shape[1] ** 2 / 1e6
+        out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden="last", past=cache,
+                             compact=prefill and weights_mb > EAGER_PREFILL_MB)
+        with torch.inference_mode():
+            return family.unembed(model, out.hidden[-1][:, -1])[0].float()
+
+    def _step(self, logits: torch.Tensor, position: int, generator: torch.Generator | None) -> Step:
+        """Choose the next token from ``logits`` (vocab,) and describe it."""
+        probs = torch.softmax(logits, dim=-1)
+        ids, values, strings = top_tokens(probs, self.top_k, self.tokenizer)
+        token = choose_token(logits, self.options, generator)
+        new = [s.token_id for s in self.steps] + [token]
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        chunk = ""
+        if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits for the next token
+            chunk, self._printed = text[self._printed:], len(text)
+        return Step(position=position, token_id=token, piece=self.tokenizer.convert_ids_to_tokens(token), text=chunk,
+                    candidate_ids=ids, candidate_probs=values.astype(np.float32), candidate_strings=strings)
+
+
+def choose_token(logits: torch.Tensor, options: DecodingOptions, generator: torch.Generator | None = None) -> int:
+    """The next token: the most likely (greedy), or a sample from the top-p share of the distribution at the
+    temperature (transformers' rule: keep the most likely tokens until their probability reaches ``top_p``).
+
+    Shape: logits (vocab,).
+    """
+    if not options.sample:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float().cpu() / options.temperature, dim=-1)
+    if options.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        before = sorted_probs.cumsum(0) - sorted_probs  # the probability of the tokens ranked above each one
+        sorted_probs[before >= options.top_p] = 0.0  # the first token is always kept
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+
+def generate(loaded: Any, prompt: str, *, chat: bool = False, options: DecodingOptions | None = None,
+             stop: Callable[[], bool] | None = None, limit: int | None = None, limit_hint: str = "") -> Generation:
+    """Generate a reply to ``prompt`` with a loaded decoder (``model_core.models.loading.LoadedModel``).
+
+    Raises:
+        ValueError: an empty prompt, no chat template for ``chat``, an encoder, or no room (``check_room``).
+    """
+    options = options or DecodingOptions()
+    stream = GenerationStream(loaded.family, loaded.model, loaded.tokenizer,
+                              prompt_ids(loaded.tokenizer, prompt, chat), options, stop=stop, limit=limit,
+                              limit_hint=limit_hint, chat=chat)
+    for _ in stream:
+        pass
+    return stream.result()
+
+
+__all__ = ["DecodingOptions", "EAGER_PREFILL_MB", "Generation", "GenerationStream", "Step", "TOP_CANDIDATES",
+           "assemble", "check_room", "choose_token", "eos_ids", "generate", "has_chat_template", "prompt_ids"]

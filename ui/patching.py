@@ -1,0 +1,174 @@
+"""Activation patching in the app: the prompt pair's widgets, the two runs and attribution patching cached per (model,
+prompts) for every session, exact patching with a progress bar and a Stop button, and the table's parts per trace.
+
+Exact patching takes seconds to minutes, so it runs when asked (the Run button), never on opening the page; a
+finished result is kept for every session (``EXACT``), a stopped one in the session that stopped it, marked partial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import streamlit as st
+
+from model_core import AttentionTrace, TraceRequest
+from model_core.effects.pairs import READY_PAIRS, PromptPair
+from model_core.effects.patching import ExactPatching, PatchRuns, exact_patching, prepare_runs
+from model_core.effects.patching_attribution import AttributionPatching, attribution_patching
+from model_core.effects.patching_inputs import prepare_inputs
+from model_core.effects.patching_run import head_dla, text_roles
+from ui.fields import PAGE_PARAMS
+from ui.trace_cache import per_trace
+
+CLEAN_KEY, CORRUPT_KEY = PAGE_PARAMS["clean"][0], PAGE_PARAMS["corrupt"][0]
+ANSWER_KEY, FOIL_KEY = PAGE_PARAMS["patch_answer"][0], PAGE_PARAMS["patch_foil"][0]
+PAIR_KEY = "patch_pair"
+PARTIAL_KEY = "_patch_partial"
+"""Session state: (key, ExactPatching) of the run this session stopped or left, marked partial."""
+STOPPED_KEY = "_patch_stopped"
+PATCH_TTL_S = 3600
+EXACT_KEPT = 16
+
+PatchKey = tuple[TraceRequest, str, str, str, str]
+"""(the model's request, clean, corrupt, answer, foil): what names a patching run."""
+
+
+def model_request(request: TraceRequest) -> TraceRequest:
+    """The request with its text and head mask dropped: what names the model patching runs."""
+    return dataclasses.replace(request, text_a="", text_b="", truncate=False, head_mask=None)
+
+
+def clean_request(model: TraceRequest, clean: str) -> TraceRequest:
+    """The request of the clean prompt's trace (the table's attention; the heatmaps a head link opens)."""
+    return dataclasses.replace(model, text_a=clean, text_b="")
+
+
+def _fill(pair: PromptPair) -> None:
+    s = st.session_state
+    s[CLEAN_KEY], s[CORRUPT_KEY], s[ANSWER_KEY], s[FOIL_KEY] = pair.clean, pair.corrupt, pair.answer, pair.foil
+
+
+def _on_pair() -> None:
+    _fill(READY_PAIRS[int(st.session_state[PAIR_KEY])])
+
+
+def pair_fields() -> tuple[str, str, str, str]:
+    """The ready-pair selector and the four boxes (their keys are the link's ``pg_*``); an empty box takes the
+    selected ready pair's text, shown as its placeholder. Returns (clean, corrupt, answer, foil) as used."""
+    s = st.session_state
+    choice = st.selectbox("Ready pair", range(len(READY_PAIRS)), key=PAIR_KEY, on_change=_on_pair,
+                          format_func=lambda i: READY_PAIRS[i].title,
+                          help="Written by the team: same number of tokens in both prompts, and the answer and foil "
+                               "one token each, for SmolLM2 and GPT-2. Choosing one fills the boxes; edit them to "
+                               "patch your own prompts.")
+    pair = READY_PAIRS[int(choice)]
+    st.caption(pair.note)
+    left, right = st.columns(2)
+    left.text_input("Clean prompt", key=CLEAN_KEY, placeholder=pair.clean)
+    right.text_input("Corrupted prompt (as many tokens)", key=CORRUPT_KEY, placeholder=pair.corrupt)
+    left.text_input("Answer (one token, leading space included)", key=ANSWER_KEY, placeholder=repr(pair.answer))
+    right.text_input("Foil (one token)", key=FOIL_KEY, placeholder=repr(pair.foil))
+    # A text box strips nothing, so " Paris" keeps its space.
+    return (s.get(CLEAN_KEY) or pair.clean, s.get(CORRUPT_KEY) or pair.corrupt, s.get(ANSWER_KEY) or pair.answer,
+            s.get(FOIL_KEY) or pair.foil)
+
+
+def _resolved(model: TraceRequest) -> Any:
+    from model_core.trace.resolve import resolve
+    from ui.loaders import CACHED_MODELS, device
+
+    return resolve(model, device=device(), models=CACHED_MODELS)
+
+
+@st.cache_resource(max_entries=16, ttl=PATCH_TTL_S, show_spinner=False)
+def patch_runs(model: TraceRequest, clean: str, corrupt: str, answer: str, foil: str) -> PatchRuns:
+    """Both prompts run once (``prepare_runs``), checked first, once per (model, prompts) for every session.
+
+    Raises:
+        PatchingError, InputError: the message says what to change (nothing is cached).
+    """
+    from ui.waiting import in_turn
+
+    resolved = _resolved(model)
+    inputs = prepare_inputs(resolved, clean, corrupt, answer, foil)
+    return in_turn(f"patch|{model!r}|{clean}|{corrupt}", lambda: prepare_runs(resolved.family, resolved.model, inputs))
+
+
+@st.cache_resource(max_entries=16, ttl=PATCH_TTL_S, show_spinner=False)
+def attribution(model: TraceRequest, clean: str, corrupt: str, answer: str, foil: str) -> AttributionPatching:
+    """Attribution patching (one forward, one backward pass), once per (model, prompts)."""
+    from ui.waiting import in_turn
+
+    runs = patch_runs(model, clean, corrupt, answer, foil)
+    resolved = _resolved(model)
+    return in_turn(f"attribution|{model!r}|{clean}|{corrupt}",
+                   lambda: attribution_patching(resolved.family, resolved.model, runs))
+
+
+_EXACT: OrderedDict[PatchKey, ExactPatching] = OrderedDict()
+_EXACT_LOCK = threading.Lock()
+
+
+def finished_exact(key: PatchKey) -> ExactPatching | None:
+    """A finished exact patching of ``key`` (any session's), or this session's stopped one, or None."""
+    with _EXACT_LOCK:
+        found = _EXACT.get(key)
+        if found is not None:
+            _EXACT.move_to_end(key)
+            return found
+    kept = st.session_state.get(PARTIAL_KEY)
+    return kept[1] if kept is not None and kept[0] == key else None
+
+
+def _keep(key: PatchKey, result: ExactPatching) -> None:
+    if result.partial:
+        st.session_state[PARTIAL_KEY] = (key, result)
+        return
+    with _EXACT_LOCK:
+        _EXACT[key] = result
+        while len(_EXACT) > EXACT_KEPT:
+            _EXACT.popitem(last=False)
+    st.session_state.pop(PARTIAL_KEY, None)
+
+
+def _stop() -> None:
+    st.session_state[STOPPED_KEY] = True
+
+
+def run_exact(key: PatchKey) -> ExactPatching:
+    """Exact patching of ``key`` with a progress bar and a Stop button. What each batch computes is kept in the
+    session as it goes: a Stop (or any other click, which reruns the page) ends the run and the next run of the page
+    shows the partial grid."""
+    model, clean, corrupt, answer, foil = key
+    runs = patch_runs(*key)
+    resolved = _resolved(model)
+    st.session_state[STOPPED_KEY] = False
+    bar = st.progress(0.0, text="Exact patching: starting…")
+    stop_slot = st.empty()
+    stop_slot.button("Stop", key="patch_stop_button", on_click=_stop, icon=":material/stop:",
+                     help="Keeps the effects computed so far; the grid is marked partial.")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / total, text=f"Exact patching: {done} of {total} patched passes")
+
+    result = exact_patching(resolved.family, resolved.model, runs, progress=progress,
+                            stop=lambda: bool(st.session_state.get(STOPPED_KEY)), keep=lambda r: _keep(key, r))
+    _keep(key, result)
+    bar.empty()
+    stop_slot.empty()
+    return result
+
+
+@per_trace()
+def table_parts(trace: AttentionTrace, model_id: str, device_name: str, answer_id: int,
+                foil_id: int) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+    """The table's columns that read the clean prompt's trace and the model: each head's direct logit attribution
+    (or None) and its text role scores, once per (trace, answer, foil)."""
+    from ui.loaders import get_pretrained
+
+    loaded = get_pretrained(model_id, device_name)
+    return head_dla(trace, loaded.model, loaded.family, answer_id, foil_id), text_roles(trace)
