@@ -16,8 +16,14 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from attention_explorer.figures import SCORE_SCALE, category_ticks, layer_head_figure, token_labels
-from model_core.effects.attribution import Attribution, attribute as attribute_core, token_id_of, top_two
+from attention_explorer.figures import (
+    SCORE_SCALE,
+    category_ticks,
+    layer_head_figure,
+    token_labels,
+)
+from model_core.effects.attribution import Attribution, token_id_of, top_two
+from model_core.effects.attribution import attribute as attribute_core
 
 POSITIVE_RGB = (178, 24, 43)  # RdBu_r's red end: towards the answer
 NEGATIVE_RGB = (33, 102, 172)  # its blue end: against it
@@ -165,6 +171,6 @@ def attribute(core: Any, model: Any, family: Any = None, answer: str | int | Non
     answer_id = _token(tokenizer, answer, top)
     foil_id = _token(tokenizer, foil, second if runner_up else None)
     result = attribute_core(core, loaded.model, family, answer_id, foil_id, position)
-    decode = lambda i: tokenizer.decode([int(i)])  # noqa: E731
+    decode = lambda i: tokenizer.decode([int(i)])
     return DLA(attribution=result, trace=core, text=tuple(decode(i) for i in core.token_ids),
                label=what_is_split(result, decode))

@@ -83,11 +83,13 @@ class GeneratedTrace(Trace):
     Attributes:
         core: the sequence's ``AttentionTrace`` (``core.reply_start`` set).
         generation: the ``model_core.generate.generation.Generation`` (its ids, candidates and why it ended).
+        model_id: the model that wrote it; ``generation.request(model_id)`` is the sequence's ``TraceRequest``.
     """
 
-    def __init__(self, core: Any, generation: Generation, texts: list[str]) -> None:
+    def __init__(self, core: Any, generation: Generation, texts: list[str], model_id: str) -> None:
         super().__init__(core)
         self.generation = generation
+        self.model_id = model_id
         self._texts = texts
 
     def __repr__(self) -> str:
@@ -175,6 +177,7 @@ def generate(prompt: str, chat: bool = True, max_new_tokens: int = 48, *, model:
     for _ in stream:
         pass
     result = stream.result()
-    core = build_trace(result.request(model or BUNDLED_DECODER_ID), device=resolved.device,
-                       settings=resolved.settings, models=resolved.models)
-    return GeneratedTrace(core, result, token_texts(resolved.tokenizer, result.token_ids))
+    model_id = model or BUNDLED_DECODER_ID
+    core = build_trace(result.request(model_id), device=resolved.device, settings=resolved.settings,
+                       models=resolved.models)
+    return GeneratedTrace(core, result, token_texts(resolved.tokenizer, result.token_ids), model_id)

@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attention_explorer.figures import layer_head_figure
-from model_core.generate.kv import KVResult, KVSweep
+from model_core.generate.kv import KVResult
+from model_core.generate.kv_batch import KVSweep
 from model_core.generate.needle import NeedleResult
 from model_core.generate.presses import N_SINK, PRESS_TITLES, WINDOW
 

@@ -186,6 +186,29 @@ class Trace:
 
         return role_scores(self.core, ("previous_token", "duplicate_token", "sink", "induction"))
 
+    # -- effects --------------------------------------------------------------------------------
+    def attribute(self, answer: str | int | None = None, foil: str | int | None = None, *, position: int = -1,
+                  runner_up: bool = False, model: str | None = None):
+        """Direct logit attribution of a decoder's next-token logit (``model_core.effects.attribution``): the
+        embedding's, every head's and every MLP's direct effect, through the final norm frozen at the residual.
+
+        Args:
+            answer: the answer token as written (" Paris") or its id; default: the top prediction.
+            foil: a token whose logit is subtracted (the logit difference); default none, or the runner-up with
+                ``runner_up=True``.
+            position: the position whose next-token logit is split; negative counts from the end.
+            model: the model's id, for a trace loaded from a file.
+
+        Returns:
+            ``attention_explorer.attribution.DLA``: ``.attribution`` (``heads`` (layer, head), ``mlps``, ``embed``,
+            ``rest``, ``logit``), ``.heads_figure()``, ``.parts_figure()``, ``.sources(layer, head)`` and
+            ``.sources_figure(layer, head)``.
+        """
+        from attention_explorer.attribution import attribute
+
+        return attribute(self.core, self._resolved(model).loaded, answer=answer, foil=foil, position=position,
+                         runner_up=runner_up)
+
     # -- tables and files ------------------------------------------------------------------------
     def to_pandas(self, *, words: bool = False) -> pd.DataFrame:
         """Every weight as one row: layer, head, q_pos, k_pos, q_token, k_token, weight (masked pairs left out)."""

@@ -45,7 +45,7 @@ def _timed(fn):
 
 
 def child_full(n: int, every_node: bool) -> dict:
-    from model_core.effects.graph import build_graph
+    from model_core.effects.graph import build_graph, prefetch
     from model_core.effects.graph_source import trace_flow
     from model_core.trace.request import build_trace
 
@@ -55,9 +55,10 @@ def child_full(n: int, every_node: bool) -> dict:
     graph, t_graph = _timed(lambda: build_graph(trace_flow(trace, loaded.model, loaded.family), -1, THRESHOLD))
     flow = trace_flow(trace, loaded.model, loaded.family)
     build_graph(flow, -1, THRESHOLD)
-    changes = [_timed(lambda t=t: build_graph(flow, -1, t))[1] for t in (0.05, THRESHOLD, 0.03)]
+    _, t_prefetch = _timed(lambda: prefetch(flow, -1, THRESHOLD))  # the page runs it in a background thread
+    changes = [_timed(lambda t=t: build_graph(flow, -1, t))[1] for t in (0.05, THRESHOLD, 0.03, 0.02)]
     out = {"tokens": trace.n_tokens, "trace_s": t_trace, "graph_s": t_graph, "nodes": len(graph.nodes()),
-           "edges": graph.n_edges, "threshold_change_s": changes}
+           "edges": graph.n_edges, "threshold_change_s": changes, "prefetch_s": t_prefetch}
     if every_node:
         _, out["every_node_s"] = _timed(lambda: flow.every_layer())
     return out
@@ -102,8 +103,8 @@ def main() -> None:
             print(f"{r['tokens']} tokens: full trace {r['trace_s']:.2f} s, graph from the last token "
                   f"{r['graph_s']:.2f} s ({r['nodes']} nodes, {r['edges']} edges): "
                   f"ratio {r['graph_s'] / r['trace_s']:.2f} (target <= 2)")
-            print(f"  threshold change: {', '.join(f'{t:.3f}' for t in r['threshold_change_s'])} s "
-                  "(0.05, 0.04, 0.03 on the kept nodes; target <= 0.5)")
+            print(f"  threshold change: {', '.join(f'{t:.3f}' for t in r['threshold_change_s'])} s (0.05, 0.04, "
+                  f"0.03, 0.02 after the background prefetch of threshold/2, {r['prefetch_s']:.1f} s; target <= 0.5)")
             if "every_node_s" in r:
                 print(f"  every node's contributions: {r['every_node_s']:.1f} s (target <= 30)")
         else:

@@ -11,6 +11,7 @@ each opening; target ≤ 1.5×).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -43,7 +44,10 @@ def bench_core(repeat: int) -> None:
     import torch
 
     from model_core.effects.patching import exact_patching, prepare_runs, run_metric
-    from model_core.effects.patching_attribution import attribution_patching, rank_correlation
+    from model_core.effects.patching_attribution import (
+        attribution_patching,
+        rank_correlation,
+    )
     from model_core.effects.patching_inputs import prepare_inputs
     from model_core.settings import BUNDLED_DECODER_ID
     from model_core.trace.request import TraceRequest
@@ -55,7 +59,7 @@ def bench_core(repeat: int) -> None:
     assert inputs.n_tokens == N_TOKENS, f"the pair is {inputs.n_tokens} tokens, not {N_TOKENS}"
     print(f"{resolved.description}; {N_TOKENS}-token pair; torch threads {torch.get_num_threads()}; "
           f"best / median of {repeat}")
-    forward, forward_med, _ = _timed(lambda: run_metric(family, model, inputs.corrupt_ids, inputs), max(repeat, 5))
+    forward, forward_med, _ = _timed(lambda: run_metric(family, model, inputs.corrupt_ids, inputs), max(3 * repeat, 10))
     print(f"one forward pass (route, batch 1, metric)   {forward:8.3f} s  (median {forward_med:.3f})")
     runs_s, _, runs = _timed(lambda: prepare_runs(family, model, inputs), repeat)
     print(f"both prompts' runs (z and resid_pre kept)   {runs_s:8.3f} s")
@@ -85,8 +89,7 @@ def _open_seconds(page: str, query: dict[str, str]) -> float:
 
     TRACES.clear()
     DERIVED.clear()
-    patching.patch_runs.clear()
-    patching.attribution.clear()
+    patching.patch_base.clear()
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=600)
     for name, value in query.items():
         at.query_params[name] = value
@@ -115,14 +118,13 @@ def bench_page(repeat: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (the target is a 2-core CPU)")
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                        help="torch threads; default: the app server's (half the cores: 1 on the target's 2-core "
+                             "CPU, where 2 threads beside any other job spin-wait and run 3-5x slower)")
     parser.add_argument("--no-page", action="store_true", help="skip the pages' timing")
     args = parser.parse_args()
 
-    import os
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ["AE_TORCH_THREADS"] = str(args.threads)
     import torch
 
     torch.set_num_threads(args.threads)

@@ -6,8 +6,16 @@ from attention_explorer.attribution import heads_figure, parts_figure, what_is_s
 from model_core.effects.attribution import NotOneToken
 from model_core.io.tables import rows_to_csv
 from ui.analysis_widgets import csv_button, how_to_read, show_figure
-from ui.attribution import (OPEN_FLAG, cached_attribution, cached_long_attribution, choose_tokens, pick_clicked,
-                            split_view, top_heads_table, top_ids)
+from ui.attribution import (
+    OPEN_FLAG,
+    cached_attribution,
+    cached_long_attribution,
+    choose_tokens,
+    pick_clicked,
+    split_view,
+    top_heads_table,
+    top_ids,
+)
 from ui.compact import full_trace_tokens
 from ui.context import require_trace
 from ui.loaders import pretrained_for, pretrained_key
@@ -35,7 +43,7 @@ if not t.is_decoder:
     st.stop()
 
 loaded = pretrained_for(ctx.request, ctx.settings)  # the cached copy the trace came from
-decode = lambda i: loaded.tokenizer.decode([int(i)])  # noqa: E731
+decode = lambda i: loaded.tokenizer.decode([int(i)])
 text = tuple(decode(i) for i in t.token_ids)
 model_key = pretrained_key(ctx.request, ctx.settings)
 best = top_ids(t, *model_key)
@@ -66,7 +74,7 @@ cap = (f" Both are before the model's final-logit softcap ({dla.final_softcap:g}
        "which is not linear." if dla.final_softcap is not None else "")
 st.caption(f"Check: the parts sum to **{dla.total:.4f}**; the model's logit is **{dla.logit:.4f}**.{cap}")
 limit = full_trace_tokens(t.n_layers, t.n_heads, ctx.settings.full_trace_mb)
-st.caption(f"This text is long, so it has a compact trace (no values, no residual stream): the attribution ran the "
+st.caption("This text is long, so it has a compact trace (no values, no residual stream): the attribution ran the "
            "model once more, in compact form, keeping each head's z and the residual stream at the last token only."
            if long else f"This text has a full trace, which the attribution reads with no new pass (up to {limit:,} "
            "tokens for this model, AE_FULL_TRACE_MB; a longer text takes one more pass of the model).")

@@ -4,8 +4,14 @@ attribution, beside how hard each head looks at the tokens that changed."""
 import numpy as np
 import streamlit as st
 
-from attention_explorer.patching import attention_effect_figure, effect_grid_figure, effect_range, residual_figure
 from attention_explorer.figures import token_labels
+from attention_explorer.patching import (
+    attention_effect_figure,
+    effect_grid_figure,
+    effect_range,
+    residual_figure,
+)
+from model_core.effects.patching import passes_needed
 from model_core.effects.patching_table import attention_beside_effect
 from model_core.io.tables import grid_to_csv, matrix_to_csv, rows_to_csv
 from model_core.settings import BUNDLED_DECODER_ID
@@ -14,8 +20,16 @@ from ui.context import require_trace
 from ui.focus import set_focus
 from ui.guard import view_guard
 from ui.loaders import get_trace, pretrained_for, pretrained_key
-from ui.patching import (STOPPED_KEY, attribution, clean_request, finished_exact, model_request, pair_fields,
-                         patch_runs, run_exact, table_parts)
+from ui.patching import (
+    STOPPED_KEY,
+    clean_request,
+    finished_exact,
+    model_request,
+    pair_fields,
+    patch_base,
+    run_exact,
+    table_parts,
+)
 from ui.state import choose_model, open_page_if_requested
 
 OPEN_FLAG = "_patch_open_heatmaps"
@@ -65,8 +79,8 @@ clean, corrupt, answer, foil = pair_fields()
 model = model_request(request)
 key = (model, clean, corrupt, answer, foil)
 try:
-    with st.spinner("Running both prompts…"):
-        runs = patch_runs(*key)
+    with st.spinner("Running both prompts, and attribution patching (one forward and one backward pass)…"):
+        runs, attr = patch_base(*key)
 except ValueError as exc:  # PatchingError, InputError: what to change
     st.error(str(exc), icon=":material/error:")
     st.stop()
@@ -78,15 +92,14 @@ m2.metric("Corrupted metric", f"{runs.corrupt:+.3f}", help="The same after the c
 m3.metric("Tokens", inputs.n_tokens, help=f"Positions that differ: {changed}")
 st.caption(f"Tokens that differ: {changed}.")
 
-with st.spinner("Attribution patching: one forward and one backward pass…"):
-    attr = attribution(*key)
 exact = finished_exact(key)
 if exact is None or exact.partial:
-    passes = runs.n_layers * runs.n_heads + runs.n_layers * int(inputs.n_tokens - inputs.differing.min())
-    if st.button(f"Run exact patching ({passes} patched passes)", type="primary", key="patch_run",
+    if st.button(f"Run exact patching ({passes_needed(runs)} patched passes)", type="primary", key="patch_run",
                  help="Every head and every residual position from the first changed token on, in batches; the "
                       "positions before it are the same in both prompts, so their effect is 0."):
         exact = run_exact(key)
+        if not exact.partial:
+            st.rerun()  # drawn again from the finished result, without the Run button
 if exact is not None and exact.partial:
     st.warning(f"Exact patching was stopped{' by you' if st.session_state.get(STOPPED_KEY) else ''}: "
                f"{int(np.isfinite(exact.heads).sum())} of {exact.heads.size} heads are patched; the blank cells are "
@@ -134,15 +147,15 @@ if exact is not None:
 st.subheader("The residual stream, patched per layer and position")
 tokens = inputs.corrupt_tokens
 resid_scale = effect_range(None if exact is None else exact.residual, attr.residual)
-tabs = st.tabs(["Exact", "Attribution (estimate)"])
-with tabs[0]:
-    if exact is None:
-        st.caption("Run exact patching to fill this grid.")
-    else:
-        show_figure(residual_figure(exact.residual, tokens, "Exact patching of resid_pre", scale=resid_scale),
-                    "patching_exact_residual", key="patch_resid_exact")
-        st.caption(f"Rank correlation with attribution patching: {attr_rho:+.3f}.")
-with tabs[1]:
+view = st.radio("Residual grid", ["Exact", "Attribution (estimate)"], horizontal=True, key="patch_resid_view",
+                label_visibility="collapsed")
+if view == "Exact" and exact is None:
+    st.caption("Run exact patching to fill this grid; attribution patching's estimate is the other view.")
+elif view == "Exact":
+    show_figure(residual_figure(exact.residual, tokens, "Exact patching of resid_pre", scale=resid_scale),
+                "patching_exact_residual", key="patch_resid_exact")
+    st.caption(f"Rank correlation with attribution patching: {attr_rho:+.3f}.")
+else:
     show_figure(residual_figure(attr.residual, tokens, "Attribution patching of resid_pre", scale=resid_scale),
                 "patching_attribution_residual", key="patch_resid_attr")
 

@@ -152,3 +152,36 @@ def masked_log_probs(ref: Eager, kept: list[list[list[int]]] | None) -> np.ndarr
 
 def kl(log_p: np.ndarray, log_q: np.ndarray) -> float:
     return float(sum(math.exp(a) * (a - b) for a, b in zip(log_p, log_q)))
+
+
+def masked_greedy(ref: Eager, kept: list[list[list[int]]], steps: int) -> list[int]:
+    """Greedy decoding without a cache: the prompt, then each generated token appended; every query from the last
+    prompt token on sees only its key/value head's kept prompt keys and the tokens from the last prompt token on."""
+    n = ref.ids.shape[1]
+    n_heads = ref.last_row.shape[1]
+    ids, out = ref.ids, []
+    for _ in range(steps):
+        m = ids.shape[1]
+        hooks = []
+        for la, module in enumerate(attention_modules(ref.model)):
+            allowed = torch.ones(m, m, dtype=torch.bool).tril()[None].repeat(n_heads, 1, 1)
+            for h in range(n_heads):
+                prompt = torch.zeros(n - 1, dtype=torch.bool)
+                prompt[kept[la][h // ref.group]] = True
+                allowed[h, n - 1:, : n - 1] = prompt
+            mask = torch.zeros(1, n_heads, m, m).masked_fill(~allowed[None], torch.finfo(torch.float32).min)
+
+            def swap(_module, args, kwargs, mask=mask):
+                kwargs["attention_mask"] = mask
+                return args, kwargs
+
+            hooks.append(module.register_forward_pre_hook(swap, with_kwargs=True))
+        try:
+            with torch.no_grad():
+                token = int(ref.model(ids).logits[0, -1].argmax())
+        finally:
+            for hook in hooks:
+                hook.remove()
+        out.append(token)
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out

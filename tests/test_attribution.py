@@ -4,17 +4,21 @@ output projection's input, the attention and MLP outputs, the final norm's input
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
 from tiny_models import build_tiny_decoder
 
 from model_core.effects.attribution import (
-    NotADecoder, NotOneToken, attribute, head_sources, token_id_of, top_two,
+    NotADecoder,
+    NotOneToken,
+    attribute,
+    head_sources,
+    token_id_of,
+    top_two,
 )
 
 TEXT = "time flies like an arrow and fruit flies like a banana"
@@ -24,7 +28,7 @@ FAMILIES = ("gpt2", "llama", "qwen2", "gemma", "gemma2", "gemma3_text", "phi")
 ATOL = 1e-5
 
 
-@lru_cache(maxsize=None)
+@cache
 def _folder(family: str, root: str) -> Path:
     """A tiny decoder whose every bias (output projection, norms, unembedding) is random, so `rest` is tested."""
     from transformers import AutoModelForCausalLM
@@ -40,7 +44,7 @@ def _folder(family: str, root: str) -> Path:
     return folder
 
 
-@lru_cache(maxsize=None)
+@cache
 def _traced(family: str, root: str):
     """(loaded model, its trace of TEXT) through the app's own route."""
     from model_core.models.loading import load_pretrained_uncached
@@ -98,7 +102,7 @@ def _reference(folder: Path, answer: int, foil: int | None) -> dict:
     for hook in hooks:
         hook.remove()
     u = model.get_output_embeddings().weight[answer] - (0 if foil is None else model.get_output_embeddings().weight[foil])
-    read = lambda part: float(_frozen(final, seen["final"], part) @ u)  # noqa: E731
+    read = lambda part: float(_frozen(final, seen["final"], part) @ u)
     n_heads = model.config.num_attention_heads
     heads = np.zeros((len(blocks), n_heads))
     mlps = np.zeros(len(blocks))
@@ -219,7 +223,7 @@ def test_bad_positions_ids_and_foils_say_what_to_do(root):
 def test_a_model_that_is_not_the_traces_is_refused(root):
     from model_core.models.loading import load_pretrained_uncached
 
-    loaded, trace = _traced("llama", root)
+    _, trace = _traced("llama", root)
     other = load_pretrained_uncached(str(_folder("llama", root)), device="cpu")  # a copy of its own to change
     with torch.no_grad():
         for p in other.model.lm_head.parameters():

@@ -89,15 +89,15 @@ def test_a_long_input_takes_one_more_pass(monkeypatch, bundled_decoder):
     from model_core.trace.forward import trace_pretrained
 
     text = "The capital of France is Paris. The capital of Germany is"
+    full = trace_pretrained(bundled_decoder, bundled_decoder.family.encode(bundled_decoder.tokenizer, text,
+                                                                           max_tokens=64))
+    want = attribute(full, bundled_decoder.model, bundled_decoder.family, *top_two(full))
     monkeypatch.setenv("AE_FULL_TRACE_MB", "0.05")  # SmolLM2's full trace: 6 tokens at most
     at = _open(BUNDLED_DECODER_ID, text)
     assert at.session_state["_app_context"].compact is not None
     assert any("ran the model once more" in c.value for c in at.caption)
     assert "only a full trace keeps" in at.info[0].value
     assert len(at.get("plotly_chart")) == 2
-    full = trace_pretrained(bundled_decoder, bundled_decoder.family.encode(bundled_decoder.tokenizer, text,
-                                                                           max_tokens=64))
-    want = attribute(full, bundled_decoder.model, bundled_decoder.family, *top_two(full))
     logit = float(_check_line(at).split(";")[1].split("**")[1])
     assert logit == pytest.approx(want.logit, abs=1e-3)
 
@@ -144,7 +144,7 @@ def test_the_command_line_refuses_an_encoder_and_a_split_answer(capsys):
 
 def test_the_verb_is_on_the_command_line():
     out = subprocess.run([sys.executable, "-m", "model_core", "attribute", "--help"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
+                         cwd=ROOT, timeout=120, check=False)
     assert out.returncode == 0 and "--foil" in out.stdout and "runner-up" in out.stdout
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from tiny_models import HEAD_DIM, build_tiny_decoder
 
 from model_core.effects.attribution import attribute, head_sources, token_id_of

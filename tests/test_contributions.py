@@ -19,7 +19,7 @@ def test_term_proximity_equals_the_definition(fragile):
     g = torch.Generator().manual_seed(0)
     rows, heads, keys, d = 5, 3, 7, 16
     weights = torch.rand(rows, heads, keys, generator=g, dtype=torch.float64) ** 3
-    directions = torch.randn(d, heads, keys, generator=g, dtype=torch.float64) * 3
+    directions = torch.randn(heads, d, keys, generator=g, dtype=torch.float64) * 3
     whole = torch.randn(rows, d, generator=g, dtype=torch.float64)
     whole[0, :4] = 0.0  # a zero dimension: sign(0) must count as +
     whole[1, 2] = 1e-9
@@ -27,7 +27,7 @@ def test_term_proximity_equals_the_definition(fragile):
     for r in range(rows):
         for h in range(heads):
             for k in range(keys):
-                part = weights[r, h, k] * directions[:, h, k]
+                part = weights[r, h, k] * directions[h, :, k]
                 expected[r, h, k] = whole[r].abs().sum() - (part - whole[r]).abs().sum()
     got = term_proximity(weights, directions, whole, fragile=fragile)
     torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)

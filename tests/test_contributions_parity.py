@@ -145,7 +145,7 @@ def test_parts_rebuild_the_blocks(tiny):
         values = flow.source.values(layer)
         rows = flow.source.rows(layer, pos, len(pos))
         join, mlp = flow._joins(layer, pos, rows, values)
-        terms = torch.einsum("rhk,mhk->rm", rows * join.scale[:, None, None],
+        terms = torch.einsum("rhk,hmk->rm", rows * join.scale[:, None, None],
                              join.directions(flow.blocks.raw_directions(layer, values)))
         np.testing.assert_allclose(join.whole, ref["mid"].float(), atol=ATOL)
         np.testing.assert_allclose(terms + join.residual + join.rest, join.whole, atol=ATOL)

@@ -164,3 +164,20 @@ def test_an_encoder_does_not_generate():
 
     with pytest.raises(ValueError, match="does not generate"):
         GenerationStream(family_named("bert"), None, None, [1, 2], DecodingOptions())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chat", [False, True])
+def test_smollm2_greedy_equals_transformers_generate(chat):
+    from model_core.settings import BUNDLED_DECODER_ID
+
+    loaded = load_pretrained(BUNDLED_DECODER_ID, device="cpu")
+    prompt = "What is the capital of France? Answer in one sentence."
+    result = generate(loaded, prompt, chat=chat, options=DecodingOptions(max_new_tokens=24))
+    ids = prompt_ids(loaded.tokenizer, prompt, chat)
+    with torch.no_grad():  # the loaded model itself: its capturing attention delegates to eager attention
+        out = loaded.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                    max_new_tokens=24, do_sample=False)
+    assert result.new_ids.tolist() == out[0, len(ids):].tolist()
+    if chat:
+        assert result.reason == "eos" and result.new_ids[-1] == loaded.tokenizer.eos_token_id

@@ -125,3 +125,26 @@ def test_an_encoder_says_why_and_its_button_switches_to_the_bundled_decoder():
     _run(at)
     assert at.session_state["ctl_model_id"] == BUNDLED_DECODER_ID
     assert _button(at, "gen_go") is not None and not at.error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_tokens", [128, 512])
+def test_the_page_works_with_smollm2_at_long_prompts(n_tokens):
+    from harness.texts import text_of
+
+    tok = load_pretrained(BUNDLED_DECODER_ID, device="cpu").tokenizer
+    prompt = tok.decode(tok(text_of(n_tokens, 1))["input_ids"][:n_tokens])
+    at = AppTest.from_file(APP, default_timeout=600)
+    at.query_params["model"] = "pretrained"
+    at.query_params["model_id"] = BUNDLED_DECODER_ID
+    _run(at)
+    at.switch_page(PAGE)
+    at.session_state["pg_prompt"] = prompt
+    at.session_state["pg_max_new"] = 4
+    _run(at)
+    _button(at, "gen_go").click()
+    _run(at)
+    assert not at.error, [e.value for e in at.error]
+    result = at.session_state["_gen_result"]["generation"]
+    assert len(result.prompt_ids) >= n_tokens and 1 <= result.n_new <= 4
+    assert at.get("html") and any(s.label.startswith("Reply token") for s in at.select_slider)

@@ -122,3 +122,21 @@ def test_smollm2_needle_snapkv_keeps_the_answer_streaming_loses_it():
     assert result.full_passed, result.full_answer
     assert not result.passed[0, 1], result.answers  # StreamingLLM at 0.9 drops the fact in the middle
     assert result.passed[1, 0], result.answers  # SnapKV at 0.3 keeps it
+
+
+@pytest.mark.slow
+def test_smollm2_page_at_about_4000_tokens_reads_the_compact_trace():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_compact import long_text
+
+    at = _open({"model": "pretrained", "model_id": BUNDLED_DECODER_ID, "a": long_text(2900)}, pg_press="tova",
+               pg_ratio=0.9)
+    assert not at.error, [e.value for e in at.error]
+    ctx = at.session_state["_app_context"]
+    assert ctx.compact is not None and 3500 < ctx.compact.n_tokens <= 4096
+    n = ctx.compact.n_tokens
+    kept = _z(_charts(at)[0]["data"][0])
+    assert kept.shape == (30, n - 1) and (kept.sum(1) == int((n - 1) * (1 - 0.9))).all()
+    assert (kept[:, -1] == 1).all()  # TOVA always keeps the last prefill key

@@ -12,7 +12,8 @@ import pytest
 from model_core import TraceRequest, build_trace
 from model_core.__main__ import main
 from model_core.compact.build import build_compact
-from model_core.generate.kv import compress, kv_compress, plan_kv, sweep
+from model_core.generate.kv import compress, kv_compress, plan_kv
+from model_core.generate.kv_batch import sweep
 from model_core.generate.kv_sources import source_of
 from model_core.generate.presses import PRESSES, check_ratio, key_order, n_kept, press_scores
 from model_core.models.loading import load_pretrained
@@ -49,15 +50,21 @@ def test_retained_equals_the_full_traces_last_row(tiny_decoders):
     np.testing.assert_allclose(result.retained, expected, atol=1e-5)
 
 
-def test_sweep_gives_every_policy_and_ratio(tiny_decoders):
+def test_sweep_batches_equal_one_budget_at_a_time(tiny_decoders):
+    """The sweep pads each policy's nine caches into one batch; every budget equals its own single pass."""
     loaded, full, _ = _traces(str(tiny_decoders["llama"]))
     plan = plan_kv(loaded.family, loaded.model, full.token_ids)
     calls = []
     result = sweep(plan, loaded.family, loaded.model, progress=lambda done, total: calls.append((done, total)))
     assert result.kl.shape == (5, 9) and np.isfinite(result.kl).all() and (result.kl >= 0).all()
-    assert calls[-1] == (45, 45)
-    one = compress(plan, loaded.family, loaded.model, "tova", 0.7)
-    assert result.kl[PRESSES.index("tova"), 6] == pytest.approx(one.next_token_kl)
+    assert calls[-1] == (5, 5)
+    for press in ("knorm", "tova"):
+        i = PRESSES.index(press)
+        for j, ratio in enumerate(result.ratios):
+            one = compress(plan, loaded.family, loaded.model, press, ratio)
+            assert result.kl[i, j] == pytest.approx(one.next_token_kl, abs=1e-6)
+            assert result.top_changed[i, j] == one.top_changed
+            assert result.retained[i, j] == pytest.approx(one.retained.mean(), abs=1e-9)
     assert len(result.to_rows()) == 45
 
 
@@ -123,3 +130,29 @@ def test_cli_refuses_a_bad_press_or_ratio(capsys):
 def test_cli_refuses_an_encoder(capsys):
     assert main(["kv", "--text", "time flies like an arrow", "--press", "tova", "--compression-ratio", "0.5"]) == 1
     assert "no KV cache" in capsys.readouterr().err
+
+
+def test_notebook_kv_gives_the_result_and_its_figures(tiny_decoders):
+    from attention_explorer.kv import kv, sweep_figure
+
+    loaded, full, compact = _traces(str(tiny_decoders["llama"]))
+    report = kv(compact, loaded.model, loaded.family, "tova", 0.5, tokenizer=loaded.tokenizer)
+    assert report.kept.shape == (2, 2, int((full.n_tokens - 1) * 0.5))
+    assert (report.kept[:, 0] == report.kept[:, 1]).all()  # TOVA: one set per layer, shared by the kv heads
+    assert report.retained.shape == (2, 4) and report.kl >= 0
+    assert len(report.kept_figure.data) == 2 and report.retained_figure.data[0].z.shape == (2, 4)
+    assert "tova at 0.5" in repr(report)
+    plan = plan_kv(loaded.family, loaded.model, full.token_ids, ("knorm", "tova"))
+    assert len(sweep_figure(sweep(plan, loaded.family, loaded.model)).data) == 2
+
+
+@pytest.mark.parametrize("block", [7, 32, 512])
+def test_column_sums_stream_over_row_blocks_exactly(tiny_decoders, block):
+    loaded, full, compact = _traces(str(tiny_decoders["gpt2"]))
+    from model_core.generate.kv import prefill
+
+    _, own = prefill(loaded.family, loaded.model, full.token_ids)
+    for layer in range(full.n_layers):
+        expected = source_of(full).column_sums(layer, block)
+        np.testing.assert_allclose(source_of(compact).column_sums(layer, block), expected, atol=1e-5)
+        np.testing.assert_allclose(own.column_sums(layer, block), expected, atol=1e-5)

@@ -3,13 +3,15 @@ reference written here (hooks on the output projection's input and on the blocks
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
-
 from tiny_models import build_tiny_decoder
 
-PARITY_FAMILIES = ("gpt2", "llama", "qwen2", "gemma")
+PARITY_FAMILIES = tuple(os.environ.get("AE_PATCH_FAMILIES", "gpt2,llama,qwen2,gemma").split(","))
+"""The issue's four; AE_PATCH_FAMILIES=mistral,phi3,qwen3,gemma2,gemma3_text,phi runs the others (they pass)."""
 CLEAN = "The cat sat on the mat"
 CORRUPT = "The bank sat on the mat"
 ANSWER, FOIL = " cat", " bank"
@@ -39,7 +41,8 @@ def setup(request, tiny_folders):
 def _out_proj(model, layer: int):
     if model.config.model_type == "gpt2":
         return model.transformer.h[layer].attn.c_proj
-    return model.model.layers[layer].self_attn.o_proj
+    attn = model.model.layers[layer].self_attn
+    return attn.o_proj if hasattr(attn, "o_proj") else attn.dense  # Phi calls it dense
 
 
 def _blocks(model):
@@ -227,3 +230,32 @@ def test_a_stopped_run_keeps_what_it_computed(setup):
     done = np.isfinite(got.heads)
     assert done.sum() == 3 and done.ravel()[:3].all()
     np.testing.assert_allclose(got.heads[done], full.heads[done], atol=ATOL)
+
+
+def test_the_clean_run_read_from_the_trace_equals_a_pass(setup):
+    from model_core.effects.patching import read_run
+    from model_core.effects.patching_attribution import clean_from_trace
+    from model_core.trace.request import TraceRequest, build_trace
+
+    resolved, runs = setup
+    trace = build_trace(TraceRequest("pretrained", CLEAN, model_id=resolved.key[1]), device="cpu")
+    from_trace = clean_from_trace(trace, resolved.family, resolved.model, runs.inputs)
+    from_pass = read_run(resolved.family, resolved.model, runs.inputs.clean_ids, runs.inputs)
+    assert from_trace[0] == pytest.approx(from_pass[0], abs=ATOL)
+    torch.testing.assert_close(from_trace[1], from_pass[1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(from_trace[2], from_pass[2], atol=ATOL, rtol=0)
+
+
+def test_runs_and_attribution_in_fewer_passes_equal_the_separate_ones(setup):
+    from model_core.effects.patching_attribution import (
+        attribution_patching,
+        runs_and_attribution,
+    )
+
+    resolved, runs = setup
+    together, estimate = runs_and_attribution(resolved.family, resolved.model, runs.inputs)
+    assert (together.clean, together.corrupt) == pytest.approx((runs.clean, runs.corrupt), abs=ATOL)
+    torch.testing.assert_close(together.z_corrupt, runs.z_corrupt, atol=ATOL, rtol=0)
+    separate = attribution_patching(resolved.family, resolved.model, runs)
+    np.testing.assert_allclose(estimate.heads, separate.heads, atol=ATOL)
+    np.testing.assert_allclose(estimate.residual, separate.residual, atol=ATOL)

@@ -8,10 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from model_core.effects.patching_inputs import PatchingError, check_inputs, describe_difference
-from model_core.families import FAMILIES
 from tiny_models import build_tiny_decoder, tiny_tokenizer
+
+from model_core.effects.patching_inputs import (
+    PatchingError,
+    check_inputs,
+    describe_difference,
+)
+from model_core.families import FAMILIES
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +29,7 @@ def gpt2(tmp_path_factory) -> Path:
 
 
 def _check(tokenizer, clean: str, corrupt: str, answer: str = " cat", foil: str = " bank"):
-    ids = lambda text: tokenizer(text)["input_ids"]  # noqa: E731
+    ids = lambda text: tokenizer(text)["input_ids"]
     return check_inputs(tokenizer, FAMILIES["gpt2"], ids(clean), ids(corrupt), answer, foil)
 
 
@@ -63,8 +67,9 @@ def test_an_encoder_is_refused_with_the_reason_and_the_graph(tokenizer):
 
 
 def test_equal_metrics_say_so():
-    from model_core.effects.patching import prepare_runs
     from test_patching_planted import _inputs, planted_model
+
+    from model_core.effects.patching import prepare_runs
 
     model, family = planted_model(with_head=False)
     model.transformer.h[0].attn.c_proj.weight.zero_()  # the weak copy too: nothing carries the name

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
-
 from tiny_models import build_tiny_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +56,8 @@ def test_the_page_shows_attribution_then_runs_exact_patching(llama):
     assert not at.exception, [e.value for e in at.exception]
     titles = _charts(at)
     assert "Exact patching" in titles and "Exact patching of resid_pre" in titles
+    at.radio(key="patch_resid_view").set_value("Attribution (estimate)").run()
+    assert "Attribution patching of resid_pre" in _charts(at)
     assert any(m.label.startswith("Rank correlation") for m in at.metric)
     labels = [b.label for b in at.get("download_button")]
     assert {"Exact heads grid (CSV)", "Exact residual grid (CSV)", "Attribution heads grid (CSV)",

@@ -9,9 +9,13 @@ import numpy as np
 import streamlit as st
 
 from attention_explorer.attribution import sources_bars, sources_html
-from model_core.effects.attribution import Attribution, attribute, token_id_of, top_two
-from model_core.effects.attribution_long import LastPosition, attribute_last, last_position_pass
 from model_core.compact.trace import CompactTrace
+from model_core.effects.attribution import Attribution, attribute, token_id_of, top_two
+from model_core.effects.attribution_long import (
+    LastPosition,
+    attribute_last,
+    last_position_pass,
+)
 from model_core.trace.trace import AttentionTrace
 from ui.analysis_widgets import clicked_cell, show_figure
 from ui.focus import set_focus

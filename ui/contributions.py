@@ -3,12 +3,16 @@ only re-runs the walk), a layer's head maps, and the tokens a block promotes."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import numpy as np
 import streamlit as st
 
 from ui.trace_cache import per_trace
+
+LOG = logging.getLogger(__name__)
 
 
 def _resolved(request: Any) -> Any:
@@ -43,6 +47,26 @@ def build(flow: Any, token: int, threshold: float) -> Any:
 
     with st.spinner("Computing the contributions of the nodes the graph reaches…"):
         return build_graph(flow, token, threshold)
+
+
+def prefetch_lower(flow: Any, token: int, threshold: float) -> None:
+    """Start computing, in a background thread, the nodes a lower threshold would reach (once per graph), so that
+    moving the slider down then only re-runs the walk."""
+    from model_core.effects.graph import prefetch
+
+    done = flow.__dict__.setdefault("_prefetched", set())
+    key = (int(token), round(float(threshold), 4))
+    if key in done or threshold <= 0:
+        return
+    done.add(key)
+
+    def run() -> None:
+        try:
+            prefetch(flow, int(token), float(threshold))
+        except Exception:  # noqa: BLE001 - a warm-up only: the page computes what it needs itself
+            LOG.exception("prefetching the contribution graph failed")
+
+    threading.Thread(target=run, name="graph-prefetch", daemon=True).start()
 
 
 def layer_maps(flow: Any, layer: int, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -134,6 +134,7 @@ PAGE_PARAMS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     # Direct logit attribution: the answer and foil as written ("" = the top prediction / the runner-up).
     "answer": ("pg_answer", _text, ""),
     "foil": ("pg_foil", _text, ""),
+    "no_foil": ("pg_no_foil", _flag, False),
     # Activation patching: the two prompts, the answer and the foil ("" = the page's ready pair).
     "clean": ("pg_clean", _text, ""),
     "corrupt": ("pg_corrupt", _text, ""),

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from model_core.generate.kv import RATIOS, KVPlan, KVResult, KVSweep, Prefill, compress, prefill, sweep
+from model_core.generate.kv import RATIOS, KVPlan, KVResult, Prefill, compress, prefill
+from model_core.generate.kv_batch import KVSweep, sweep
 from model_core.generate.kv_sources import source_of
 from model_core.generate.needle import NeedleResult, needle_test
 from model_core.generate.presses import PRESS_TITLES, PRESSES, key_order, press_scores
@@ -51,8 +52,8 @@ def cached_result(trace: Any, model_id: str, device_name: str, press: str, ratio
 
 @per_trace()
 def cached_sweep(trace: Any, model_id: str, device_name: str) -> KVSweep:
-    """Every policy at every ratio (``kv.sweep``), with a progress bar: the prefill and each policy's scores once,
-    then one single-token pass per budget."""
+    """Every policy at every ratio (``kv_batch.sweep``), with a progress bar: the prefill and each policy's scores
+    once, then one batched single-token pass per policy."""
     bar = st.progress(0.0, text="Budget sweep: prefilling…")
     loaded = get_pretrained(model_id, device_name)
     orders = {}
@@ -63,7 +64,7 @@ def cached_sweep(trace: Any, model_id: str, device_name: str) -> KVSweep:
     plan = KVPlan(cached_prefill(trace, model_id, device_name), orders)
 
     def step(done: int, total: int) -> None:
-        bar.progress(0.2 + 0.8 * done / total, text=f"Budget sweep: {done} of {total} budgets")
+        bar.progress(0.2 + 0.8 * done / total, text=f"Budget sweep: {done} of {total} policies' 9 budgets run")
 
     result = sweep(plan, loaded.family, loaded.model, PRESSES, RATIOS, progress=step)
     bar.empty()
@@ -89,7 +90,7 @@ def run_needle(model_id: str, device_name: str) -> NeedleResult:
     bar = st.progress(0.0, text="Needle test: prefilling the text…")
 
     def step(done: int, total: int) -> None:
-        bar.progress(done / total, text=f"Needle test: {done} of {total} budgets decoded")
+        bar.progress(done / total, text=f"Needle test: {done} of {total} decoded (the full cache, then each policy's 9 budgets)")
 
     result = needle_test(loaded.family, loaded.model, loaded.tokenizer, PRESSES, RATIOS, progress=step)
     bar.empty()

@@ -17,8 +17,11 @@ import streamlit as st
 
 from model_core import AttentionTrace, TraceRequest
 from model_core.effects.pairs import READY_PAIRS, PromptPair
-from model_core.effects.patching import ExactPatching, PatchRuns, exact_patching, prepare_runs
-from model_core.effects.patching_attribution import AttributionPatching, attribution_patching
+from model_core.effects.patching import ExactPatching, PatchRuns, exact_patching
+from model_core.effects.patching_attribution import (
+    AttributionPatching,
+    runs_and_attribution,
+)
 from model_core.effects.patching_inputs import prepare_inputs
 from model_core.effects.patching_run import head_dla, text_roles
 from ui.fields import PAGE_PARAMS
@@ -85,28 +88,23 @@ def _resolved(model: TraceRequest) -> Any:
 
 
 @st.cache_resource(max_entries=16, ttl=PATCH_TTL_S, show_spinner=False)
-def patch_runs(model: TraceRequest, clean: str, corrupt: str, answer: str, foil: str) -> PatchRuns:
-    """Both prompts run once (``prepare_runs``), checked first, once per (model, prompts) for every session.
+def patch_base(model: TraceRequest, clean: str, corrupt: str, answer: str,
+               foil: str) -> tuple[PatchRuns, AttributionPatching]:
+    """The inputs checked, then both runs and attribution patching (``runs_and_attribution``: the clean run read from
+    the clean prompt's trace, which the table and the heatmaps share, and one forward and one backward pass of the
+    corrupted prompt), once per (model, prompts) for every session.
 
     Raises:
         PatchingError, InputError: the message says what to change (nothing is cached).
     """
+    from ui.loaders import get_trace
     from ui.waiting import in_turn
 
     resolved = _resolved(model)
     inputs = prepare_inputs(resolved, clean, corrupt, answer, foil)
-    return in_turn(f"patch|{model!r}|{clean}|{corrupt}", lambda: prepare_runs(resolved.family, resolved.model, inputs))
-
-
-@st.cache_resource(max_entries=16, ttl=PATCH_TTL_S, show_spinner=False)
-def attribution(model: TraceRequest, clean: str, corrupt: str, answer: str, foil: str) -> AttributionPatching:
-    """Attribution patching (one forward, one backward pass), once per (model, prompts)."""
-    from ui.waiting import in_turn
-
-    runs = patch_runs(model, clean, corrupt, answer, foil)
-    resolved = _resolved(model)
-    return in_turn(f"attribution|{model!r}|{clean}|{corrupt}",
-                   lambda: attribution_patching(resolved.family, resolved.model, runs))
+    trace = get_trace(clean_request(model, clean))  # before the turn: it may wait for another session's build
+    return in_turn(f"patch|{model!r}|{clean}|{corrupt}", lambda: runs_and_attribution(
+        resolved.family, resolved.model, inputs, clean_trace=trace))
 
 
 _EXACT: OrderedDict[PatchKey, ExactPatching] = OrderedDict()
@@ -143,9 +141,8 @@ def run_exact(key: PatchKey) -> ExactPatching:
     """Exact patching of ``key`` with a progress bar and a Stop button. What each batch computes is kept in the
     session as it goes: a Stop (or any other click, which reruns the page) ends the run and the next run of the page
     shows the partial grid."""
-    model, clean, corrupt, answer, foil = key
-    runs = patch_runs(*key)
-    resolved = _resolved(model)
+    runs = patch_base(*key)[0]
+    resolved = _resolved(key[0])
     st.session_state[STOPPED_KEY] = False
     bar = st.progress(0.0, text="Exact patching: starting…")
     stop_slot = st.empty()

@@ -43,12 +43,19 @@ def _error(message: str) -> int:
 
 
 def run_attribute(args: argparse.Namespace) -> Any:
-    """Trace the text once and attribute its logit (``model_core.effects.attribution``).
+    """Trace the text once and attribute its logit (``model_core.effects.attribution``); a text over the full trace's
+    limit takes one compact pass that keeps the last position's z and residual stream instead.
 
     Raises:
         ValueError: an encoder, a text that cannot be traced, an answer or foil that is not one token.
     """
-    from model_core.effects.attribution import NotADecoder, attribute, token_id_of, top_two
+    from model_core.effects.attribution import (
+        NotADecoder,
+        attribute,
+        token_id_of,
+        top_two,
+    )
+    from model_core.effects.attribution_long import attribute_last, last_position_pass
     from model_core.trace.forward import check_full_size, trace_model
     from model_core.trace.request import TraceRequest
     from model_core.trace.resolve import resolve
@@ -64,26 +71,32 @@ def run_attribute(args: argparse.Namespace) -> Any:
                           "attribution needs a decoder (e.g. --model-id bundled:SmolLM2-135M-Instruct). For an "
                           "encoder use `python -m model_core graph`.")
     encoded = resolved.encode(request)
+    family, model, n = resolved.family, resolved.model, encoded.input_ids.shape[1]
+    pick = lambda text, fallback: fallback if text is None else token_id_of(resolved.tokenizer, text)
     try:
-        check_full_size(resolved.family.n_layers(resolved.model.config), resolved.family.n_heads(resolved.model.config),
-                        encoded.input_ids.shape[1])
-    except ValueError as exc:
-        raise ValueError(f"Direct logit attribution needs a full trace (its values and hidden states). {exc}") from exc
-    trace = trace_model(resolved.family, resolved.model, encoded, resolved.description, tokenizer=resolved.tokenizer)
+        check_full_size(family.n_layers(model.config), family.n_heads(model.config), n)
+    except ValueError:  # a long text: one more pass keeps what the last position needs
+        if args.position not in (-1, n - 1):
+            raise ValueError(f"This text of {n} tokens is over the full trace's limit (AE_FULL_TRACE_MB), and past "
+                             "it only the last position is attributed: leave out --position.") from None
+        last = last_position_pass(family, model, encoded.input_ids[0].numpy())
+        top, second = (int(i) for i in last.top_ids[:2])
+        foil = None if args.foil is None else second if args.foil == RUNNER_UP else pick(args.foil, None)
+        return attribute_last(family, model, encoded.input_ids[0].numpy(), encoded.tokens, pick(args.answer, top),
+                              foil, last=last), resolved.tokenizer
+    trace = trace_model(family, model, encoded, resolved.description, tokenizer=resolved.tokenizer)
     top, second = top_two(trace, args.position)
-    answer = top if args.answer is None else token_id_of(resolved.tokenizer, args.answer)
-    foil = None if args.foil is None else second if args.foil == RUNNER_UP else token_id_of(resolved.tokenizer,
-                                                                                           args.foil)
-    return attribute(trace, resolved.model, resolved.family, answer, foil, args.position), resolved.tokenizer
+    foil = None if args.foil is None else second if args.foil == RUNNER_UP else pick(args.foil, None)
+    return attribute(trace, model, family, pick(args.answer, top), foil, args.position), resolved.tokenizer
 
 
 def _lines(result: Any, tokenizer: Any) -> list[str]:
     """A few lines for people: what is split, the check, the biggest parts."""
-    name = lambda i: repr(tokenizer.decode([i]))  # noqa: E731
+    name = lambda i: repr(tokenizer.decode([i]))
     what = f"logit({name(result.answer_id)})" + ("" if result.foil_id is None else f" - logit({name(result.foil_id)})")
     lines = [f"{what} after token {result.position} ({result.tokens[result.position]!r}): {result.logit:.4f}",
-             f"parts sum to {result.total:.4f}: embed {result.embed:.4f}, heads {result.heads.sum():.4f}, "
-             f"MLPs {result.mlps.sum():.4f}, rest {result.rest:.4f}"]
+             (f"parts sum to {result.total:.4f}: embed {result.embed:.4f}, heads {result.heads.sum():.4f}, "
+              f"MLPs {result.mlps.sum():.4f}, rest {result.rest:.4f}")]
     for sign, label in ((1, "towards"), (-1, "against")):
         top = ", ".join(f"L{la}H{h} {v:+.3f}" for la, h, v in result.top_heads(5, sign))
         lines.append(f"heads {label}: {top or '(none)'}")

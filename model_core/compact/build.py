@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from model_core.compact.summary import summarise_layer
-from model_core.compact.trace import OVERVIEW_CELLS, CompactTrace, LayerMask, Progress
+from model_core.compact.trace import OVERVIEW_CELLS, QUERY_BLOCK, CompactTrace, LayerMask, Progress
 from model_core.compact.views import TraceForm, choose_form
 from model_core.families.capture import current_recorder
 from model_core.models.memory import release_freed_memory
@@ -26,16 +26,32 @@ COMPACT_MAX_TOKENS = 4096
 full trace is limited by the size of its weights, ``AE_FULL_TRACE_MB``): SmolLM2's positions allow 8,192."""
 
 
-def _allowed(mask: torch.Tensor | None, n: int, causal: bool) -> torch.Tensor:
-    """The mask a layer received as booleans (True = may attend); None means plain causal (or none).
+def _layer_mask(raw: torch.Tensor | None, n: int, causal: bool) -> LayerMask:
+    """``LayerMask.of`` the mask a layer received, worked out in blocks of query rows: the (q_pos, k_pos) booleans
+    are the one n x n tensor made (``LayerMask.of``'s checks make four more, 268 MB at 8,192 tokens). None means
+    plain causal (or, in an encoder, all open).
 
-    Shape: mask (1, 1, q_pos, k_pos) additive or bool -> (q_pos, k_pos) bool.
+    Shape: raw (1, 1, q_pos, k_pos) additive or bool, or None.
     """
-    if mask is None:
-        full = torch.ones(n, n, dtype=torch.bool)
-        return full.tril() if causal else full
-    m = mask[0, 0].cpu()
-    return m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
+    allowed = torch.empty(n, n, dtype=torch.bool)
+    choosing = torch.empty(n, dtype=torch.bool)
+    future, plain = False, True
+    cols = torch.arange(n)
+    for r0 in range(0, n, QUERY_BLOCK):
+        r1 = min(r0 + QUERY_BLOCK, n)
+        below = cols[None, :] <= torch.arange(r0, r1)[:, None]  # the plain causal mask's rows
+        if raw is None:
+            block = below if causal else torch.ones(r1 - r0, n, dtype=torch.bool)
+        else:
+            block = raw[0, 0, r0:r1].cpu()
+            block = block if block.dtype == torch.bool else block > torch.finfo(block.dtype).min / 2
+        allowed[r0:r1] = block
+        future = future or bool((block & ~below).any())
+        plain = plain and bool(torch.equal(block, below))
+        choosing[r0:r1] = block.sum(1) > 1  # a causal model's first query has no choice
+    if not choosing.any():
+        choosing[:] = True
+    return LayerMask(allowed, future, not future and plain, choosing)
 
 
 @torch.inference_mode()
@@ -115,7 +131,7 @@ def _layer_masks(raw_masks: list, n: int, causal: bool) -> tuple[list[LayerMask]
         key = 0 if raw is None else raw.data_ptr()
         if key not in mask_ids:
             mask_ids[key] = len(masks)
-            masks.append(LayerMask.of(_allowed(raw, n, causal)))
+            masks.append(_layer_mask(raw, n, causal))
         mask_of_layer[layer] = mask_ids[key]
         del raw
     return masks, mask_of_layer
@@ -130,12 +146,12 @@ def _summarise(resolved: Resolved, encoded: EncodedInput, report: Progress, top_
     copies = _LayerCopies(n_layers, report)
     out = family.forward(model, encoded.input_ids.to(dev), encoded.token_type_ids.to(dev), None, compact=True,
                          hidden="last" if want_predictions else False, on_layer=copies)
+    n = encoded.input_ids.shape[1]
+    masks, mask_of_layer = _layer_masks(out.layer_masks, n, family.is_decoder)  # the pass's masks freed first
     predictions = (top_predictions(family, model, out.hidden[-1][0], top_k)[:2] if want_predictions
                    else (None, None))
-    n = encoded.input_ids.shape[1]
     kv = torch.as_tensor(family.kv_heads(model.config))
     pool = math.ceil(n / OVERVIEW_CELLS)
-    masks, mask_of_layer = _layer_masks(out.layer_masks, n, family.is_decoder)
     queries, keys = copies.queries, copies.keys
     lse = overview = None
     stats: dict[str, np.ndarray] = {}

@@ -9,7 +9,8 @@ write gets an exact share of the logit (or of the logit difference with a foil),
 A head's write at position i is W_Oʰ·z_h(i) with z_h(i) = Σ_j αᵢⱼʰ·vⱼ, read from the full trace (``weights`` and
 ``values``); an MLP's is the layer's residual update minus its attention output. Gemma 2/3 normalise the attention
 output before the residual sum: that norm is frozen at the attention output too. Nothing runs the model again: the
-read-out uses its weights and the trace. See Elhage et al. (2021), "A Mathematical Framework for Transformer
+read-out uses its weights and the trace (a long input's compact trace has no values: ``attribution_long`` takes one
+more pass for the last position). See Elhage et al. (2021), "A Mathematical Framework for Transformer
 Circuits", and Nanda's TransformerLens ``decompose_resid`` / ``stack_head_results``.
 """
 
@@ -20,7 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from model_core.effects.attribution_readout import final_readout, layer_readout, output_projections, project
+from model_core.effects.attribution_readout import (
+    final_readout,
+    layer_readout,
+    output_projections,
+    project,
+)
 from model_core.trace.shape import freeze_arrays
 
 CHECK_TOLERANCE = 1e-4

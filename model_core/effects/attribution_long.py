@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.effects.attribution import Attribution, decompose, require_decoder_family
+from model_core.effects.attribution import (
+    Attribution,
+    decompose,
+    require_decoder_family,
+)
+from model_core.effects.attribution_readout import projection_modules
 from model_core.trace.shape import freeze_arrays
 
 _KEPT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ae_dla_kept", default=None)
@@ -29,14 +34,6 @@ def _keep(layer: int, _module: Any, args: tuple) -> None:
     kept = _KEPT.get()
     if kept is not None:
         kept[layer] = args[0][0, -1].detach().to("cpu", torch.float64).numpy()
-
-
-def _projections(family: Any, model: Any) -> list[Any]:
-    out = []
-    for block in family.layers(model):
-        attn = getattr(block, "self_attn", None) or getattr(block, "attn")
-        out.append(next(getattr(attn, name) for name in ("o_proj", "dense", "c_proj") if hasattr(attn, name)))
-    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,7 +69,7 @@ def last_position_pass(family: Any, model: Any, token_ids: np.ndarray, k: int = 
     device = next(model.parameters()).device
     ids = torch.as_tensor(np.array(token_ids), dtype=torch.long, device=device)[None]  # (1, pos)
     kept: dict[int, np.ndarray] = {}
-    hooks = [proj.register_forward_pre_hook(partial(_keep, i)) for i, proj in enumerate(_projections(family, model))]
+    hooks = [proj.register_forward_pre_hook(partial(_keep, i)) for i, proj in enumerate(projection_modules(family, model))]
     token = _KEPT.set(kept)
     try:
         with GATE.turn():  # until the tensors are numpy

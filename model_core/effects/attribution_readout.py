@@ -18,7 +18,7 @@ from model_core.effects.norms import FrozenNorm, freeze
 
 def to_cpu64(frozen: FrozenNorm) -> FrozenNorm:
     """A frozen norm on the CPU in float64 (the read-out is summed in float64 whatever the model's device)."""
-    cast = lambda t: None if t is None else t.detach().to("cpu", torch.float64)  # noqa: E731
+    cast = lambda t: None if t is None else t.detach().to("cpu", torch.float64)
     return FrozenNorm(scale=cast(frozen.scale), weight=cast(frozen.weight), bias=cast(frozen.bias),
                       centred=frozen.centred)
 
@@ -104,6 +104,15 @@ def attention_output_norm(family: Any, model: Any, layer: int) -> Any | None:
     return None
 
 
+def projection_modules(family: Any, model: Any) -> list[Any]:
+    """Every layer's output projection module (Llama's o_proj, Phi's dense, GPT-2's c_proj)."""
+    out = []
+    for block in family.layers(model):
+        attn = getattr(block, "self_attn", None) or block.attn
+        out.append(next(getattr(attn, name) for name in ("o_proj", "dense", "c_proj") if hasattr(attn, name)))
+    return out
+
+
 def output_projections(family: Any, model: Any) -> list[tuple[torch.Tensor, np.ndarray | None]]:
     """Every layer's output projection W_O as the model holds it (``Family.output_weights``, no copy), and its bias
     (GPT-2's c_proj, Phi's dense; None for most Llamas).
@@ -111,9 +120,7 @@ def output_projections(family: Any, model: Any) -> list[tuple[torch.Tensor, np.n
     Shape: -> layer pairs of (d_model, head * d_head) on the model's device, (d_model,) float64 or None.
     """
     out = []
-    for w, block in zip(family.output_weights(model), family.layers(model)):
-        attn = getattr(block, "self_attn", None) or getattr(block, "attn")
-        proj = next(getattr(attn, name) for name in ("o_proj", "dense", "c_proj") if hasattr(attn, name))
+    for w, proj in zip(family.output_weights(model), projection_modules(family, model), strict=True):
         bias = getattr(proj, "bias", None)
         out.append((w.detach(), None if bias is None else bias.detach().to("cpu", torch.float64).numpy()))
     return out

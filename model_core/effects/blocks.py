@@ -19,8 +19,9 @@ forward pass at lengths a full trace holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -48,10 +49,10 @@ class AttentionJoin:
     def directions(self, raw: torch.Tensor) -> torch.Tensor:
         """Map raw term directions ``W_Oʰ vⱼʰ`` as every part is mapped (gain, centring; no per-row scale).
 
-        Shape: (d_model, head, key) -> (d_model, head, key).
+        Shape: (head, d_model, key) -> (head, d_model, key).
         """
-        out = raw - raw.mean(dim=0, keepdim=True) if self.centred else raw
-        return out if self.gain is None else out * self.gain[:, None, None]
+        out = raw - raw.mean(dim=1, keepdim=True) if self.centred else raw
+        return out if self.gain is None else out * self.gain[None, :, None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,12 +101,12 @@ class BlockMap:
     # -- the terms -------------------------------------------------------------------------
     @torch.no_grad()
     def raw_directions(self, layer: int, values: torch.Tensor) -> torch.Tensor:
-        """Each (head, key) term's direction ``W_Oʰ vⱼʰ`` before any norm, laid out per dimension.
+        """Each (head, key) term's direction ``W_Oʰ vⱼʰ`` before any norm, keys last.
 
-        Shape: values (head, pos, d_head) -> (d_model, head, pos).
+        Shape: values (head, pos, d_head) -> (head, d_model, pos).
         """
         w = self._layers[layer].o_weight.float().view(-1, self.n_heads, self.d_head)  # (d_model, head, d_head)
-        return torch.einsum("mhd,hpd->mhp", w, values.float())
+        return torch.matmul(w.transpose(0, 1), values.float().transpose(1, 2))  # (head, d_model, pos)
 
     @torch.no_grad()
     def heads_out(self, layer: int, z: torch.Tensor) -> torch.Tensor:
@@ -175,12 +176,12 @@ def _layer_of(name: str, model: Any, index: int, o_weight: torch.Tensor) -> _Lay
     if name == "gpt2":
         block = model.transformer.h[index]
         d = block.attn.c_proj.weight.shape[0]
-        v_of = lambda x: block.attn.c_attn(block.ln_1(x))[..., 2 * d:]  # noqa: E731 - c_attn is [q | k | v]
+        v_of = lambda x: block.attn.c_attn(block.ln_1(x))[..., 2 * d:]
         return _Layer(o_weight.detach(), block.attn.c_proj.bias, v_of=v_of)
     if name == "bert":
         block = model.encoder.layer[index]
         out = block.attention.output
-        ffn = lambda x: block.output.dense(block.intermediate(x))  # noqa: E731 - dropout is off in eval
+        ffn = lambda x: block.output.dense(block.intermediate(x))
         return _Layer(o_weight.detach(), out.dense.bias, post_ln1=out.LayerNorm, ffn=ffn, post_ln2=block.output.LayerNorm,
                       v_of=block.attention.self.value)
     if name == "custom":

@@ -48,21 +48,22 @@ def shares(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def term_proximity(weights: torch.Tensor, directions: torch.Tensor, whole: torch.Tensor,
                    fragile: int | None = None) -> torch.Tensor:
-    """Exact proximities of the terms ``weights[r, h, k] · directions[:, h, k]`` to ``whole[r]``, before the floor.
+    """Exact proximities of the terms ``weights[r, h, k] · directions[h, :, k]`` to ``whole[r]``, before the floor.
 
     Args:
         weights: each term's scalar (attention weight times the row's frozen-norm scale).
-        directions: each (head, key) term's direction, laid out per dimension.
+        directions: each (head, key) term's direction, keys last.
         whole: each row's whole (the residual after the block).
         fragile: dimensions per row where every term's correction is summed (None: the cheapest option).
 
-    Shape: weights (rows, head, key), directions (d, head, key), whole (rows, d) -> (rows, head, key).
+    Shape: weights (rows, head, key), directions (head, d, key), whole (rows, d) -> (rows, head, key).
     """
-    d, n_heads, n_keys = directions.shape
+    n_heads, d, n_keys = directions.shape
     rows = len(whole)
-    sign = torch.where(whole >= 0, 1.0, -1.0).to(whole.dtype)  # (rows, d); sign 0 counts as +, which keeps the identity exact
-    prox = weights * (sign @ directions.reshape(d, -1)).view(rows, n_heads, n_keys)
-    largest = directions.abs().amax(0)  # (head, key): each term direction's largest |u_d|
+    sign = torch.where(whole >= 0, 1.0, -1.0).to(whole.dtype)  # (rows, d); sign 0 counts as +: the identity holds
+    prox = weights * torch.matmul(sign, directions).transpose(0, 1)  # α · s·u: (rows, head, key)
+    # each term direction's largest |u_d|, from two reductions over d (no |u| copy). Shape: (head, key).
+    largest = torch.maximum(directions.amax(1), -directions.amin(1))
     if fragile is None:
         fragile = _cheapest_fragile(weights, largest, whole)
     if fragile >= d:  # every dimension is summed exactly
@@ -71,21 +72,26 @@ def term_proximity(weights: torch.Tensor, directions: torch.Tensor, whole: torch
     else:
         small, idx = whole.abs().topk(fragile, dim=-1, largest=False)  # (rows, f), ascending
         tau = small[:, -1]  # every other dimension has |w_d| >= tau
-    # s_d · u_d gathered in one step from [u; −u]: the row's index points into the negated half where w_d < 0.
-    both = torch.cat([directions, -directions])  # (2d, head, key)
-    signed_idx = idx + d * (sign.gather(1, idx) < 0)
+    # Many rows: s_d · u_d gathered in one step from [u; −u] (the index points into the negated half where w_d < 0);
+    # a few rows: gathered, then multiplied by the sign (cheaper than building [u; −u]).
+    many = rows * small.shape[1] > 2 * d
+    both = torch.cat([directions, -directions], dim=1) if many else directions  # (head, 2d or d, key)
+    signed_idx = idx + d * (sign.gather(1, idx) < 0) if many else idx
     step = max(1, CHUNK_ELEMENTS // max(1, small.shape[1] * n_heads * n_keys))
+    by_head = weights.transpose(0, 1)[:, :, None]  # (head, rows, 1, key)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        signed = both[signed_idx[r0:r1]]  # (r, f, head, key): s_d · u_d on the row's fragile dimensions
-        over = torch.addcmul(-small[r0:r1, :, None, None], weights[r0:r1, None], signed).clamp_min_(0).sum(1)
-        prox[r0:r1] -= 2 * over
+        signed = both[:, signed_idx[r0:r1]]  # (head, r, f, key): s_d · u_d on the row's fragile dimensions
+        if not many:
+            signed *= sign[r0:r1].gather(1, idx[r0:r1])[None, :, :, None]
+        over = torch.addcmul(-small[None, r0:r1, :, None], by_head[:, r0:r1], signed).clamp_min_(0).sum(2)
+        prox[r0:r1] -= 2 * over.transpose(0, 1)
     if fragile < d:  # terms that may overshoot a dimension outside the fragile ones: in full
         r, h, k = (weights * largest > tau[:, None, None]).nonzero(as_tuple=True)
         for p0 in range(0, len(r), 4096):
             rr, hh, kk = r[p0:p0 + 4096], h[p0:p0 + 4096], k[p0:p0 + 4096]
             w = whole[rr]
-            term = weights[rr, hh, kk, None] * directions[:, hh, kk].T
+            term = weights[rr, hh, kk, None] * directions[hh, :, kk]  # (pairs, d)
             prox[rr, hh, kk] = w.abs().sum(-1) - (term - w).abs().sum(-1)
     return prox
 
@@ -111,7 +117,7 @@ def attention_shares(weights: torch.Tensor, directions: torch.Tensor, whole: tor
 
     Terms with a zero weight are not parts (their contribution is 0). The shares of a row sum to 1.
 
-    Shape: weights (rows, head, key), directions (d, head, key), whole, residual (rows, d) ->
+    Shape: weights (rows, head, key), directions (head, d, key), whole, residual (rows, d) ->
         terms (rows, head, key), residual (rows,).
     """
     terms = term_proximity(weights, directions, whole).clamp_min_(EPS) * (weights != 0)

@@ -176,3 +176,14 @@ def _attention_step(flow, layer, positions, threshold, edges, heads, zero) -> li
             heads.append(zero)
             reached.add(p)
     return sorted(reached)
+
+
+PREFETCH_FACTOR = 0.5
+"""``prefetch`` computes the nodes a graph reaches at this fraction of its threshold."""
+
+
+def prefetch(flow: ContributionFlow, token: int, threshold: float) -> None:
+    """Compute and keep the nodes the graph of ``token`` reaches at ``PREFETCH_FACTOR × threshold``, so that lowering
+    the threshold that far only re-runs the walk (raising it always does). Meant for a background thread: the flow's
+    lock serialises it with the walks of the page."""
+    build_graph(flow, token, threshold * PREFETCH_FACTOR)

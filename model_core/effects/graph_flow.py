@@ -9,14 +9,19 @@ layer's term directions (d × head × n) are made when a batch of its nodes is c
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from model_core.effects.blocks import BlockMap
-from model_core.effects.contributions import LayerContributions, attention_shares, shares
+from model_core.effects.contributions import (
+    LayerContributions,
+    attention_shares,
+    shares,
+)
 
 ROW_CHUNK = 64
 """Query rows computed at once when every node of a layer is asked for (a progress step)."""
@@ -74,14 +79,14 @@ class ContributionFlow:
     # -- per node ----------------------------------------------------------------------------
     def mlp(self, layer: int, positions: list[int]) -> list[tuple[float, float]]:
         """The MLP block's (ffn, residual) shares at each position, computed where not kept."""
-        with self._lock:
-            self._fill(layer, [p for p in positions if (layer, p) not in self._mlp], attention=False)
+        with self._lock:  # a reached resid_post nearly always reaches its resid_mid: both blocks are filled at once
+            self._fill(layer, [p for p in positions if (layer, p) not in self._mlp])
             return [self._mlp[layer, p] for p in positions]
 
     def attention(self, layer: int, positions: list[int]) -> list[tuple[np.ndarray, float]]:
         """The attention block's ((head, key) shares, residual share) at each position, computed where not kept."""
         with self._lock:
-            self._fill(layer, [p for p in positions if (layer, p) not in self._attention], attention=True)
+            self._fill(layer, [p for p in positions if (layer, p) not in self._attention])
             return [self._attention[layer, p] for p in positions]
 
     def node(self, layer: int, position: int) -> NodeContributions:
@@ -91,7 +96,7 @@ class ContributionFlow:
         return NodeContributions(heads, res, ffn, ffn_res)
 
     @torch.no_grad()
-    def _fill(self, layer: int, positions: list[int], attention: bool) -> None:
+    def _fill(self, layer: int, positions: list[int]) -> None:
         if not positions:
             return
         pos = np.asarray(sorted(positions), dtype=np.int64)
@@ -102,9 +107,7 @@ class ContributionFlow:
         mlp_shares = shares(torch.stack([mlp.mlp, mlp.residual]), mlp.whole).numpy()  # (2, rows)
         for i, p in enumerate(pos.tolist()):
             self._mlp[layer, p] = (float(mlp_shares[0, i]), float(mlp_shares[1, i]))
-        if not attention:
-            return
-        directions = join.directions(self.blocks.raw_directions(layer, values))  # (d, head, key)
+        directions = join.directions(self.blocks.raw_directions(layer, values))  # (head, d, key)
         terms, res = attention_shares(rows * join.scale[:, None, None], directions, join.whole, join.residual)
         for i, p in enumerate(pos.tolist()):
             keep = p + 1 if self.source.causal else n_keys
@@ -141,7 +144,7 @@ class ContributionFlow:
         heads = np.zeros((n, n, self.n_heads), dtype=np.float32)
         res, ffn, ffn_res = (np.zeros(n, dtype=np.float32) for _ in range(3))
         values = self.source.values(layer)
-        raw = self.blocks.raw_directions(layer, values)  # (d, head, key), once per layer
+        raw = self.blocks.raw_directions(layer, values)  # (head, d, key), once per layer
         for r0 in range(0, n, ROW_CHUNK):
             pos = np.arange(r0, min(n, r0 + ROW_CHUNK))
             n_keys = int(pos[-1]) + 1 if causal else n

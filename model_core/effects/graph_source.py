@@ -11,7 +11,8 @@ demand; its values and residual stream come from one more compact pass through t
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -88,9 +89,11 @@ class CompactSource:
     def values(self, layer: int) -> torch.Tensor:
         """Each query head's values, recomputed from the block's input (the last layer's kept). Shape: (head, pos,
         d_head)."""
-        if self._values is None or self._values[0] != layer:
-            self._values = (layer, self.blocks.values(layer, self.hidden[layer]))
-        return self._values[1]
+        kept = self._values  # read once: a background prefetch may replace it meanwhile
+        if kept is None or kept[0] != layer:
+            kept = (layer, self.blocks.values(layer, self.hidden[layer]))
+            self._values = kept
+        return kept[1]
 
 
 @torch.inference_mode()

@@ -51,7 +51,7 @@ def block_tokens(flow: Any, model: Any, family: Any, tokenizer: Any, layer: int,
         frozen = freeze(norm, residual.to(unembed.dtype))
         logits = (frozen.apply(part.to(unembed.dtype)) @ unembed.T)[0].float()
         top, bottom = logits.topk(k), (-logits).topk(k)
-        text = lambda ids: [tokenizer.decode([int(i)]) for i in ids]  # noqa: E731
+        text = lambda ids: [tokenizer.decode([int(i)]) for i in ids]
         out.append(BlockTokens(block, layer, position,
                                tuple(zip(text(top.indices), top.values.tolist())),
                                tuple(zip(text(bottom.indices), (-bottom.values).tolist()))))

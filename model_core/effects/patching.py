@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ TOKENS_PER_BATCH = 1024
 MAX_BATCH = 64
 
 Progress = Callable[[int, int], None]
-"""Called with (patches done, patches in all) after each batch."""
+"""Called with (patched copies run, patched copies to run) after each batch."""
 Stop = Callable[[], bool]
 """Returns True to stop: what was computed is kept, the rest stays NaN and the result is marked partial."""
 
@@ -169,30 +170,49 @@ def run_metric(family: Family, model: Any, ids: np.ndarray, inputs: PatchInputs,
     return metric, out
 
 
+Run = tuple[float, torch.Tensor, torch.Tensor]
+"""One prompt's run: its metric, z (layer, pos, head, d_head) and resid_pre (layer, pos, d_model)."""
+
+
 @torch.no_grad()
-def prepare_runs(family: Family, model: Any, inputs: PatchInputs) -> PatchRuns:
-    """Run the clean and the corrupted prompt once each, keeping each head's ``z`` and each layer's ``resid_pre``.
+def read_run(family: Family, model: Any, ids: np.ndarray, inputs: PatchInputs) -> Run:
+    """One pass of a prompt through the route, keeping its metric, every head's ``z`` and every layer's
+    ``resid_pre``."""
+    z: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int, value: torch.Tensor) -> None:
+        z[layer] = value[0].detach().clone()  # (pos, head, d_head)
+
+    with GATE.turn():
+        metric, out = run_metric(family, model, ids, inputs, edit_z=keep, hidden=True)
+        resid = torch.stack([h[0] for h in out.hidden[:-1]]).detach().clone()  # (layer, pos, d_model)
+        return float(metric[0]), torch.stack([z[i] for i in range(len(z))]), resid
+
+
+def make_runs(inputs: PatchInputs, clean: Run, corrupt: Run) -> PatchRuns:
+    """The two runs together, once their metrics are known to differ.
 
     Raises:
         PatchingError: the two metrics are equal, so no effect can be normalised.
     """
-    runs = {}
-    with GATE.turn():
-        for name, ids in (("clean", inputs.clean_ids), ("corrupt", inputs.corrupt_ids)):
-            z: dict[int, torch.Tensor] = {}
-
-            def keep(layer: int, value: torch.Tensor) -> None:
-                z[layer] = value[0].detach().clone()  # (pos, head, d_head)
-
-            metric, out = run_metric(family, model, ids, inputs, edit_z=keep, hidden=True)
-            resid = torch.stack([h[0] for h in out.hidden[:-1]]).detach().clone()  # (layer, pos, d_model)
-            runs[name] = (float(metric[0]), torch.stack([z[i] for i in range(len(z))]), resid)
-    (clean, z_clean, r_clean), (corrupt, z_corrupt, r_corrupt) = runs["clean"], runs["corrupt"]
-    if abs(clean - corrupt) < EQUAL_METRICS:
+    if abs(clean[0] - corrupt[0]) < EQUAL_METRICS:
         raise PatchingError(f"The clean and corrupted prompts give the same metric (logit({inputs.answer!r}) − "
-                            f"logit({inputs.foil!r}) = {clean:.4f} for both), so no effect can be normalised. "
+                            f"logit({inputs.foil!r}) = {clean[0]:.4f} for both), so no effect can be normalised. "
                             "Choose a corruption that changes the model's answer, or another answer and foil.")
-    return PatchRuns(inputs, clean, corrupt, z_clean, z_corrupt, r_clean, r_corrupt)
+    return PatchRuns(inputs, clean[0], corrupt[0], clean[1], corrupt[1], clean[2], corrupt[2])
+
+
+def prepare_runs(family: Family, model: Any, inputs: PatchInputs) -> PatchRuns:
+    """Run the clean and the corrupted prompt once each, keeping each head's ``z`` and each layer's ``resid_pre``
+    (``patching_attribution.runs_and_attribution`` gets the corrupted run from attribution patching's pass instead).
+
+    Raises:
+        PatchingError: the two metrics are equal, so no effect can be normalised.
+    """
+    with GATE.turn():
+        clean = read_run(family, model, inputs.clean_ids, inputs)
+        corrupt = read_run(family, model, inputs.corrupt_ids, inputs)
+    return make_runs(inputs, clean, corrupt)
 
 
 # -- exact patching -------------------------------------------------------------------------------------------------
@@ -275,6 +295,11 @@ def unchanged(runs: PatchRuns, patch: Patch) -> bool:
     if kind == "resid":
         return bool(torch.equal(runs.resid_clean[layer, index], runs.resid_corrupt[layer, index]))
     return bool(torch.equal(runs.z_clean[layer, :, index], runs.z_corrupt[layer, :, index]))
+
+
+def passes_needed(runs: PatchRuns, *, heads: bool = True, residual: bool = True) -> int:
+    """How many patched copies exact patching runs (the patches that are not ``unchanged``)."""
+    return sum(not unchanged(runs, p) for p in all_patches(runs, heads=heads, residual=residual))
 
 
 def batch_size(n_tokens: int) -> int:

@@ -13,10 +13,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.effects.patching import ExactPatching, PatchRuns, Progress, Stop, exact_patching, prepare_runs
-from model_core.effects.patching_attribution import AttributionPatching, attribution_patching, rank_correlation
+from model_core.effects.patching import (
+    ExactPatching,
+    PatchRuns,
+    Progress,
+    Stop,
+    exact_patching,
+)
+from model_core.effects.patching_attribution import (
+    AttributionPatching,
+    rank_correlation,
+    runs_and_attribution,
+)
 from model_core.effects.patching_inputs import prepare_inputs, require_decoder
-from model_core.effects.patching_table import AttentionBesideEffect, attention_beside_effect
+from model_core.effects.patching_table import (
+    AttentionBesideEffect,
+    attention_beside_effect,
+)
 from model_core.trace.trace import AttentionTrace
 
 
@@ -137,11 +150,10 @@ def patch_prompts(clean: str, corrupt: str, answer: str, foil: str, *, model_id:
     resolved = resolve(request, device=device, settings=settings, models=models)
     require_decoder(resolved.family)
     inputs = prepare_inputs(resolved, clean, corrupt, answer, foil)
-    runs = prepare_runs(resolved.family, resolved.model, inputs)
-    attribution = attribution_patching(resolved.family, resolved.model, runs)
-    exact = exact_patching(resolved.family, resolved.model, runs, residual=residual, progress=progress, stop=stop)
-    rows = None
-    if table:
+    trace = None
+    if table:  # the clean prompt's trace: the table reads it, and the clean run is read from it (no second pass)
         trace = build_trace(request, device=resolved.device, settings=resolved.settings, models=resolved.models)
-        rows = table_for(trace, resolved.model, resolved.family, runs, exact, attribution)
+    runs, attribution = runs_and_attribution(resolved.family, resolved.model, inputs, clean_trace=trace)
+    exact = exact_patching(resolved.family, resolved.model, runs, residual=residual, progress=progress, stop=stop)
+    rows = None if trace is None else table_for(trace, resolved.model, resolved.family, runs, exact, attribution)
     return PatchingResult(runs, exact, attribution, rows)

@@ -14,7 +14,8 @@ The protocol:
 4. Retained attention: each query head's share of the last token's full-cache attention that falls on the kept
    keys of its key/value head (the last token's own key is not counted).
 
-``plan_kv`` does steps 1-2 once; ``compress`` and ``sweep`` then cost one single-token pass per budget.
+``plan_kv`` does steps 1-2 once; ``compress`` then costs one single-token pass per budget, and ``kv_batch.sweep``
+one batched pass per policy.
 """
 
 from __future__ import annotations
@@ -296,47 +297,3 @@ def kv_compress(family: Any, model: Any, token_ids: np.ndarray, press: str, rati
     n_kept(max(len(token_ids) - 1, 1), check_ratio(ratio))  # refuse before the prefill
     return compress(plan_kv(family, model, token_ids, (press,), source=source), family, model, press, ratio,
                     tokenizer)
-
-
-@dataclass(frozen=True, eq=False)
-class KVSweep:
-    """KL(full ‖ compressed) and top-token changes for each policy at each ratio.
-
-    Attributes:
-        presses, ratios: the grid's rows and columns.
-        kl: nats; NaN where a ratio keeps no key. Shape: (press, ratio).
-        top_changed: Shape: (press, ratio) bool.
-        retained: the mean retained share over heads. Shape: (press, ratio).
-    """
-
-    presses: tuple[str, ...]
-    ratios: tuple[float, ...]
-    kl: np.ndarray
-    top_changed: np.ndarray
-    retained: np.ndarray
-
-    def to_rows(self) -> list[dict[str, Any]]:
-        """One row per (press, ratio), for a CSV."""
-        return [{"press": p, "compression_ratio": r, "next_token_kl": float(self.kl[i, j]),
-                 "top_token_changed": bool(self.top_changed[i, j]), "mean_retained": float(self.retained[i, j])}
-                for i, p in enumerate(self.presses) for j, r in enumerate(self.ratios)]
-
-
-def sweep(plan: KVPlan, family: Any, model: Any, presses: Sequence[str] | None = None,
-          ratios: Sequence[float] = RATIOS, progress: Progress | None = None) -> KVSweep:
-    """Every planned policy at every ratio: one single-token pass each (``compress``)."""
-    presses = tuple(plan.orders) if presses is None else tuple(presses)
-    ratios = tuple(float(check_ratio(r)) for r in ratios)
-    shape = (len(presses), len(ratios))
-    kl, changed, retained = np.full(shape, np.nan), np.zeros(shape, dtype=bool), np.full(shape, np.nan)
-    total, done = len(presses) * len(ratios), 0
-    for i, press in enumerate(presses):
-        for j, ratio in enumerate(ratios):
-            if int(plan.prefill.n_prefill * (1 - ratio)) >= 1:
-                result = compress(plan, family, model, press, ratio)
-                kl[i, j], changed[i, j] = result.next_token_kl, result.top_changed
-                retained[i, j] = result.retained.mean()
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    return KVSweep(presses, ratios, kl, changed, retained)

@@ -48,6 +48,8 @@ class QKSource:
         scales, softcaps: each layer's score scaling and softcap (Gemma 2), or None.
         allowed: each layer's mask, True where a query may see a key, as a function of the layer (None: causal).
         n_prefill: the prefill's length.
+        lse: each layer's row log-sum-exps (a compact trace's), as a function of the layer, or None: a weight is then
+            ``exp(score - lse)``, one pass over a block instead of a softmax's three. Shape: -> (head, pos).
     """
 
     queries: Sequence[torch.Tensor]
@@ -57,6 +59,7 @@ class QKSource:
     softcaps: Sequence[float | None]
     n_prefill: int
     allowed: Callable[[int], torch.Tensor | None] = lambda layer: None
+    lse: Callable[[int], torch.Tensor] | None = None
 
     @property
     def n_layers(self) -> int:
@@ -66,9 +69,8 @@ class QKSource:
     def n_heads(self) -> int:
         return len(self.kv_heads)
 
-    def rows(self, layer: int, r0: int, r1: int, c1: int | None = None) -> np.ndarray:
-        """Shape: -> (head, r1 - r0, c1) float64 (see ``AttentionSource.rows``)."""
-        c1 = self.n_prefill if c1 is None else c1
+    def _weights(self, layer: int, r0: int, r1: int, c1: int) -> torch.Tensor:
+        """The softmax of rows r0:r1 over keys 0:c1, in float32 as the model computes it. Shape: (head, rows, c1)."""
         q = self.queries[layer][:, r0:r1].float()  # (head, rows, d_head)
         k = self.key_states[layer][:, :c1].float().index_select(0, torch.from_numpy(self.kv_heads))
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.scales[layer]  # (head, rows, c1)
@@ -79,8 +81,37 @@ class QKSource:
         mask = self.allowed(layer)
         if mask is not None:
             seen = seen & mask[r0:r1, :c1]
-        weights = torch.softmax(scores.masked_fill(~seen, float("-inf")).double(), dim=-1)
-        return weights.numpy()
+        return torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+
+    def rows(self, layer: int, r0: int, r1: int, c1: int | None = None) -> np.ndarray:
+        """Shape: -> (head, r1 - r0, c1) float64 (see ``AttentionSource.rows``)."""
+        return self._weights(layer, r0, r1, self.n_prefill if c1 is None else c1).double().numpy()
+
+    def column_sums(self, layer: int, block: int) -> np.ndarray:
+        """Each prefill key's weight summed over every prefill query, ``block`` rows at a time: a block sees no key
+        past its last row, and only its diagonal tile needs the causal mask. Shape: -> (head, n_prefill) float64."""
+        n, cap, scale = self.n_prefill, self.softcaps[layer], self.scales[layer]
+        q = self.queries[layer][:, :n].float()
+        q = q * scale if cap is None else q  # the scale folded into the queries: (head, n, d_head), not each tile
+        k = self.key_states[layer][:, :n].float().index_select(0, torch.from_numpy(self.kv_heads))
+        lse = None if self.lse is None else self.lse(layer)[:, :n].float()
+        mask = self.allowed(layer)
+        sums = torch.zeros(self.n_heads, n, dtype=torch.float64)
+        for r0 in range(0, n, block):
+            r1 = min(n, r0 + block)
+            scores = torch.matmul(q[:, r0:r1], k[:, :r1].transpose(-1, -2))  # (head, rows, r1)
+            if cap is not None:
+                scores = cap * torch.tanh(scores * scale / cap)
+            future = torch.ones(r1 - r0, r1 - r0, dtype=torch.bool).triu(1)
+            scores[:, :, r0:r1].masked_fill_(future, float("-inf"))
+            if mask is not None:
+                scores.masked_fill_(~mask[r0:r1, :r1], float("-inf"))
+            if lse is None:
+                weights = torch.softmax(scores, dim=-1)
+            else:
+                weights = scores.sub_(lse[:, r0:r1, None]).exp_()
+            sums[:, :r1] += weights.sum(1)
+        return sums.numpy()
 
     def keys(self, layer: int) -> np.ndarray:
         return self.key_states[layer][:, : self.n_prefill].float().numpy()
@@ -116,6 +147,10 @@ class TraceSource:
         c1 = self.n_prefill if c1 is None else c1
         return self.trace.weights[layer, :, r0:r1, :c1].astype(np.float64)
 
+    def column_sums(self, layer: int, block: int) -> np.ndarray:
+        n = self.n_prefill
+        return self.trace.weights[layer, :, :n, :n].sum(1, dtype=np.float64)
+
     def keys(self, layer: int) -> np.ndarray:
         first = [int(np.flatnonzero(self.kv_heads == g)[0]) for g in range(int(self.kv_heads.max()) + 1)]
         return self.trace.keys[layer, first, : self.n_prefill]
@@ -144,7 +179,8 @@ def compact_source(trace: CompactTrace) -> QKSource:
     return QKSource(queries=[_view(trace.queries[la]) for la in range(n_layers)],
                     key_states=[_view(trace.keys[la]) for la in range(n_layers)],
                     kv_heads=np.asarray(trace.kv_heads, dtype=np.int64), scales=[trace.score_scale] * n_layers,
-                    softcaps=[trace.score_softcap] * n_layers, n_prefill=n_prefill, allowed=allowed)
+                    softcaps=[trace.score_softcap] * n_layers, n_prefill=n_prefill, allowed=allowed,
+                    lse=lambda layer: _view(trace.lse[layer]))
 
 
 def source_of(trace: AttentionTrace | CompactTrace) -> TraceSource | QKSource:

@@ -4,7 +4,8 @@ and for each policy and budget whether the model still answers from its compress
 Protocol: the prompt (``needle_prompt``: the text, then the question and the start of the answer) is prefilled
 and compressed as ``model_core.generate.kv`` does; the last token runs on the compressed cache at its true position,
 then greedy decoding goes on for up to ``STEPS`` tokens, each generated token's key and value added to the cache
-(uncompressed) at its own position. A budget passes when the answer (``ANSWER``) is in the decoded text.
+(uncompressed) at its own position. A budget passes when the answer (``ANSWER``) is in the decoded text. A policy's
+nine budgets decode together as one padded batch (``model_core.generate.kv_batch``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.generate.kv import RATIOS, KVPlan, Progress, cache_of, plan_kv
-from model_core.generate.presses import PRESSES, kept_positions
+from model_core.generate.kv import RATIOS, KVPlan, Progress, plan_kv
+from model_core.generate.kv_batch import padded_cache, step_batch
+from model_core.generate.presses import PRESSES, check_ratio, kept_positions
 
 # Written by the team for this test: plain prose about a harbour town, with one fact in the middle.
 HAYSTACK = (
@@ -86,26 +88,28 @@ class NeedleResult:
                        for i, p in enumerate(self.presses) for j, r in enumerate(self.ratios)]
 
 
-def decode_from(family: Any, model: Any, plan: KVPlan, kept: np.ndarray | None, tokenizer: Any,
-                steps: int = STEPS) -> str:
-    """Greedy decoding from the planned prompt's cache of the ``kept`` positions (None: every position), the last
-    prompt token at its true position; stops early once ``ANSWER`` is decoded.
+def decode_batch(family: Any, model: Any, plan: KVPlan, kept: Sequence[np.ndarray], tokenizer: Any,
+                 steps: int = STEPS) -> list[str]:
+    """Greedy decoding from the planned prompt's cache of each kept set, all in one batch (``kv_batch``): the last
+    prompt token at its true position, then ``steps`` tokens; stops early once every row has decoded ``ANSWER``.
 
-    Shape: kept (layer, kv_head, k) int64 or None.
+    Shape: kept: each (layer, kv_head, k_b) int64.
     """
     pre = plan.prefill
-    dev = pre.keys[0].device
-    cache = cache_of(pre, kept)
-    token, position, out_ids = int(pre.token_ids[-1]), len(pre.token_ids) - 1, []
+    cache, mask = padded_cache(pre, kept)
+    tokens = torch.full((len(kept),), int(pre.token_ids[-1]), device=mask.device)
+    position, out_ids = len(pre.token_ids) - 1, [[] for _ in kept]
     for _ in range(steps):
-        ids = torch.tensor([[token]], device=dev)
-        out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden=False, logits=True,
-                             past=cache, position_ids=torch.tensor([[position]], device=dev))
-        cache, token, position = out.past, int(out.lm_logits[0, -1].argmax()), position + 1
-        out_ids.append(token)
-        if ANSWER in tokenizer.decode(out_ids).lower():
+        logits, cache = step_batch(family, model, tokens, cache, mask, position)
+        tokens = logits.argmax(-1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # the new token's key is seen next step
+        position += 1
+        for row, token in zip(out_ids, tokens.tolist()):
+            row.append(token)
+        texts = [tokenizer.decode(row) for row in out_ids]
+        if all(ANSWER in text.lower() for text in texts):
             break
-    return tokenizer.decode(out_ids)
+    return [tokenizer.decode(row) for row in out_ids]
 
 
 def needle_test(family: Any, model: Any, tokenizer: Any, presses: Sequence[str] = PRESSES,
@@ -122,17 +126,21 @@ def needle_test(family: Any, model: Any, tokenizer: Any, presses: Sequence[str] 
                          f"this model's positions allow {room}. Use a decoder with a longer context, such as "
                          "SmolLM2-135M-Instruct.")
     plan = plan_kv(family, model, ids, tuple(presses))
-    presses, ratios = tuple(presses), tuple(float(r) for r in ratios)
-    total, done = len(presses) * len(ratios) + 1, 1
-    full = decode_from(family, model, plan, None, tokenizer)
+    presses, ratios = tuple(presses), tuple(check_ratio(r) for r in ratios)
+    n_prefill = plan.prefill.n_prefill
+    every = np.broadcast_to(np.arange(n_prefill), plan.orders[presses[0]].shape).copy()
+    full = decode_batch(family, model, plan, [every], tokenizer)[0]
+    if progress is not None:
+        progress(1, len(presses) + 1)
     passed = np.zeros((len(presses), len(ratios)), dtype=bool)
-    answers = np.empty((len(presses), len(ratios)), dtype=object)
+    answers = np.full((len(presses), len(ratios)), "", dtype=object)
     for i, press in enumerate(presses):
-        for j, ratio in enumerate(ratios):
-            k = int(plan.prefill.n_prefill * (1 - ratio))
-            answers[i, j] = decode_from(family, model, plan, kept_positions(plan.orders[press], k), tokenizer)
-            passed[i, j] = ANSWER in answers[i, j].lower()
-            done += 1
-            if progress is not None:
-                progress(done, total)
+        budgets = [(j, int(n_prefill * (1 - r))) for j, r in enumerate(ratios)]
+        budgets = [(j, k) for j, k in budgets if k >= 1]
+        texts = decode_batch(family, model, plan, [kept_positions(plan.orders[press], k) for _, k in budgets],
+                             tokenizer) if budgets else []
+        for (j, _), text in zip(budgets, texts):
+            answers[i, j], passed[i, j] = text, ANSWER in text.lower()
+        if progress is not None:
+            progress(i + 2, len(presses) + 1)
     return NeedleResult(presses, ratios, passed, answers, full, ANSWER in full.lower(), len(ids))

@@ -40,7 +40,7 @@ WINDOW = 64
 """SnapKV's observation window: the last prefill queries whose attention scores the keys."""
 KERNEL = 5
 """SnapKV's pooling kernel over key positions."""
-ROW_BLOCK = 256
+ROW_BLOCK = 512
 """Query rows read at once for observed attention: a block is (head, ROW_BLOCK, n_prefill) floats."""
 
 
@@ -60,6 +60,11 @@ class AttentionSource(Protocol):
     def rows(self, layer: int, r0: int, r1: int, c1: int | None = None) -> np.ndarray:
         """The prefill's attention weights of queries r0:r1 on keys 0:c1 (default: every prefill key), as the
         prefill pass computes them (softmax over the prefill's keys). Shape: -> (head, r1 - r0, c1) float64."""
+        ...
+
+    def column_sums(self, layer: int, block: int) -> np.ndarray:
+        """Each prefill key's weight summed over every prefill query, read ``block`` rows at a time.
+        Shape: -> (head, n_prefill) float64."""
         ...
 
     def keys(self, layer: int) -> np.ndarray:
@@ -179,14 +184,8 @@ def observed_attention_scores(source: AttentionSource) -> np.ndarray:
     """
     n = source.n_prefill
     seen_by = np.arange(n, 0, -1, dtype=np.float64)
-    out = []
-    for layer in range(source.n_layers):
-        sums = np.zeros((source.n_heads, n))
-        for r0 in range(0, n, ROW_BLOCK):
-            r1 = min(n, r0 + ROW_BLOCK)
-            sums[:, :r1] += source.rows(layer, r0, r1, r1).sum(1)  # causal: a block sees no key past r1
-        out.append(_group_mean(sums / seen_by, source.kv_heads))
-    return np.stack(out)
+    return np.stack([_group_mean(source.column_sums(layer, ROW_BLOCK) / seen_by, source.kv_heads)
+                     for layer in range(source.n_layers)])
 
 
 SCORERS = {"streaming_llm": streaming_llm_scores, "knorm": knorm_scores, "snapkv": snapkv_scores,

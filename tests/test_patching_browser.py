@@ -1,0 +1,65 @@
+"""The activation patching page in headless Chromium with the bundled SmolLM2: Run shows a progress bar and a Stop
+button, and Stop keeps the grid computed so far, marked partial; a click on a head opens the heatmaps."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import pytest
+
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, wait_for_run
+from model_core.settings import BUNDLED_DECODER_ID
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+if not CHROMIUM.exists():
+    pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
+
+LINK = urlencode({"model": "pretrained", "model_id": BUNDLED_DECODER_ID})
+TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module", autouse=True)
+def converted():
+    from model_core.models.bundled import ensure_bundled_decoder
+
+    ensure_bundled_decoder()
+
+
+def test_stop_keeps_a_partial_grid(app_url, browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1600})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{app_url}/patching?{LINK}", wait_until="domcontentloaded")
+        wait_for_run(page, TIMEOUT_S, 2.0)
+        assert page.get_by_text("Attribution patching (estimate)").count() > 0
+        page.get_by_role("button", name="Run exact patching").click()
+        page.get_by_text("Exact patching: 1", exact=False).first.wait_for(timeout=TIMEOUT_S * 1000)  # a batch done
+        page.get_by_test_id("stMainBlockContainer").get_by_role("button", name="Stop").click()
+        wait_for_run(page, TIMEOUT_S, 2.0)
+        warning = page.locator('[data-testid="stAlertContentWarning"]').inner_text()
+        assert "Exact patching was stopped by you" in warning
+        done = int(warning.split(": ")[1].split(" of ")[0])
+        assert 0 < done < 270
+        assert page.get_by_text("Exact patching (partial)").count() > 0
+        assert page.locator('[data-testid="stException"]').count() == 0
+        _click_head(page, "Exact patching (partial)", layer=1, head=2, n_layers=30, n_heads=9)
+        page.wait_for_url("**/heatmaps?**", timeout=TIMEOUT_S * 1000)
+        wait_for_run(page, TIMEOUT_S, 2.0)
+        assert "layer=1" in page.url and "head=2" in page.url
+        assert "When Mary and John" in page.locator('section[data-testid="stSidebar"] textarea').first.input_value()
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+def _click_head(page, title: str, *, layer: int, head: int, n_layers: int, n_heads: int) -> None:
+    """Click the centre of one cell of the layer x head grid whose title is ``title``."""
+    chart = page.locator('[data-testid="stPlotlyChart"]').filter(has_text=title).first
+    chart.scroll_into_view_if_needed()
+    box = chart.locator(".nsewdrag").first.bounding_box()
+    x = box["x"] + (head + 0.5) / n_heads * box["width"]
+    y = box["y"] + (layer + 0.5) / n_layers * box["height"]  # layer 0 at the top
+    page.mouse.click(x, y)
