@@ -6,5 +6,6 @@ imports streamlit.
 """
 
 from attention_explorer.notebook import Trace, View, head_roles, load, offline_figures, trace, walk
+from attention_explorer.patching import patch
 
-__all__ = ["Trace", "View", "head_roles", "load", "offline_figures", "trace", "walk"]
+__all__ = ["Trace", "View", "head_roles", "load", "offline_figures", "patch", "trace", "walk"]

@@ -3,7 +3,8 @@ Plotly figures (the graph; each head's contribution map beside its attention map
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -78,7 +79,7 @@ def graph_figure(built: Any, labels: tuple[str, ...]) -> go.Figure:
                 continue
             xs = np.column_stack([built.source[pick], built.target[pick], np.full(len(pick), np.nan)]).ravel()
             ys = np.column_stack([src[pick], dst[pick], np.full(len(pick), np.nan)]).ravel()
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(width=width, color=colour), opacity=opacity,
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"width": width, "color": colour}, opacity=opacity,
                                      hoverinfo="skip", showlegend=False))
     att = np.flatnonzero(built.kind == "attention")
     if len(att):
@@ -86,18 +87,18 @@ def graph_figure(built: Any, labels: tuple[str, ...]) -> go.Figure:
                  f"weight {built.weight[e]:.3f}; top head {int(np.argmax(built.heads[e]))} "
                  f"({float(np.max(built.heads[e])):.3f})" for e in att]
         fig.add_trace(go.Scatter(x=(built.source[att] + built.target[att]) / 2, y=(src[att] + dst[att]) / 2,
-                                 mode="markers", marker=dict(size=6, color=COLOURS["attention"], opacity=0.4),
+                                 mode="markers", marker={"size": 6, "color": COLOURS["attention"], "opacity": 0.4},
                                  customdata=np.column_stack([built.layer[att], built.target[att]]), hovertext=hover,
                                  hoverinfo="text", name="attention edge", showlegend=False))
     nodes = np.array(built.nodes(), dtype=np.int64).reshape(-1, 2)
     layer_of = np.maximum((nodes[:, 0] - 1) // 2, 0)
     fig.add_trace(go.Scatter(
-        x=nodes[:, 1], y=nodes[:, 0], mode="markers", marker=dict(size=8, color="#333", line=dict(width=1, color="white")),
+        x=nodes[:, 1], y=nodes[:, 0], mode="markers", marker={"size": 8, "color": "#333", "line": {"width": 1, "color": "white"}},
         customdata=np.column_stack([layer_of, nodes[:, 1]]), hoverinfo="text", name="node", showlegend=False,
         hovertext=[f"{labels[p]} (position {p}) · {stage_label(s)}" for s, p in nodes]))
     positions = sorted(set(nodes[:, 1].tolist()))
     stages = 2 * built.n_layers + 1
-    fig.update_layout(height=max(420, 16 * stages + 140), margin=dict(l=10, r=10, t=40, b=10), clickmode="event+select",
+    fig.update_layout(height=max(420, 16 * stages + 140), margin={"l": 10, "r": 10, "t": 40, "b": 10}, clickmode="event+select",
                       title=f"Contribution graph of {labels[built.token]!r} (position {built.token}), threshold "
                             f"{built.threshold:g}", plot_bgcolor="white")
     fig.update_xaxes(tickmode="array", tickvals=positions, ticktext=[labels[p] for p in positions], tickangle=-60,
@@ -138,7 +139,7 @@ def head_maps_figure(contrib: np.ndarray, weights: np.ndarray, rows: list[int], 
         for col, data in ((1, contrib), (2, weights)):
             fig.add_trace(go.Heatmap(z=data[:, h, keys], x=x, y=y, coloraxis="coloraxis",
                                      hovertemplate="from %{x}<br>to %{y}<br>%{z:.3f}<extra></extra>"), row=h + 1, col=col)
-    fig.update_layout(coloraxis=dict(colorscale="Blues", cmin=0.0, cmax=1.0), margin=dict(l=10, r=10, t=50, b=10),
+    fig.update_layout(coloraxis={"colorscale": "Blues", "cmin": 0.0, "cmax": 1.0}, margin={"l": 10, "r": 10, "t": 50, "b": 10},
                       height=n_heads * max(90, 16 * n_rows + 50) + 60,
                       title=f"Layer {layer}: each head's contribution (left) beside its attention (right)")
     fig.update_yaxes(autorange="reversed")

@@ -26,6 +26,7 @@ THRESHOLD = 0.04
 
 def _request(n: int):
     from bench_compact import long_text
+
     from model_core.models.bundled import ensure_bundled_decoder
     from model_core.models.loading import load_pretrained
     from model_core.settings import BUNDLED_DECODER_ID
@@ -79,7 +80,7 @@ def child_compact(n: int) -> dict:
 
 
 def _run(args: list[str]) -> dict:
-    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, cwd=ROOT, check=False)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -9,7 +9,13 @@ from attention_explorer.contributions import graph_figure, head_maps_figure
 from model_core.io.tables import rows_to_csv
 from ui.analysis_widgets import csv_button, how_to_read, show_figure
 from ui.context import require_trace
-from ui.contributions import block_tokens, build, cached_flow, layer_maps, prefetch_lower
+from ui.contributions import (
+    block_tokens,
+    build,
+    cached_flow,
+    layer_maps,
+    prefetch_lower,
+)
 from ui.guard import view_guard
 
 TOKEN, THRESHOLD, LAYER, ROW = "pg_graph_token", "pg_graph_threshold", "pg_graph_layer", "graph_row"

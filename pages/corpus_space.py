@@ -162,6 +162,15 @@ head_fragment("space_head", qk_views, slot=ctx.head_slot, n_layers=n_layers, n_h
 # -- 2. nearest contexts --------------------------------------------------------------------------------------
 st.subheader("Nearest contexts")
 trace = ctx.trace
+if trace is None and ctx.compact is not None:  # a long input keeps no hidden states to compare
+    from ui.compact import full_trace_tokens
+
+    c = ctx.compact
+    st.info(f"The sidebar's text has {c.n_tokens:,} tokens, so it is traced in compact form, which keeps no hidden "
+            "states: the nearest contexts need a full trace, of up to "
+            f"{full_trace_tokens(c.n_layers, c.n_heads, ctx.settings.full_trace_mb):,} tokens for this model "
+            f"(AE_FULL_TRACE_MB = {ctx.settings.full_trace_mb}). Shorten the text to pick a token from it.")
+    st.stop()
 if trace is None:
     st.info(ctx.error or "Type a sentence in the sidebar to pick a token from it.")
     st.stop()

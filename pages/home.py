@@ -37,6 +37,10 @@ into it).
 """
 )
 ctx = get_context()
+if ctx.trace is None and ctx.compact is not None:  # a long input: say where its compact form is drawn
+    from ui.compact import needs_full_trace
+
+    needs_full_trace(ctx.compact, ctx.settings.full_trace_mb)
 if ctx.trace is None:
     st.info(ctx.error or "Type a sentence in the sidebar.")
 else:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from attention_explorer.kv import MAX_STACKED, kept_keys_figure, needle_figure, retained_figure, sweep_figure
+from attention_explorer.kv import (
+    MAX_STACKED,
+    kept_keys_figure,
+    needle_figure,
+    retained_figure,
+    sweep_figure,
+)
 from model_core.generate.needle import ANSWER, QUESTION
 from model_core.generate.presses import PRESS_TITLES, PRESSES, check_ratio, n_kept
 from model_core.io.tables import grid_to_csv, rows_to_csv

@@ -12,6 +12,7 @@ from attention_explorer.patching import (
     residual_figure,
 )
 from model_core.effects.patching import passes_needed
+from model_core.effects.patching_attribution import rank_correlation
 from model_core.effects.patching_table import attention_beside_effect
 from model_core.io.tables import grid_to_csv, matrix_to_csv, rows_to_csv
 from model_core.settings import BUNDLED_DECODER_ID
@@ -106,12 +107,10 @@ if exact is not None and exact.partial:
                "not computed. Run it again to finish.", icon=":material/pause_circle:")
 heads = exact.heads if exact is not None else np.full_like(attr.heads, np.nan)
 scale = effect_range(heads, attr.heads)
-rho_heads = attr_rho = float("nan")
+rho_heads = rho_resid = float("nan")
 if exact is not None:
-    from model_core.effects.patching_attribution import rank_correlation
-
     rho_heads = rank_correlation(attr.heads, exact.heads)
-    attr_rho = rank_correlation(attr.residual, exact.residual)
+    rho_resid = rank_correlation(attr.residual, exact.residual)
 
 
 def _open(layer: int, head: int) -> None:
@@ -154,7 +153,7 @@ if view == "Exact" and exact is None:
 elif view == "Exact":
     show_figure(residual_figure(exact.residual, tokens, "Exact patching of resid_pre", scale=resid_scale),
                 "patching_exact_residual", key="patch_resid_exact")
-    st.caption(f"Rank correlation with attribution patching: {attr_rho:+.3f}.")
+    st.caption(f"Rank correlation with attribution patching: {rho_resid:+.3f}.")
 else:
     show_figure(residual_figure(attr.residual, tokens, "Attribution patching of resid_pre", scale=resid_scale),
                 "patching_attribution_residual", key="patch_resid_attr")
@@ -183,9 +182,8 @@ if table is not None:
                  column_config={name: st.column_config.NumberColumn(format="%.3f") for name in rows[0]
                                 if name not in ("layer", "head")})
     exact_known = exact is not None
-    show_figure(attention_effect_figure(table.attention, heads if exact_known else attr.heads,
-                                        rho=table.correlations()["attention_vs_abs_effect"] if exact_known else
-                                        float(np.nan),
+    rho = rank_correlation(table.attention, np.abs(heads if exact_known else attr.heads))
+    show_figure(attention_effect_figure(table.attention, heads if exact_known else attr.heads, rho=rho,
                                         y_title="exact effect" if exact_known else "attribution estimate"),
                 "patching_attention_vs_effect", key="patch_scatter")
     if not exact_known:

@@ -28,6 +28,7 @@ QUIET_S = 2.0
 NO_FIGURE_UNTIL_INPUT: dict[str, str] = {  # page file -> the message it shows instead of a figure
     "pages/predictions.py": "do not predict next tokens",  # the default model is the bundled BERT
     "pages/attribution.py": "predicts no next token",
+    "pages/patching.py": "predicts no next token",
 }
 # Streamlit's frontend, opened at /<page>, first probes /<page>/_stcore/... to find the app's base
 # path; the 404s it logs for those probes are Streamlit's, not ours.

@@ -125,7 +125,7 @@ def test_chapter3_encoder_contributions_equal_a_plain_reference(norm):
     for layer, block in enumerate(resolved.model.encoder.layers):
         block = copy.deepcopy(block).double()
         x = torch.from_numpy(trace.hidden_states[layer]).double()
-        post = torch.from_numpy(trace.hidden_states[layer + 1]).double()
+        torch.from_numpy(trace.hidden_states[layer + 1]).double()
         weights = torch.from_numpy(trace.weights[layer]).double()
         values = torch.from_numpy(trace.values[layer]).double()
         terms = _terms(weights, values, block.attention.output_linear.weight)

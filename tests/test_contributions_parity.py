@@ -3,7 +3,7 @@ on its modules, explicit loops over keys and heads), for tiny GPT-2, Llama (GQA)
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ def tiny(request, tiny_decoders):
     return tiny_decoders[request.param]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _flow(folder: str):
     from model_core import TraceRequest, build_trace
     from model_core.effects.graph_source import trace_flow
@@ -31,7 +31,7 @@ def _flow(folder: str):
 
 
 @torch.no_grad()
-@lru_cache(maxsize=None)
+@cache
 def _reference(folder: str) -> list[dict]:
     """Per layer: resid_pre, resid_mid, resid_post, mlp part, and the mapped attention terms (q, k, head, d) and
     residual, from hooks on a freshly loaded eager model."""
@@ -97,7 +97,7 @@ def _reference(folder: str) -> list[dict]:
             mid = pre + attn_out * scale * gain
         else:
             mid = pre + attn_out
-        layers.append(dict(pre=pre, mid=mid, post=post, terms=terms, weights=weights))
+        layers.append({"pre": pre, "mid": mid, "post": post, "terms": terms, "weights": weights})
     return layers
 
 

@@ -148,3 +148,17 @@ def test_the_page_works_with_smollm2_at_long_prompts(n_tokens):
     result = at.session_state["_gen_result"]["generation"]
     assert len(result.prompt_ids) >= n_tokens and 1 <= result.n_new <= 4
     assert at.get("html") and any(s.label.startswith("Reply token") for s in at.select_slider)
+
+
+def test_a_link_to_a_generated_sequence_opens_its_trace_with_the_reply_marked(chat_llama):
+    result = generate(load_pretrained(str(chat_llama), device="cpu"), PROMPT, chat=True,
+                      options=DecodingOptions(max_new_tokens=5))
+    at = AppTest.from_file(APP, default_timeout=180)
+    for name, value in {"model": "pretrained", "model_id": str(chat_llama), "text_a": result.text, "text_b": "",
+                        "token_ids": ",".join(map(str, result.token_ids.tolist())),
+                        "reply_start": str(result.reply_start)}.items():
+        at.query_params[name] = value
+    _run(at)
+    ctx = at.session_state["_app_context"]
+    assert ctx.trace.token_ids.tolist() == result.token_ids.tolist() and ctx.trace.reply_start == result.reply_start
+    assert at.query_params["reply_start"] == str(result.reply_start)  # the URL keeps it

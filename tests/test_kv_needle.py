@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 import kv_reference as ref_kv
+import numpy as np
+from tiny_models import CORPUS
+
 from model_core.generate.kv import plan_kv
-from model_core.generate.needle import ANSWER, HAYSTACK, NeedleResult, decode_batch, needle_prompt
+from model_core.generate.needle import (
+    ANSWER,
+    HAYSTACK,
+    NeedleResult,
+    decode_batch,
+    needle_prompt,
+)
 from model_core.generate.presses import kept_positions
 from model_core.models.loading import load_pretrained
-from tiny_models import CORPUS
 
 
 def test_batched_decoding_from_compressed_caches_equals_the_masked_reference(tiny_decoders):

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
+from tiny_models import CORPUS
 
 from model_core.settings import BUNDLED_DECODER_ID
-from tiny_models import CORPUS
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGE = "pages/kv_cache.py"

@@ -6,22 +6,22 @@ from __future__ import annotations
 
 import functools
 
+import kv_reference as ref_kv
 import numpy as np
 import pytest
 import torch
+from tiny_models import CORPUS
 
-import kv_reference as ref_kv
 from model_core.generate.kv import compress, compressed_log_probs, plan_kv
 from model_core.generate.presses import PRESSES, kept_positions, n_kept
 from model_core.models.loading import load_pretrained
-from tiny_models import CORPUS
 
 FAMILIES = ("gpt2", "llama", "qwen2")
 N_TOKENS = 120  # the tiny models have 128 positions; SnapKV's 64-query window fits with 55 keys to score
 RATIOS = (0.3, 0.75)  # 0.3 keeps more keys than SnapKV's window, 0.75 fewer
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _setup(folder: str, n_tokens: int = N_TOKENS):
     loaded = load_pretrained(folder)
     ids = np.array(loaded.tokenizer(CORPUS).input_ids[:n_tokens])

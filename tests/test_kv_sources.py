@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from tiny_models import CORPUS
 
 from model_core import TraceRequest, build_trace
 from model_core.__main__ import main
@@ -15,14 +16,19 @@ from model_core.compact.build import build_compact
 from model_core.generate.kv import compress, kv_compress, plan_kv
 from model_core.generate.kv_batch import sweep
 from model_core.generate.kv_sources import source_of
-from model_core.generate.presses import PRESSES, check_ratio, key_order, n_kept, press_scores
+from model_core.generate.presses import (
+    PRESSES,
+    check_ratio,
+    key_order,
+    n_kept,
+    press_scores,
+)
 from model_core.models.loading import load_pretrained
-from tiny_models import CORPUS
 
 TEXT = CORPUS[:290]  # about 110 tokens of the tiny tokenizer: within the tiny models' 128 positions
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _traces(folder: str):
     request = TraceRequest("pretrained", TEXT, model_id=folder)
     return load_pretrained(folder), build_trace(request), build_compact(request)

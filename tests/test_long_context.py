@@ -196,3 +196,30 @@ def test_the_build_works_out_each_mask_as_layer_mask_of_does(n):
         assert torch.equal(ours.allowed, reference.allowed)
         assert (ours.future, ours.causal) == (reference.future, reference.causal)
         assert torch.equal(ours.choosing, reference.choosing)
+
+
+PAGES_AT_8192 = ("home", "heatmaps", "causal", "inside", "bertviz", "analysis_contexts", "analysis_head_stats",
+                 "analysis_masking", "analysis_norms", "analysis_rollout", "head_roles", "predictions", "corpus",
+                 "corpus_space")
+"""The pages that were there before the whole context: each works at 8,192 tokens or says its limit."""
+SAYS_ITS_LIMIT = ("shows inputs of up to", "need a full trace, of up to")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES_AT_8192)
+def test_every_page_works_at_8192_tokens_or_says_its_limit(long_llama, long_text, monkeypatch, page):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("AE_MAX_TOKENS", "8192")
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=600)
+    for name, value in {"model": "pretrained", "model_id": str(long_llama), "a": long_text, "b": ""}.items():
+        at.query_params[name] = value
+    at.run()
+    at.switch_page(f"pages/{page}.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    ctx = at.session_state["_app_context"]
+    assert ctx.compact is not None and ctx.compact.n_tokens == LONG_CONTEXT, ctx.error
+    said = " ".join(i.value for i in at.info)
+    assert at.get("plotly_chart") or any(s in said for s in SAYS_ITS_LIMIT), said
+    assert "Type a sentence" not in said

@@ -63,7 +63,7 @@ def prefetch_lower(flow: Any, token: int, threshold: float) -> None:
     def run() -> None:
         try:
             prefetch(flow, int(token), float(threshold))
-        except Exception:  # noqa: BLE001 - a warm-up only: the page computes what it needs itself
+        except Exception:
             LOG.exception("prefetching the contribution graph failed")
 
     threading.Thread(target=run, name="graph-prefetch", daemon=True).start()

@@ -9,7 +9,11 @@ import sys
 from typing import Any
 
 from model_core.cli.compact import read_text
-from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options, custom_options_misused
+from model_core.cli.options import (
+    MODEL_CHOICES,
+    add_encoder_shape_options,
+    custom_options_misused,
+)
 
 MAX_FLOATS = 5_000_000
 """Past this many floats (tokens² × heads × layers) the n × n matrices are left out of the JSON."""

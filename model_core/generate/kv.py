@@ -28,8 +28,18 @@ import numpy as np
 import torch
 
 from model_core.generate.kv_sources import QKSource, _check_decoder
-from model_core.generate.presses import (PRESSES, AttentionSource, check_press, check_ratio, key_order,
-                                         kept_positions, n_kept, press_scores, snapkv_window)
+from model_core.generate.presses import (
+    PRESSES,
+    WINDOW,
+    AttentionSource,
+    check_press,
+    check_ratio,
+    kept_positions,
+    key_order,
+    n_kept,
+    press_scores,
+    snapkv_window,
+)
 
 RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """The budget sweep's compression ratios."""
@@ -70,7 +80,7 @@ def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
-def cache_of(pre: "Prefill", kept: np.ndarray | None) -> Any:
+def cache_of(pre: Prefill, kept: np.ndarray | None) -> Any:
     """A transformers ``DynamicCache`` of the prefill's keys and values at the ``kept`` positions of each key/value
     head (None: every position). Shape: kept (layer, kv_head, k) int64."""
     from transformers import DynamicCache
@@ -275,10 +285,10 @@ def compress(plan: KVPlan, family: Any, model: Any, press: str, ratio: float, to
     kept = kept_positions(plan.orders[press], k)
     log_q = compressed_log_probs(family, model, pre, kept)
     top_p, top_q = int(np.argmax(pre.full_log_probs)), int(np.argmax(log_q))
-    notes = ()
-    if press == "snapkv" and snapkv_window(pre.n_prefill) != 64:
-        notes = (f"SnapKV's window is {snapkv_window(pre.n_prefill)} queries here, not 64: the prefill has only "
-                 f"{pre.n_prefill} tokens (kvpress refuses fewer than 65).",)
+    notes: tuple[str, ...] = ()
+    if press == "snapkv" and snapkv_window(pre.n_prefill) != WINDOW:
+        notes = ((f"SnapKV's window is {snapkv_window(pre.n_prefill)} queries here, not {WINDOW}: the prefill has "
+                  f"only {pre.n_prefill} tokens (kvpress refuses fewer than {WINDOW + 1})."),)
     return KVResult(press=press, ratio=float(ratio), n_prefill=pre.n_prefill, n_kept=k, kept=kept,
                     retained=retained_shares(pre.last_row, kept, pre.kv_heads),
                     next_token_kl=kl_nats(pre.full_log_probs, log_q), top_full=top_p, top_compressed=top_q,

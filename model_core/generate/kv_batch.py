@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.generate.kv import RATIOS, KVPlan, Prefill, Progress, kl_nats, retained_shares
+from model_core.generate.kv import (
+    RATIOS,
+    KVPlan,
+    Prefill,
+    Progress,
+    kl_nats,
+    retained_shares,
+)
 from model_core.generate.presses import check_ratio, kept_positions
 
 
