@@ -209,6 +209,23 @@ class Trace:
         return attribute(self.core, self._resolved(model).loaded, answer=answer, foil=foil, position=position,
                          runner_up=runner_up)
 
+    def contributions(self, threshold: float | None = None, *, model: str | None = None) -> list:
+        """Every node's contributions (Ferrando & Voita 2024) in every layer: ``LayerContributions`` with
+        ``attention_heads`` (q_pos, k_pos, head), ``attention_residual``, ``ffn`` and ``ffn_residual``, renormalised
+        at ``threshold`` when given (``model_core.effects.contributions``)."""
+        from attention_explorer.contributions import contributions
+
+        resolved = self._resolved(model)
+        return contributions(self.core, resolved.model, resolved.family, threshold)
+
+    def graph(self, token: int = -1, threshold: float = 0.04, *, model: str | None = None):
+        """The contribution graph of ``token`` (default: the last, a decoder's prediction), built backwards from it
+        at ``threshold``, and its Plotly figure: (``ContributionGraph``, ``go.Figure``)."""
+        from attention_explorer.contributions import graph
+
+        resolved = self._resolved(model)
+        return graph(self.core, resolved.model, resolved.family, token, threshold)
+
     # -- tables and files ------------------------------------------------------------------------
     def to_pandas(self, *, words: bool = False) -> pd.DataFrame:
         """Every weight as one row: layer, head, q_pos, k_pos, q_token, k_token, weight (masked pairs left out)."""

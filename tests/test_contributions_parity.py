@@ -1,5 +1,5 @@
 """Parity: every node's contributions equal a plain reference written here (transformers' eager model, forward hooks
-on its modules, explicit loops over keys and heads), for tiny GPT-2, Llama (GQA), Qwen2, Gemma, Gemma 2 and Phi."""
+on its modules, explicit loops over keys and heads), for tiny GPT-2, Llama (GQA), Qwen2, Gemma 1-3, Qwen3, Mistral and Phi."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 TEXT = "time flies like an arrow and fruit flies like a banana"
-FAMILIES = ("gpt2", "llama", "qwen2", "gemma", "gemma2", "phi")
+FAMILIES = ("gpt2", "llama", "qwen2", "gemma", "gemma2", "gemma3_text", "qwen3", "mistral", "phi")
 ATOL = 1e-5
 
 

@@ -217,6 +217,9 @@ def test_every_page_works_at_8192_tokens_or_says_its_limit(long_llama, long_text
     at.run()
     at.switch_page(f"pages/{page}.py")
     at.run()
+    if page == "analysis_rollout":  # rollout into a token is computed on a click
+        at.button(key="compact_rollout_run").click()
+        at.run()
     assert not at.exception, [e.value for e in at.exception]
     ctx = at.session_state["_app_context"]
     assert ctx.compact is not None and ctx.compact.n_tokens == LONG_CONTEXT, ctx.error
