@@ -6,6 +6,8 @@ imports streamlit.
 """
 
 from attention_explorer.notebook import Trace, View, head_roles, load, offline_figures, trace, walk
+from attention_explorer.generation import GeneratedTrace, generate
 from attention_explorer.patching import patch
 
-__all__ = ["Trace", "View", "head_roles", "load", "offline_figures", "patch", "trace", "walk"]
+__all__ = ["GeneratedTrace", "Trace", "View", "generate", "head_roles", "load", "offline_figures", "patch", "trace",
+           "walk"]

@@ -163,7 +163,11 @@ def generate(prompt: str, chat: bool = True, max_new_tokens: int = 48, *, model:
         ValueError: an empty prompt, no chat template, an encoder, settings out of range, or no room left.
         model_core.ModelLoadError: the model cannot be loaded.
     """
-    from model_core.generate.generation import DecodingOptions, GenerationStream, prompt_ids
+    from model_core.generate.generation import (
+        DecodingOptions,
+        GenerationStream,
+        prompt_ids,
+    )
     from model_core.trace.request import TraceRequest, build_trace
     from model_core.trace.resolve import resolve
 

@@ -118,8 +118,11 @@ class Trace:
         _check(layer, t.n_layers, "layer")
         _check(head, t.n_heads, "head")
         masked = ~np.asarray(t.mask, dtype=bool) if t.causal else None
+        reply = self.core.reply_start  # a generated sequence's reply, marked on the axes
+        if words and reply is not None:
+            reply = self.core.words().word_start(reply)
         return attention_heatmap(t.weights[layer, head], t.tokens, title=f"Layer {layer}, head {head}",
-                                 sentence_b_start=t.sentence_b_start, masked=masked)
+                                 sentence_b_start=t.sentence_b_start, masked=masked, reply_start=reply)
 
     def overview(self, *, words: bool = False) -> go.Figure:
         """Every layer x head as small multiples in one Plotly heatmap."""

@@ -25,7 +25,8 @@ def mark_reply(fig: go.Figure, *, x: float | None = None, y: float | None = None
         fig.add_shape(type="line", y0=y, y1=y, line=_LINE, **ends)
 
 
-def mark_reply_on_tokens(fig: go.Figure, reply_start: int | None, rows: np.ndarray | None, cols: np.ndarray | None) -> None:
+def mark_reply_on_tokens(fig: go.Figure, reply_start: int | None, rows: np.ndarray | None,
+                         cols: np.ndarray | None) -> None:
     """``mark_reply`` on category axes of tokens: before the first shown row and column at or after the reply's
     start. ``rows``/``cols``: the positions each axis shows, in order (None: that axis shows no tokens); nothing is
     drawn on an axis wholly on one side of the start, or for a ``reply_start`` of None (a typed-in text).

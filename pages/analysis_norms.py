@@ -56,7 +56,8 @@ def _head(layer: int, head: int) -> None:
                                           (right, weighted, "norm-weighted ‖α f(x)‖", "norm_weighted", "norm_weighted")):
         with col:
             show_figure(attention_heatmap(matrix, tokens, title=title, sentence_b_start=b,
-                                          hide=hide, masked=ctx.masked(), zmax=float(matrix.max()), value_name="α" if key == "norm_raw" else "‖α f(x)‖"),
+                                          hide=hide, masked=ctx.masked(), zmax=float(matrix.max()), value_name="α" if key == "norm_raw" else "‖α f(x)‖",
+                                          reply_start=ctx.reply_start()),
                         f"{trace.model_kind}_L{layer}H{head}_{stem}")
             # A copy: a view of one head would keep the trace's whole weights alive while the button waits.
             csv_button(f"{title}, this head (CSV)",

@@ -63,7 +63,7 @@ def rollout_view() -> None:
     matrix, tokens, b = ctx.shown(result.rollout[layer])
     show_figure(attention_heatmap(matrix, tokens, title=f"Attention rollout after layer {layer}",
                                   sentence_b_start=b, zmax=None, value_name="share",
-                                  masked=ctx.masked()),
+                                  masked=ctx.masked(), reply_start=ctx.reply_start()),
                 f"{trace.model_kind}_rollout_L{layer}")
     csv_button(f"Rollout after layer {layer} (CSV)", lambda: token_matrix_to_csv(matrix, csv_labels, csv_labels),
                f"rollout_layer{layer}.csv", "rollout_csv")
@@ -77,7 +77,7 @@ with right:
         flow, tokens, b = ctx.shown(normalize_rows(result.flow))
         show_figure(attention_heatmap(flow, tokens, title="Attention flow (rows normalised)",
                                       sentence_b_start=b, zmax=None, value_name="share",
-                                      masked=ctx.masked()),
+                                      masked=ctx.masked(), reply_start=ctx.reply_start()),
                     f"{trace.model_kind}_flow")
         csv_button("Flow, raw max-flow values (CSV)", lambda: token_matrix_to_csv(ctx.shown(result.flow)[0], csv_labels, csv_labels),
                    "flow.csv",

@@ -54,9 +54,11 @@ MASK_NAME = "the model's own causal mask" if t.is_decoder else "`np.tril`"
 STEP_TITLES = [f"1 · scores {SCALE}", "2 · mask", "3 · masked scores (−∞ where masked)", "4 · softmax weights"]
 
 
-def panel(step: int, steps: MaskSteps, hide: list[int], labels: tuple[str, ...] | None = None):
+def panel(step: int, steps: MaskSteps, hide: list[int], labels: tuple[str, ...] | None = None,
+          reply: int | None = None):
     """The figure of one step of one variant (positions in ``hide`` left out, nothing renormalised); ``labels``
-    are the shown tokens when the steps are a window of a long input."""
+    are the shown tokens when the steps are a window of a long input; ``reply`` where a generated reply starts
+    among them (dashed teal), or None."""
     lim = float(abs(steps.scores).max()) or 1.0
     if step == 0:
         matrix, style = steps.scores, dict(colorscale=SCORE_SCALE, zmin=-lim, zmax=lim, value_name="score")
@@ -68,7 +70,7 @@ def panel(step: int, steps: MaskSteps, hide: list[int], labels: tuple[str, ...] 
     else:
         matrix, style = steps.weights, dict(zmin=0, zmax=1, value_name="weight")
     fig = attention_heatmap(matrix, tokens if labels is None else labels, sentence_b_start=b, height=height, hide=hide,
-                            **style)
+                            reply_start=reply, **style)
     fig.update_layout(xaxis_title=None, yaxis_title=None, showlegend=False)
     return fig
 
@@ -118,10 +120,12 @@ def _steps(layer: int, head: int) -> None:
                    "row sums to 1 only with the keys before it; the bidirectional row's softmax runs over every key.")
         rows = [(title, window_steps(t, layer, head, lo, size, apply)) for title, apply in variants]
         hide, labels, raw = [], t.labels[lo:lo + size], t.tokens[lo:lo + size]
+        reply = None if t.reply_start is None else t.reply_start - lo  # the window's own positions
     else:
         rows = [(title, mask_steps(t, layer, head, apply_causal=apply)) for title, apply in variants]
         hide = positions_outside_window(t.n_tokens, "causal_window", size=WINDOW)
         labels, raw = tokens, t.tokens
+        reply = t.reply_start  # the steps are in pieces even with words on
     headers = st.columns(2)
     for col, (title, steps) in zip(headers, rows):
         col.markdown(f"#### {title}")
@@ -135,7 +139,7 @@ def _steps(layer: int, head: int) -> None:
         if step == 0:
             # Both rows start from the same q·k: the mask acts only after this step. One panel, not two copies.
             with cols[0], view_guard(step_title):
-                st.plotly_chart(panel(0, rows[0][1], hide, labels), config=figure_config("causal_step0_scores"), key="step0")
+                st.plotly_chart(panel(0, rows[0][1], hide, labels, reply), config=figure_config("causal_step0_scores"), key="step0")
             cols[1].info("The scores are the same for both rows: the same queries and keys, multiplied before any "
                          "mask. The mask acts only from the next step on, so this panel stands for both.",
                          icon=":material/equal:")
@@ -148,7 +152,7 @@ def _steps(layer: int, head: int) -> None:
                          "cell: no −∞ anywhere. The softmax below runs over every key.", icon=":material/equal:")
                 continue
             with col, view_guard(f"{step_title} ({'causal' if steps.causal else 'bidirectional'})"):
-                st.plotly_chart(panel(step, steps, hide, labels), config=figure_config(f"causal_step{step}_{'causal' if steps.causal else 'bidirectional'}"),
+                st.plotly_chart(panel(step, steps, hide, labels, reply), config=figure_config(f"causal_step{step}_{'causal' if steps.causal else 'bidirectional'}"),
                                 key=f"step{step}_row{i}")
     if ctx.words is not None:
         st.markdown(f"**5 · weights merged into words** — the mask and the scores act on {ctx.pieces}, so steps "
@@ -159,7 +163,7 @@ def _steps(layer: int, head: int) -> None:
             word_hide = positions_outside_window(len(words), f"causal_word_window{i}", "merged weights", size=WINDOW)
             with col, view_guard(f"weights in words ({'causal' if steps.causal else 'bidirectional'})"):
                 fig = attention_heatmap(merged, words, sentence_b_start=word_b, height=height, hide=word_hide,
-                                        zmin=0, zmax=1, value_name="weight")
+                                        zmin=0, zmax=1, value_name="weight", reply_start=ctx.reply_start())
                 fig.update_layout(xaxis_title=None, yaxis_title=None, showlegend=False)
                 st.plotly_chart(fig, config=figure_config(f"causal_words_row{i}"), key=f"words_row{i}")
     cols = st.columns(2)

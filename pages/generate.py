@@ -6,11 +6,18 @@ import streamlit as st
 
 from model_core.generate.generation import has_chat_template
 from ui.context import get_context
-from ui.guard import view_guard
 from ui.generate import (
-    controls, current_result, decoder_or_stop, generate_button, open_everywhere, reader, run_job, show_reply,
+    controls,
+    current_result,
+    decoder_or_stop,
+    generate_button,
+    open_everywhere,
+    reader,
+    run_job,
+    show_reply,
     trace_of,
 )
+from ui.guard import view_guard
 
 ctx = get_context()
 st.title("Generate")

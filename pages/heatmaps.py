@@ -96,7 +96,8 @@ def _focused_head(layer: int, head: int) -> None:
     hidden = marker_positions(t, ctx.words) if hide_special else []
     masked = ctx.masked()
     with view_guard("focused heatmap"):
-        st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b, hide=hidden, masked=masked),
+        st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b, hide=hidden, masked=masked,
+                                          reply_start=ctx.reply_start()),
                         config=figure_config(f"attention_{show}_L{layer}_H{head}"), key="focus")
     st.caption("Row = query token, column = key token; hover for the exact weight. Rows sum to 1"
                + (" (not for a maximum over heads)" if show == "layer_max" else "") + ". "
@@ -137,7 +138,8 @@ if selected:
             "the sum of the selected columns: how much each token sends to the selection")
     with view_guard("selection grid"):
         st.plotly_chart(selection_grid(values, shown_tokens, title=f"Every layer × head: {what}",
-                                       value_name="weight" if direction == "sent" else "share"),
+                                       value_name="weight" if direction == "sent" else "share",
+                                       reply_start=ctx.reply_start()),
                         config=figure_config("attention_selection_grid"), key="selection_grid")
     rows = [f"L{layer} H{head}" for layer in range(t.n_layers) for head in range(t.n_heads)]
     st.download_button("Download this grid (CSV)",

@@ -101,12 +101,13 @@ def _one_head(wt, layer: int, head: int) -> None:
             st.plotly_chart(attention_heatmap(wt.masked_scores[head], wt.tokens, title="Scores QKᵀ/√d_head"
                                               + (" after the causal mask (−∞ above the diagonal)" if wt.causal else ""),
                                               sentence_b_start=wt.sentence_b_start, colorscale=SCORE_SCALE, hide=hide,
-                                              zmin=-wt.score_limit(head), zmax=wt.score_limit(head), value_name="score"),
+                                              zmin=-wt.score_limit(head), zmax=wt.score_limit(head), value_name="score",
+                                              reply_start=t.reply_start),  # the walk is in pieces
                             config=figure_config(f"inside_scores_H{head}"), key="scores")
             shape_line(wt, "scores")
         with c2:
             st.plotly_chart(attention_heatmap(wt.weights[head], wt.tokens, title="Weights = softmax(scores)",
-                                              sentence_b_start=wt.sentence_b_start, hide=hide),
+                                              sentence_b_start=wt.sentence_b_start, hide=hide, reply_start=t.reply_start),
                             config=figure_config(f"inside_weights_H{head}"), key="weights")
             shape_line(wt, "weights")
     with view_guard("head output"):

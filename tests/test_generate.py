@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from model_core.generate.generation import (
-    DecodingOptions, GenerationStream, choose_token, generate, prompt_ids,
+    DecodingOptions,
+    GenerationStream,
+    choose_token,
+    generate,
+    prompt_ids,
 )
 from model_core.models.loading import load_pretrained
 
@@ -41,7 +45,7 @@ def chat_decoders(tiny_decoders, tmp_path_factory) -> dict:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _reference(folder: str):
     from transformers import AutoModelForCausalLM
 
@@ -142,7 +146,8 @@ def test_a_stop_mid_generation_keeps_the_tokens_so_far(tiny_decoders):
 
 def test_the_streamed_text_is_the_reply(tiny_decoders):
     loaded = load_pretrained(str(tiny_decoders["gpt2"]), device="cpu")
-    stream = GenerationStream(loaded.family, loaded.model, loaded.tokenizer, prompt_ids(loaded.tokenizer, PROMPT, False),
+    ids = prompt_ids(loaded.tokenizer, PROMPT, False)
+    stream = GenerationStream(loaded.family, loaded.model, loaded.tokenizer, ids,
                               DecodingOptions(max_new_tokens=NEW))
     assert "".join(stream.text_chunks()) == stream.result().reply
     result = stream.result()

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from model_core.generate.generation import DecodingOptions, GenerationStream, generate, prompt_ids
+from model_core.generate.generation import (
+    DecodingOptions,
+    GenerationStream,
+    generate,
+    prompt_ids,
+)
 from model_core.models.loading import load_pretrained
 from model_core.settings import BUNDLED_DECODER_ID
 

@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_explorer.figures import attention_heatmap, selection_grid, token_norms_figure, vector_heatmap
-from attention_explorer.generation import attention_text_html, generate as notebook_generate
+from attention_explorer.figures import (
+    attention_heatmap,
+    selection_grid,
+    token_norms_figure,
+    vector_heatmap,
+)
+from attention_explorer.generation import attention_text_html
+from attention_explorer.generation import generate as notebook_generate
 from attention_explorer.reply_marks import REPLY_COLOR
 from model_core.generate.reading import writing_attention
 from ui.compact_figures import first_token_figure, pooled_head_figure, window_figure
@@ -45,7 +51,8 @@ def test_a_compact_trace_gives_the_same_writing_attention(tiny_decoders):
     from model_core import TraceRequest, build_trace
     from model_core.compact.build import build_compact
 
-    request = TraceRequest("pretrained", PROMPT + " and fruit flies like a banana", model_id=str(tiny_decoders["qwen2"]))
+    text = PROMPT + " and fruit flies like a banana"
+    request = TraceRequest("pretrained", text, model_id=str(tiny_decoders["qwen2"]))
     full, compact = build_trace(request, device="cpu"), build_compact(request, device="cpu")
     for p in (3, full.n_tokens - 1):
         for how in ("head", "layer", "all"):

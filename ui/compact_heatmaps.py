@@ -111,7 +111,8 @@ def _focused(ctx: AppContext, layer: int, head: int) -> None:
     with view_guard("focused head"):
         if view == "equal blocks":
             cells, pool = _pooled(t, layer, head)
-            fig = pooled_head_figure(cells, pool, t.labels, f"Pooled at full extent: {pool} positions a cell (exact block means)")
+            fig = pooled_head_figure(cells, pool, t.labels, f"Pooled at full extent: {pool} positions a cell (exact block means)",
+                                     reply_start=t.reply_start)
             st.plotly_chart(fig, config=figure_config(f"compact_L{layer}_H{head}"), key="compact_pooled",
                             on_select=lambda: _box_to_window(n), selection_mode="box")
             st.caption("Drag a box on it to draw that window exactly below.")
@@ -121,7 +122,8 @@ def _focused(ctx: AppContext, layer: int, head: int) -> None:
             st.plotly_chart(grouped_head_figure(cells, labels, f"By {by}: {len(labels)} groups"),
                             config=figure_config(f"compact_L{layer}_H{head}_{by}"), key="compact_grouped")
     share = first_token_share(t, layer, head)
-    st.plotly_chart(first_token_figure(share, f"Weight on the first token (the sink): mean {share.mean():.3f}"),
+    st.plotly_chart(first_token_figure(share, f"Weight on the first token (the sink): mean {share.mean():.3f}",
+                                       reply_start=t.reply_start),
                     config=figure_config(f"compact_sink_L{layer}_H{head}"), key="compact_sink")
     _window(ctx, layer, head, share)
 
@@ -153,7 +155,8 @@ def _window(ctx: AppContext, layer: int, head: int, share: np.ndarray) -> None:
         title += ", renormalised without the first token"
     with view_guard("window"):
         st.plotly_chart(window_figure(weights, t.labels, rows, cols, masked, title,
-                                      "weight" if not drop_first else "share without token 0"),
+                                      "weight" if not drop_first else "share without token 0",
+                                      reply_start=t.reply_start),
                         config=figure_config(f"compact_window_L{layer}_H{head}"), key="compact_window")
     st.download_button("This window (CSV)", lambda: token_matrix_to_csv(
         weights, t.tokens[rows[0]:rows[1]], t.tokens[cols[0]:cols[1]], row_positions=range(*rows),

@@ -63,7 +63,7 @@ def draw(ctx: AppContext) -> None:
         ask.empty()
     name = f"rollout_into_{target}"
     st.plotly_chart(relevance_line_figure(row, t.labels, f"Relevance of each token to “{word}” "
-                                          f"(position {target}), after the last layer"),
+                                          f"(position {target}), after the last layer", reply_start=t.reply_start),
                     config=figure_config(name), key="compact_rollout_line")
     if t.is_decoder:
         st.caption(f"Over many layers a decoder's rollout piles up on the first token ({row[0]:.1%} here): every "

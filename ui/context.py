@@ -85,6 +85,13 @@ class AppContext:
                                                              trace.byte_level)
         return words, self.words.word_start(trace.sentence_b_start)
 
+    def reply_start(self) -> int | None:
+        """Where a generated reply starts on the views' axes (tokens, or words when the toggle is on: the word that
+        holds the reply's first token), or None for a typed-in text (``AttentionTrace.reply_start``)."""
+        t = self.trace if self.kind == "full" else self.compact  # each resolves the cache once
+        start = getattr(t, "reply_start", None)
+        return start if start is None or self.words is None else self.words.word_start(start)
+
     def shown(self, matrix: np.ndarray) -> tuple[np.ndarray, tuple[str, ...], int | None]:
         """A query x key matrix of the trace as the views show it: merged into words when the toggle is on.
 

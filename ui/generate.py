@@ -17,7 +17,11 @@ import streamlit as st
 
 from attention_explorer.generation import attention_text_html, token_texts
 from model_core.generate.generation import (
-    DecodingOptions, Generation, GenerationStream, assemble, has_chat_template, prompt_ids,
+    DecodingOptions,
+    Generation,
+    GenerationStream,
+    assemble,
+    prompt_ids,
 )
 from model_core.generate.reading import HOW_LABELS, writing_attention
 from model_core.settings import BUNDLED_DECODER_ID
@@ -70,7 +74,8 @@ def decoder_or_stop(ctx: Any) -> tuple[Any, str]:
 def controls(has_template: bool) -> None:
     """The prompt, the chat toggle, the token budget and the sampling settings (the ``pg_*`` keys links carry)."""
     s = st.session_state
-    st.text_area("Prompt", key="pg_prompt", height=110, placeholder="Ask something, e.g. What is the capital of France?")
+    st.text_area("Prompt", key="pg_prompt", height=110,
+                 placeholder="Ask something, e.g. What is the capital of France?")
     c1, c2, c3 = st.columns([1, 1, 1])
     c1.toggle("Chat template", key="pg_chat", disabled=not has_template,
               help="Wrap the prompt in the model's chat template as the user's message, the assistant's turn opened "
@@ -174,9 +179,13 @@ def trace_of(request: TraceRequest) -> Any:
     if not form.compact:
         return get_trace(request)
     compact = trace_compact(request, form)
-    if compact is not None and compact.reply_start is None and compact.token_ids.tolist() == list(request.token_ids):
-        compact = dataclasses.replace(compact, reply_start=request.reply_start)  # a builder that does not set it yet
-    return compact
+    if compact is None or compact.reply_start is not None:
+        return compact
+    if compact.token_ids.tolist() != list(request.token_ids):
+        raise ValueError("The compact trace re-tokenised the generated text, which splits differently from the "
+                         "generated tokens, so it is not this reply's trace. Generate fewer tokens, or raise "
+                         "AE_FULL_TRACE_MB for a full trace.")
+    return dataclasses.replace(compact, reply_start=request.reply_start)  # a builder that does not set it yet
 
 
 def _open(request: TraceRequest, model_id: str) -> None:

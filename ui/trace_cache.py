@@ -39,10 +39,11 @@ def trace_key(trace: Trace) -> str:
     """A string that identifies a trace by its content. A full trace: its model description (weights, shape, causal
     flag, LayerNorm placement), causal flag, tokens, where sentence B starts, and head mask; a compact trace: its
     description and tokens (it has no head mask)."""
+    reply = getattr(trace, "reply_start", None)  # a generated sequence's figures mark its reply
     if isinstance(trace, CompactTrace):
-        return f"compact|{trace.description}|{trace.causal}|{'␟'.join(trace.tokens)}"
+        return f"compact|{trace.description}|{trace.causal}|{'␟'.join(trace.tokens)}|{reply}"
     mask = "".join("1" if on else "0" for on in trace.head_mask.ravel())
-    return f"{trace.description}|{trace.causal}|{'␟'.join(trace.tokens)}|{trace.sentence_b_start}|{mask}"
+    return f"{trace.description}|{trace.causal}|{'␟'.join(trace.tokens)}|{trace.sentence_b_start}|{mask}|{reply}"
 
 
 def result_nbytes(value: Any, depth: int = 0) -> int:

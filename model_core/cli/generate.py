@@ -70,7 +70,11 @@ def generate_main(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> tuple[Any, Any]:
-    from model_core.generate.generation import DecodingOptions, GenerationStream, prompt_ids
+    from model_core.generate.generation import (
+        DecodingOptions,
+        GenerationStream,
+        prompt_ids,
+    )
     from model_core.trace.request import TraceRequest
     from model_core.trace.resolve import resolve
 

@@ -16,6 +16,7 @@ from model_core.families.capture import current_recorder
 from model_core.models.memory import release_freed_memory
 from model_core.settings import Settings
 from model_core.trace.forward import top_predictions
+from model_core.generate.sequence import with_reply
 from model_core.trace.gate import GATE
 from model_core.trace.request import TraceRequest
 from model_core.trace.encoding import EncodedInput
@@ -85,7 +86,8 @@ def build_compact(request: TraceRequest, *, device: str | torch.device | None = 
     report = progress or (lambda phase, done: None)
     report("forward", 0.0)
     with GATE.turn():  # the pass and its summary: the recorded queries and keys are freed layer by layer
-        return _summarise(resolved, encoded, report, top_k if predictions else 0, largest_weight)
+        compact = _summarise(resolved, encoded, report, top_k if predictions else 0, largest_weight)
+    return with_reply(compact, request, encoded)  # a generated sequence's reply starts where its request says
 
 
 class _LayerCopies:

@@ -12,7 +12,7 @@ these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch

@@ -118,7 +118,8 @@ class Resolved:
 
     def encode(self, request: Any, max_tokens: int | None = None) -> EncodedInput:
         """The request's text (``text_a``, ``text_b``, ``truncate``) as this model reads it, tokenised once: the
-        last few encodings are kept, so the form decision and the build that follows share one.
+        last few encodings are kept, so the form decision and the build that follows share one. A generated
+        sequence's request reads its own ``token_ids`` while they still decode to its text.
 
         Args:
             max_tokens: a caller's own limit; None means ``AE_MAX_TOKENS`` (both within the model's positions).
@@ -127,6 +128,12 @@ class Resolved:
             InputError: the text cannot be traced; the message says what to change.
         """
         limit = self.limit(max_tokens)
+        if getattr(request, "token_ids", None) is not None:  # a generated sequence: its own ids, while they fit its text
+            from model_core.generate.sequence import encode_ids
+
+            found = encode_ids(self.tokenizer, request, **limit)
+            if found is not None:
+                return found
         key = (self.key, request.text_a, request.text_b, bool(request.truncate), limit["max_tokens"])
         with _ENCODED_LOCK:
             found = _ENCODED.get(key)
