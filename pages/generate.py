@@ -10,7 +10,9 @@ from ui.generate import (
     controls,
     current_result,
     decoder_or_stop,
+    GRAPH_FLAG,
     generate_button,
+    graph_button,
     open_everywhere,
     reader,
     run_job,
@@ -18,7 +20,9 @@ from ui.generate import (
     trace_of,
 )
 from ui.guard import view_guard
+from ui.state import open_page_if_requested
 
+open_page_if_requested(GRAPH_FLAG, "pages/contributions.py")  # "Contribution graph of this token" was pressed
 ctx = get_context()
 st.title("Generate")
 loaded, model_id = decoder_or_stop(ctx)
@@ -54,4 +58,5 @@ open_everywhere(request, model_id, ctx.request)
 
 st.subheader("Step through the reply")
 with view_guard("reply reader"):
-    reader(result, sequence, loaded.tokenizer, ctx.focus)
+    chosen = reader(result, sequence, loaded.tokenizer, ctx.focus)
+    graph_button(request, model_id, chosen)

@@ -52,7 +52,8 @@ else:
         st.caption(t.description)
         with view_guard("heatmap"):
             matrix, labels, b = ctx.shown(t.weights[layer, head])  # words, when the sidebar asks for them
-            st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b, reply_start=ctx.reply_start()), config=figure_config(f"attention_L{layer}_H{head}"),
+            st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b, reply_start=ctx.reply_start()),
+                            config=figure_config(f"attention_L{layer}_H{head}"),
                             key="home_heatmap")
         st.caption("Darker = more attention. The dotted line marks where sentence B starts. Pick another layer "
                    "or head in the sidebar, or open **Attention heatmaps** for all of them.")

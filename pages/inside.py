@@ -107,7 +107,8 @@ def _one_head(wt, layer: int, head: int) -> None:
             shape_line(wt, "scores")
         with c2:
             st.plotly_chart(attention_heatmap(wt.weights[head], wt.tokens, title="Weights = softmax(scores)",
-                                              sentence_b_start=wt.sentence_b_start, hide=hide, reply_start=t.reply_start),
+                                              sentence_b_start=wt.sentence_b_start, hide=hide,
+                                              reply_start=t.reply_start),
                             config=figure_config(f"inside_weights_H{head}"), key="weights")
             shape_line(wt, "weights")
     with view_guard("head output"):

@@ -79,6 +79,22 @@ def test_generate_streams_traces_and_opens_the_sequence_in_every_page(chat_llama
     assert ctx.trace.token_ids.tolist() == result.token_ids.tolist()
 
 
+def test_a_reply_tokens_contribution_graph_opens_from_the_query_that_wrote_it(chat_llama):
+    at = _page(chat_llama, pg_prompt=PROMPT, pg_max_new=4)
+    _button(at, "gen_go").click()
+    _run(at)
+    result = at.session_state["_gen_result"]["generation"]
+    at.session_state["gen_step"] = 2
+    _run(at)
+    _button(at, "gen_graph").click()
+    _run(at)
+    assert at.title[0].value.startswith("Contributions"), [t.value for t in at.title]
+    assert at.session_state["pg_graph_token"] == result.reply_start + 2 - 1
+    ctx = at.session_state["_app_context"]
+    assert ctx.request == result.request(str(chat_llama)) and ctx.trace.reply_start == result.reply_start
+    assert not at.error, [e.value for e in at.error]
+
+
 def test_the_reader_steps_through_the_reply_for_a_layer_mean(chat_llama):
     at = _page(chat_llama, pg_prompt=PROMPT, pg_max_new=4)
     _button(at, "gen_go").click()

@@ -207,8 +207,29 @@ def open_everywhere(request: TraceRequest, model_id: str, sidebar: TraceRequest 
                                                   "every page reads this trace.")
 
 
-def reader(result: Generation, trace: Any, tokenizer: Any, focus: Any) -> None:
-    """Step through the reply: what the query that wrote each token attended to, on the text, and the candidates."""
+GRAPH_FLAG = "_gen_open_graph"
+
+
+def _open_graph(request: TraceRequest, model_id: str, query: int) -> None:
+    """Open the Contributions page on the generated sequence, from the query that wrote the chosen token."""
+    _open(request, model_id)
+    st.session_state["pg_graph_token"] = int(query)
+    st.session_state["pg_graph_layer"] = -1
+    st.session_state[GRAPH_FLAG] = True
+
+
+def graph_button(request: TraceRequest, model_id: str, position: int) -> None:
+    """A button to the contribution graph of the token at ``position``: the graph of the query at position - 1,
+    whose prediction wrote it (``pages/contributions.py``)."""
+    st.button("Contribution graph of this token", on_click=_open_graph, args=(request, model_id, position - 1),
+              key="gen_graph", icon=":material/account_tree:",
+              help="Which attention mattered for writing it: the Contributions page, built backwards from the query "
+                   f"at position {position - 1} that predicted this token (Ferrando & Voita, 2024).")
+
+
+def reader(result: Generation, trace: Any, tokenizer: Any, focus: Any) -> int:
+    """Step through the reply: what the query that wrote each token attended to, on the text, and the candidates.
+    Returns the chosen token's position."""
     n_new, start = result.n_new, result.reply_start
     texts = token_texts(tokenizer, result.token_ids)
     s = st.session_state
@@ -236,3 +257,4 @@ def reader(result: Generation, trace: Any, tokenizer: Any, focus: Any) -> None:
                "top-p):")
     st.dataframe(top, hide_index=True, column_config={"probability": st.column_config.ProgressColumn(
         "probability", min_value=0.0, max_value=1.0, format="%.3f")}, height=38 + 35 * len(top))
+    return position

@@ -81,9 +81,11 @@ class CompactSource:
         scores = torch.matmul(q, k.transpose(-1, -2)) * ct.score_scale  # (head, rows, key)
         if ct.score_softcap is not None:
             scores = ct.score_softcap * torch.tanh(scores / ct.score_softcap)
-        allowed = _tensor(ct.masks[ct.mask_of_layer[layer]][positions, :n_keys])
+        allowed = _tensor(np.ascontiguousarray(ct.masks[ct.mask_of_layer[layer]][positions, :n_keys]))
         lse = _tensor(ct.lse[layer][:, positions])  # (head, rows) float64
-        weights = torch.exp(scores.double() - lse[..., None]).float() * allowed
+        # masked scores first: a masked key's score may be huge (exp -> inf, and inf * 0 is NaN)
+        masked = scores.double().masked_fill(~allowed.bool(), float("-inf"))
+        weights = torch.exp(masked - lse[..., None]).float()
         return weights.transpose(0, 1).contiguous()
 
     def values(self, layer: int) -> torch.Tensor:

@@ -22,6 +22,7 @@ from model_core.generate.kv import (
     KVPlan,
     Prefill,
     Progress,
+    gather_rows,
     kl_nats,
     retained_shares,
 )
@@ -39,16 +40,15 @@ def padded_cache(pre: Prefill, kept: Sequence[np.ndarray]) -> tuple[Any, torch.T
 
     lengths = [k.shape[-1] for k in kept]
     longest, batch = max(lengths), len(kept)
+    n_layers, n_kv = kept[0].shape[:2]
+    index = np.zeros((n_layers, batch, n_kv, longest), dtype=np.int64)  # padding reads position 0, masked out
+    for b, positions in enumerate(kept):
+        index[:, b, :, : lengths[b]] = positions
     cache = DynamicCache()
     for layer, (k, v) in enumerate(zip(pre.keys, pre.values)):
-        heads = torch.arange(k.shape[1], device=k.device)[:, None]
-        keys = k.new_zeros(batch, k.shape[1], longest, k.shape[-1])
-        values = v.new_zeros(batch, v.shape[1], longest, v.shape[-1])
-        for b, positions in enumerate(kept):
-            pos = torch.from_numpy(positions[layer]).to(k.device)
-            keys[b, :, : lengths[b]] = k[0, heads, pos]
-            values[b, :, : lengths[b]] = v[0, heads, pos]
-        cache.update(keys, values, layer)
+        rows = gather_rows(index[layer], k.shape[2], k.device)
+        cache.update(k[0].flatten(0, 1).index_select(0, rows).view(batch, n_kv, longest, k.shape[-1]),
+                     v[0].flatten(0, 1).index_select(0, rows).view(batch, n_kv, longest, v.shape[-1]), layer)
     mask = torch.zeros(batch, longest + 1, dtype=torch.long, device=pre.keys[0].device)
     for b, length in enumerate(lengths):
         mask[b, :length] = 1
