@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attention_explorer.figures import category_ticks, token_label, token_labels
+from attention_explorer.reply_marks import mark_reply_on_tokens
 from model_core.analysis.contexts import ContextComparison
 from model_core.analysis.masking import MaskingEffect
 from model_core.analysis.next_token import NextTokenEffect
@@ -47,8 +48,10 @@ def cosine_by_layer_figure(cosine: np.ndarray, title: str, *, ytitle: str = "cos
     return _layout(fig, title, height=320)
 
 
-def relevance_figure(tokens: Sequence[str], series: Mapping[str, np.ndarray], title: str) -> go.Figure:
-    """Grouped bars of each token's relevance, one bar group per token ("i: token" on hover, thinned ticks).
+def relevance_figure(tokens: Sequence[str], series: Mapping[str, np.ndarray], title: str,
+                     reply_start: int | None = None) -> go.Figure:
+    """Grouped bars of each token's relevance, one bar group per token ("i: token" on hover, thinned ticks); a
+    generated sequence's reply start marked.
 
     Shape: each series (k_pos,).
     """
@@ -59,6 +62,7 @@ def relevance_figure(tokens: Sequence[str], series: Mapping[str, np.ndarray], ti
                              hovertemplate="%{x}<br>%{y:.4f}<extra>" + name + "</extra>"))
     fig.update_xaxes(**category_ticks(labels), tickangle=-60)
     fig.update_yaxes(title="share")
+    mark_reply_on_tokens(fig, reply_start, None, np.arange(len(labels)))
     return _layout(fig, title, height=360)
 
 

@@ -98,7 +98,8 @@ if trace.is_decoder:
     st.caption(f"Over many layers a decoder's rollout piles up on {ctx.markers.first}: every layer sends much of "
                "its attention to that sink, and the products compound. Flow, limited by each layer's capacities, "
                "spreads more evenly.")
-show_figure(relevance_figure(shown_tokens, series, f"Relevance of each input token to {target} (last layer)"),
+show_figure(relevance_figure(shown_tokens, series, f"Relevance of each input token to {target} (last layer)",
+                             reply_start=ctx.reply_start()),
             f"{trace.model_kind}_{stem}_relevance")
 
 st.subheader("Download")

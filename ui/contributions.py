@@ -3,16 +3,12 @@ only re-runs the walk), a layer's head maps, and the tokens a block promotes."""
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import Any
 
 import numpy as np
 import streamlit as st
 
 from ui.trace_cache import per_trace
-
-LOG = logging.getLogger(__name__)
 
 
 def _resolved(request: Any) -> Any:
@@ -50,23 +46,14 @@ def build(flow: Any, token: int, threshold: float) -> Any:
 
 
 def prefetch_lower(flow: Any, token: int, threshold: float) -> None:
-    """Start computing, in a background thread, the nodes a lower threshold would reach (once per graph), so that
-    moving the slider down then only re-runs the walk."""
-    from model_core.effects.graph import prefetch
+    """Compute, in the flow's one background thread, the nodes a lower threshold would reach, so that moving the
+    slider down then only re-runs the walk. A newer request supersedes one still running (``Prefetcher``)."""
+    from model_core.effects.graph import Prefetcher
 
-    done = flow.__dict__.setdefault("_prefetched", set())
-    key = (int(token), round(float(threshold), 4))
-    if key in done or threshold <= 0:
-        return
-    done.add(key)
-
-    def run() -> None:
-        try:
-            prefetch(flow, int(token), float(threshold))
-        except Exception:
-            LOG.exception("prefetching the contribution graph failed")
-
-    threading.Thread(target=run, name="graph-prefetch", daemon=True).start()
+    prefetcher = flow.__dict__.get("_prefetcher")
+    if prefetcher is None:
+        prefetcher = flow.__dict__.setdefault("_prefetcher", Prefetcher(flow))
+    prefetcher.request(int(token), float(threshold))
 
 
 def layer_maps(flow: Any, layer: int, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:

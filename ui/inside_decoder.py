@@ -125,7 +125,7 @@ def _rotary(wt, layer: int, head: int) -> None:
                     shapes=())
         with c4:
             fig = vector_heatmap(wt.rotary_cos, wt.labels, title="cos(p·θⱼ) of each position and dimension",
-                                 max_dims=d_head)
+                                 max_dims=d_head, reply_start=wt.reply_start)
             st.plotly_chart(fig, config=figure_config("inside_rotary_cos"), key="dec_cos")
         st.caption(f"A rotation keeps every length: the queries' norms change by at most {change:.1e} (relative). "
                    "Position 0 is not rotated at all.")
@@ -152,12 +152,12 @@ def _attention(wt, layer: int, head: int) -> None:
             st.plotly_chart(attention_heatmap(wt.masked_scores[head], wt.labels, title="Scores after the causal mask "
                                               "(−∞ above the diagonal)", colorscale=SCORE_SCALE, hide=hide,
                                               zmin=-limit, zmax=limit, value_name="score",
-                                              masked=~wt.mask),
+                                              masked=~wt.mask, reply_start=wt.reply_start),
                             config=figure_config(f"inside_dec_scores_H{head}"), key="dec_scores")
             shape_line(wt, "masked_scores")
         with c2:
             st.plotly_chart(attention_heatmap(wt.weights[head], wt.labels, title="Weights = softmax(scores)",
-                                              hide=hide, masked=~wt.mask),
+                                              hide=hide, masked=~wt.mask, reply_start=wt.reply_start),
                             config=figure_config(f"inside_dec_weights_H{head}"), key="dec_weights")
             shape_line(wt, "weights")
         first = float(wt.weights[head, 1:, 0].mean()) if n > 1 else 1.0

@@ -21,7 +21,8 @@ def shape_line(wt, *names: str) -> None:
 
 def norm_lines(wt, series: dict[str, str], title: str) -> go.Figure:
     """One line per walk field (label -> field): each token's vector norm."""
-    return token_norms_figure(wt.labels, {label: wt.token_norms(name) for label, name in series.items()}, title)
+    return token_norms_figure(wt.labels, {label: wt.token_norms(name) for label, name in series.items()}, title,
+                              reply_start=getattr(wt, "reply_start", None))
 
 
 def dims_title(what: str, dims: int) -> str:
@@ -35,7 +36,8 @@ def vectors(wt, name: str, title: str, key: str, *, head: int | None = None, max
     ``shapes`` names the tensors the shape line lists (default: this one; () for none); ``mark`` outlines
     the columns [start, stop)."""
     matrix = getattr(wt, name) if head is None else getattr(wt, name)[head]
-    fig = vector_heatmap(matrix, wt.labels, title=title, max_dims=max_dims)
+    fig = vector_heatmap(matrix, wt.labels, title=title, max_dims=max_dims,
+                         reply_start=getattr(wt, "reply_start", None))
     if mark is not None:
         fig.add_vrect(x0=mark[0] - 0.5, x1=mark[1] - 0.5, line=dict(color="#e4572e", width=2))
     st.plotly_chart(fig, config=figure_config(f"inside_{key}"), key=key)

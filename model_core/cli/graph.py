@@ -29,7 +29,8 @@ def add_graph_parser(sub: Any) -> None:
                     "and 'attention_residual', 'ffn', 'ffn_residual' per token. The n x n matrices are left out "
                     f"when tokens² x heads x layers passes --max-floats (default {MAX_FLOATS:,}); the JSON says so "
                     "in 'matrices' and 'note'. Past a full trace's size (AE_FULL_TRACE_MB) the text is traced in "
-                    "compact form and only the graph of --token is printed.")
+                    "compact form: the graph of --token is printed, and the per-token vectors only at the nodes "
+                    "it reached (null elsewhere).")
     g.add_argument("--model", choices=MODEL_CHOICES, required=True,
                    help="pretrained: a transformers model of any supported family; custom: the chapter-3 encoder")
     g.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id (default: the bundled BERT)")
@@ -37,7 +38,7 @@ def add_graph_parser(sub: Any) -> None:
     g.add_argument("--text-file", default=None, help="read the text from this UTF-8 file")
     g.add_argument("--text-b", default=None, help="optional sentence B")
     g.add_argument("--truncate", action="store_true", help="keep the first tokens of a text over the limit")
-    g.add_argument("--threshold", type=float, default=0.04, help="renormalising threshold in [0, 1) (default 0.04)")
+    g.add_argument("--threshold", type=float, default=0.04, help="renormalising threshold in [0.01, 1) (default 0.04); below 0.01 every share passes")
     g.add_argument("--token", type=int, default=-1,
                    help="the position the graph starts from (default -1: the last token, a decoder's prediction)")
     g.add_argument("--max-floats", type=int, default=MAX_FLOATS, help="leave the n x n matrices out past this size")
@@ -67,13 +68,12 @@ def run_graph(args: argparse.Namespace, text: str) -> dict[str, Any]:
         ValueError: bad input (InputError, ModelLoadError, an option out of range).
     """
     from model_core.compact.build import build_compact, trace_form
-    from model_core.effects.graph import build_graph
+    from model_core.effects.graph import build_graph, check_threshold
     from model_core.effects.graph_source import compact_flow, trace_flow
     from model_core.trace.request import TraceRequest, build_trace
     from model_core.trace.resolve import resolve
 
-    if not 0.0 <= args.threshold < 1.0:
-        raise ValueError(f"--threshold must be in [0, 1), got {args.threshold}")
+    check_threshold(args.threshold)
     request = TraceRequest(args.model, text, args.text_b or "", model_id=args.model_id, weights=args.weights,
                            seed=args.seed, causal=args.causal, norm_placement=args.norm,
                            num_hidden_layers=args.layers, num_attention_heads=args.heads, hidden_size=args.hidden,
@@ -89,9 +89,10 @@ def run_graph(args: argparse.Namespace, text: str) -> dict[str, Any]:
     out: dict[str, Any] = {"tokens": list(flow.tokens), "token": graph.token, "threshold": args.threshold,
                            "n_layers": flow.n_layers, "n_heads": flow.n_heads}
     if hasattr(trace, "lse"):
-        out |= {"layers": [], "matrices": False,
-                "note": f"{flow.n_tokens} tokens are traced in compact form: every node's contributions are left "
-                        "out; the graph of --token is built from the nodes it reaches."}
+        out |= {"layers": reached_layers(flow, graph), "matrices": False,
+                "note": f"{flow.n_tokens} tokens are traced in compact form: 'attention_residual', 'ffn' and "
+                        "'ffn_residual' are given at the nodes the graph of --token reached (null elsewhere); the "
+                        "n x n matrices are left out."}
     else:
         size = flow.n_tokens ** 2 * flow.n_heads * flow.n_layers
         full = size <= args.max_floats
@@ -101,6 +102,29 @@ def run_graph(args: argparse.Namespace, text: str) -> dict[str, Any]:
             out["note"] = (f"tokens² x heads x layers = {size:,} floats passes --max-floats {args.max_floats:,}: "
                            "'attention' and 'attention_heads' are left out.")
     return out | {"graph": graph.to_json()}
+
+
+def reached_layers(flow: Any, graph: Any) -> list[dict[str, list[float | None]]]:
+    """Per layer, the thresholded per-token vectors 'attention_residual' (at the graph's resid_mid nodes), 'ffn' and
+    'ffn_residual' (at its resid_post nodes), None at the nodes the graph did not reach (a compact trace's JSON)."""
+    import numpy as np
+
+    from model_core.effects.contributions import renormalise
+
+    nodes = graph.nodes()
+    out = []
+    for layer in range(flow.n_layers):
+        record: dict[str, list[float | None]] = {k: [None] * flow.n_tokens
+                                                 for k in ("attention_residual", "ffn", "ffn_residual")}
+        mids = [p for s, p in nodes if s == 2 * layer + 1]
+        for p, (terms, res) in zip(mids, flow.attention(layer, mids)):
+            record["attention_residual"][p] = float(renormalise(terms[None], np.array([res]), graph.threshold)[1][0])
+        posts = [p for s, p in nodes if s == 2 * layer + 2]
+        for p, (ffn, res) in zip(posts, flow.mlp(layer, posts)):
+            kept, kept_res = renormalise(np.array([[ffn]]), np.array([res]), graph.threshold)
+            record["ffn"][p], record["ffn_residual"][p] = float(kept[0, 0]), float(kept_res[0])
+        out.append(record)
+    return out
 
 
 def graph_main(args: argparse.Namespace) -> int:

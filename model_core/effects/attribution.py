@@ -24,6 +24,7 @@ import numpy as np
 from model_core.effects.attribution_readout import (
     final_readout,
     layer_readout,
+    mlp_write,
     output_projections,
     project,
 )
@@ -256,12 +257,18 @@ def decompose(model: Any, family: Any, z: np.ndarray, hidden: np.ndarray, tokens
     heads, mlps = np.zeros((n_layers, n_heads)), np.zeros(n_layers)
     readout = np.zeros((n_layers, n_heads, d_head))
     rest = read.bias
+    independent = True
     for layer, (w_o, b_o) in enumerate(output_projections(family, model)):  # W_O: (d_model, head * d_head)
         output = project(w_o, z[layer].reshape(-1)) + (0.0 if b_o is None else b_o)  # the attention output there
         lr = layer_readout(family, model, layer, output, b_o, read.direction)
         readout[layer] = project(w_o.T, lr.direction).reshape(n_heads, d_head)  # W_Oʰᵀ g_l, per head
         heads[layer] = (z[layer] * readout[layer]).sum(-1)
-        mlps[layer] = (hidden[layer + 1] - hidden[layer] - lr.written) @ read.direction
+        resid_mid = hidden[layer] + lr.written
+        # The MLP's write is read from its own modules run on resid_mid, not as the layer's update minus the heads'
+        # write: so the sum below checks the heads' writes (a wrong one feeds the MLP a wrong input and leaves a gap).
+        written = mlp_write(family, model, layer, hidden[layer], resid_mid)
+        independent = independent and written is not None
+        mlps[layer] = (hidden[layer + 1] - resid_mid if written is None else written) @ read.direction
         rest += lr.rest
     softcap = getattr(model.config, "final_logit_softcapping", None)
     result = Attribution(tokens=tokens, position=position, answer_id=int(answer_id),

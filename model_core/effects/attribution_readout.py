@@ -173,3 +173,39 @@ def layer_readout(family: Any, model: Any, layer: int, output: np.ndarray, bias:
     written = frozen.apply(torch.from_numpy(output)).numpy() + (0.0 if norm_bias is None else norm_bias)
     rest = (0.0 if bias is None else float(bias @ pulled)) + (0.0 if norm_bias is None else float(norm_bias @ direction))
     return LayerReadout(direction=pulled, written=written, rest=rest)
+
+
+def mlp_write(family: Any, model: Any, layer: int, resid_pre: np.ndarray, resid_mid: np.ndarray) -> np.ndarray | None:
+    """Block ``layer``'s MLP write into the residual stream at one position, from running the block's own MLP modules
+    (its input norm, the MLP, any post-MLP norm) on one vector: an independent read of what the attribution otherwise
+    gets as the layer's update minus the attention write. None where the block is not one this knows.
+
+    Llama-like blocks read ``resid_mid`` through ``post_attention_layernorm`` (Gemma 2/3: ``pre_feedforward_layernorm``,
+    then ``post_feedforward_layernorm`` on the output); GPT-2 through ``ln_2``; Phi's parallel block reads ``resid_pre``
+    through ``input_layernorm``, as its attention does.
+
+    Shape: resid_pre, resid_mid (d_model,) -> (d_model,) float64.
+    """
+    block = family.layers(model)[layer]
+    mlp = getattr(block, "mlp", None)
+    if mlp is None:
+        return None
+    post = getattr(block, "post_feedforward_layernorm", None)
+    if post is not None:
+        norm, x = getattr(block, "pre_feedforward_layernorm", None), resid_mid
+    elif getattr(block, "ln_2", None) is not None:
+        norm, x = block.ln_2, resid_mid
+    elif getattr(block, "post_attention_layernorm", None) is not None:
+        norm, x = block.post_attention_layernorm, resid_mid
+    elif type(block).__name__ == "PhiDecoderLayer":  # attention and MLP side by side on one normed input
+        norm, x = block.input_layernorm, resid_pre
+    else:
+        return None
+    if norm is None:
+        return None
+    param = next(model.parameters())
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(device=param.device, dtype=param.dtype)[None, None]
+    with torch.inference_mode():
+        out = mlp(norm(t))
+        out = out if post is None else post(out)
+    return out[0, 0].to("cpu", torch.float64).numpy()

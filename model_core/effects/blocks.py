@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from model_core.effects.norms import freeze
+from model_core.trace.gate import GATE
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,6 +124,10 @@ class BlockMap:
 
         Shape: z (rows, head, d_head), resid_pre (rows, d_model).
         """
+        with GATE.turn():  # the model's own modules (norms) run here: one turn of the route's gate
+            return self._attention(layer, z, resid_pre)
+
+    def _attention(self, layer: int, z: torch.Tensor, resid_pre: torch.Tensor) -> AttentionJoin:
         spec = self._layers[layer]
         resid_pre = resid_pre.float()
         out = self.heads_out(layer, z)
@@ -149,10 +154,11 @@ class BlockMap:
         resid_mid, resid_post = resid_mid.float(), resid_post.float()
         if spec.post_ln2 is None:  # the MLP output is what the block added
             return MlpJoin(resid_post - resid_mid, resid_mid, resid_post, torch.zeros_like(resid_mid))
-        ffn = spec.ffn(resid_mid).float()
-        norm = freeze(spec.post_ln2, resid_mid + ffn)
-        return MlpJoin(norm.apply(ffn), norm.apply(resid_mid), resid_post,
-                       norm.bias.float().expand_as(resid_mid).clone())
+        with GATE.turn():  # the model's MLP and LayerNorm run here
+            ffn = spec.ffn(resid_mid).float()
+            norm = freeze(spec.post_ln2, resid_mid + ffn)
+            return MlpJoin(norm.apply(ffn), norm.apply(resid_mid), resid_post,
+                           norm.bias.float().expand_as(resid_mid).clone())
 
     # -- values of a compact pass ----------------------------------------------------------
     @torch.no_grad()
@@ -167,7 +173,8 @@ class BlockMap:
         spec = self._layers[layer]
         if spec.v_of is None:
             raise ValueError("The chapter-3 encoder is traced in full; its contributions need no compact pass.")
-        v = spec.v_of(resid_pre).float().view(len(resid_pre), -1, self.d_head).transpose(0, 1)  # (kv, pos, d_head)
+        with GATE.turn():  # the model's norm and value projection over every position: one turn of the gate
+            v = spec.v_of(resid_pre).float().view(len(resid_pre), -1, self.d_head).transpose(0, 1)  # (kv, pos, d_h)
         return v.index_select(0, self.kv_heads)
 
 

@@ -176,3 +176,18 @@ class LayerContributions:
         if full:
             out = {"attention": self.attention.tolist(), "attention_heads": self.attention_heads.tolist(), **out}
         return out
+
+
+def head_shares(terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A head map's contributions on attention's footing: each head's (key) terms as a share of that head's own
+    terms in the row (so a head row sums to 1, as its attention weights do), and each head's share of the row's
+    terms (its part of the attention block's non-residual mass). Rows or heads with no terms give 0, never NaN.
+
+    Shape: terms (rows, head, key): each (head, key) term's contribution -> within (rows, head, key),
+        of_terms (rows, head).
+    """
+    terms = np.asarray(terms, dtype=np.float32)
+    per_head = terms.sum(-1)  # (rows, head)
+    within = terms / np.where(per_head > 0, per_head, 1.0)[..., None]
+    per_row = per_head.sum(-1, keepdims=True)
+    return within, per_head / np.where(per_row > 0, per_row, 1.0)

@@ -16,14 +16,20 @@ exists only where a share above the threshold survived.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from model_core.effects.contributions import renormalise
-from model_core.effects.graph_flow import ContributionFlow
+from model_core.effects.graph_flow import ContributionFlow, Stop, Superseded
 
+LOG = logging.getLogger(__name__)
+MIN_THRESHOLD = 0.01
+"""The lowest threshold a graph is built at: every share is floored at ``EPS`` = 1e-5, so at 0 every term of every
+row is "above" the threshold and the graph is the whole n² · H · layers model."""
 KINDS = ("attention", "attention_residual", "ffn", "ffn_residual")
 STAGE_NAMES = ("resid_pre", "resid_mid", "resid_post")
 
@@ -112,25 +118,35 @@ def _stage_name(stage: int) -> str:
     return "resid_pre" if stage == 0 else ("resid_mid" if stage % 2 else "resid_post")
 
 
-def build_graph(flow: ContributionFlow, token: int, threshold: float) -> ContributionGraph:
+def check_threshold(threshold: float) -> None:
+    """Raise ``ValueError`` unless ``MIN_THRESHOLD <= threshold < 1``, saying why and what to pick."""
+    if not MIN_THRESHOLD <= threshold < 1.0:
+        raise ValueError(f"The threshold must be in [{MIN_THRESHOLD}, 1), got {threshold}: below {MIN_THRESHOLD} "
+                         "every share (floored at 1e-5) passes and the graph is the whole model; pick 0.01 or more.")
+
+
+def build_graph(flow: ContributionFlow, token: int, threshold: float, stop: Stop | None = None) -> ContributionGraph:
     """Walk backwards from ``token``'s last resid_post, expanding only nodes reached by edges above ``threshold``.
+
+    Args:
+        stop: asked between chunks of nodes; True stops the walk (``Superseded``), for a background prefetch.
 
     Raises:
         ValueError: the token or threshold is out of range (the message gives the range).
+        Superseded: ``stop`` said so.
     """
     n = flow.n_tokens
     if not -n <= token < n:
         raise ValueError(f"Token {token} is out of range: pick 0-{n - 1} (or -1 for the last).")
-    if not 0.0 <= threshold < 1.0:
-        raise ValueError(f"The threshold must be in [0, 1), got {threshold}.")
+    check_threshold(threshold)
     token = token % n
     edges: list[tuple] = []
     heads: list[np.ndarray] = []
     zero = np.zeros(flow.n_heads, dtype=np.float32)
     reached = [token]
     for layer in reversed(range(flow.n_layers)):
-        mids = _mlp_step(flow, layer, reached, threshold, edges, heads, zero)
-        reached = _attention_step(flow, layer, mids, threshold, edges, heads, zero)
+        mids = _mlp_step(flow, layer, reached, threshold, edges, heads, zero, stop)
+        reached = _attention_step(flow, layer, mids, threshold, edges, heads, zero, stop)
     if not edges:
         empty = np.zeros(0)
         return ContributionGraph(flow.tokens, token, threshold, flow.n_layers, flow.n_heads, empty.astype(np.int64),
@@ -142,11 +158,11 @@ def build_graph(flow: ContributionFlow, token: int, threshold: float) -> Contrib
                              np.array(dst, dtype=np.int64), np.array(weight, dtype=np.float32), np.stack(heads))
 
 
-def _mlp_step(flow, layer, positions, threshold, edges, heads, zero) -> list[int]:
+def _mlp_step(flow, layer, positions, threshold, edges, heads, zero, stop) -> list[int]:
     """The MLP block's edges into the reached resid_post nodes; the resid_mid positions they reach."""
     if not positions:
         return []
-    found = flow.mlp(layer, positions)
+    found = flow.mlp(layer, positions, stop)
     ffn, res = renormalise(np.array([[f] for f, _ in found]), np.array([r for _, r in found]), threshold)
     mids = []
     for p, f, r in zip(positions, ffn[:, 0].tolist(), res.tolist()):
@@ -159,12 +175,12 @@ def _mlp_step(flow, layer, positions, threshold, edges, heads, zero) -> list[int
     return mids
 
 
-def _attention_step(flow, layer, positions, threshold, edges, heads, zero) -> list[int]:
+def _attention_step(flow, layer, positions, threshold, edges, heads, zero, stop) -> list[int]:
     """The attention block's edges into the reached resid_mid nodes; the resid_pre positions they reach."""
     if not positions:
         return []
     reached: set[int] = set()
-    for p, (terms, res) in zip(positions, flow.attention(layer, positions)):
+    for p, (terms, res) in zip(positions, flow.attention(layer, positions, stop)):
         kept, kept_res = renormalise(terms[None], np.array([res]), threshold)
         per_key = kept[0].sum(0)  # (key,): heads summed only after the threshold
         for j in np.flatnonzero(per_key).tolist():
@@ -182,8 +198,64 @@ PREFETCH_FACTOR = 0.5
 """``prefetch`` computes the nodes a graph reaches at this fraction of its threshold."""
 
 
-def prefetch(flow: ContributionFlow, token: int, threshold: float) -> None:
-    """Compute and keep the nodes the graph of ``token`` reaches at ``PREFETCH_FACTOR × threshold``, so that lowering
-    the threshold that far only re-runs the walk (raising it always does). Meant for a background thread: the flow's
-    lock serialises it with the walks of the page."""
-    build_graph(flow, token, threshold * PREFETCH_FACTOR)
+def prefetch(flow: ContributionFlow, token: int, threshold: float, stop: Stop | None = None) -> None:
+    """Compute and keep the nodes the graph of ``token`` reaches at ``PREFETCH_FACTOR × threshold`` (never below
+    ``MIN_THRESHOLD``), so that lowering the threshold that far only re-runs the walk. Meant for a background thread
+    (``Prefetcher``): the flow's lock, taken a chunk of nodes at a time, serialises it with the page's walks.
+
+    Raises:
+        Superseded: ``stop`` said so.
+    """
+    build_graph(flow, token, max(MIN_THRESHOLD, threshold * PREFETCH_FACTOR), stop)
+
+
+class Prefetcher:
+    """At most one background prefetch of one flow at a time; a newer request supersedes the one running (it stops
+    at its next chunk of nodes) and a request already done is not run again.
+
+    Args:
+        flow: the ``ContributionFlow``.
+    """
+
+    def __init__(self, flow: ContributionFlow) -> None:
+        self.flow = flow
+        self._lock = threading.Lock()
+        self._wanted: tuple[int, float] | None = None
+        self._thread: threading.Thread | None = None
+        self.done: set[tuple[int, float]] = set()
+
+    def request(self, token: int, threshold: float) -> None:
+        """Prefetch for (``token``, ``threshold``): starts the one thread if none runs, else hands it this request."""
+        key = (int(token), round(float(threshold), 4))
+        with self._lock:
+            if key in self.done or threshold <= MIN_THRESHOLD:  # nothing lower to fetch
+                return
+            self._wanted = key
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="graph-prefetch", daemon=True)
+                self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread (tests)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _superseded(self) -> bool:
+        return self._wanted is not None
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                key, self._wanted = self._wanted, None
+                if key is None:
+                    self._thread = None
+                    return
+            try:
+                prefetch(self.flow, key[0], key[1], self._superseded)
+                with self._lock:
+                    self.done.add(key)
+            except Superseded:
+                continue
+            except Exception:  # a background thread has no caller to tell: log it
+                LOG.exception("prefetching the contribution graph failed")

@@ -2,13 +2,16 @@
 
 A node is a residual-stream vector: resid_mid (after attention) or resid_post (after the MLP) of a layer at a
 position. A node's contributions cost ``n · H · d`` (its attention row's terms); they are kept once computed (a few
-kilobytes a node), so a threshold change only re-runs the walk. Nothing of size layer × head × n² × d is held: a
-layer's term directions (d × head × n) are made when a batch of its nodes is computed, and dropped after.
+kilobytes a node), so a threshold change only re-runs the walk. The kept attention rows are a least-recently-used
+cache bounded by ``MAX_KEPT_BYTES`` (an evicted node is computed again when asked); the MLP shares are two floats a
+node. Nothing of size layer × head × n² × d is held: a layer's term directions (d × head × n) are made when a chunk
+of its nodes is computed, and dropped after.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +29,21 @@ from model_core.effects.contributions import (
 ROW_CHUNK = 64
 """Query rows computed at once when every node of a layer is asked for (a progress step)."""
 
+FILL_CHUNK = 64
+"""Nodes computed under one hold of the flow's lock: a background prefetch never blocks a page's walk for longer."""
+MAX_KEPT_BYTES = 64 * 2**20
+"""At most this many bytes of kept attention rows (64 MiB: about 4,600 nodes of SmolLM2 at 400 tokens, a quarter
+of the app's default derived-results budget); the least recently used are dropped past it and computed again when
+asked. ``ContributionFlow.nbytes`` reports this bound, so a cache that measures the flow once accounts for it."""
+
 Progress = Callable[[float], None]
 """Called with the fraction done."""
+Stop = Callable[[], bool]
+"""Asked between chunks: True stops the work (``Superseded`` is raised)."""
+
+
+class Superseded(Exception):
+    """A computation was stopped because a newer request replaced it (a background prefetch)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,34 +76,77 @@ class ContributionFlow:
     Args:
         source: a ``TraceSource`` or ``CompactSource`` (``model_core.effects.graph_source``).
         blocks: the model's ``BlockMap``.
+        max_kept_bytes: the bound on the kept attention rows (least recently used dropped past it).
     """
 
-    def __init__(self, source: Any, blocks: BlockMap) -> None:
+    def __init__(self, source: Any, blocks: BlockMap, max_kept_bytes: int = MAX_KEPT_BYTES) -> None:
         self.source, self.blocks = source, blocks
         self.n_layers, self.n_heads, self.n_tokens = source.n_layers, source.n_heads, source.n_tokens
         self.tokens = source.tokens
+        self.max_kept_bytes = int(max_kept_bytes)
         self._mlp: dict[tuple[int, int], tuple[float, float]] = {}
-        self._attention: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
+        self._attention: OrderedDict[tuple[int, int], tuple[np.ndarray, float]] = OrderedDict()
+        self._kept_bytes = 0
         self._lock = threading.Lock()  # one cached flow may serve several sessions
 
     @property
     def nbytes(self) -> int:
-        """Bytes this flow holds of its own: the kept nodes, and a compact pass's residual stream."""
-        kept = sum(heads.nbytes for heads, _ in list(self._attention.values()))
-        return kept + int(getattr(self.source, "own_nbytes", 0))
+        """Bytes this flow holds of its own: at most ``max_kept_bytes`` of kept attention rows, the MLP shares, and
+        a compact pass's residual stream (so a cache that measures it once still sees its bound)."""
+        return self.max_kept_bytes + 64 * len(self._mlp) + int(getattr(self.source, "own_nbytes", 0))
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of attention rows kept now (at most ``max_kept_bytes``)."""
+        return self._kept_bytes
 
     # -- per node ----------------------------------------------------------------------------
-    def mlp(self, layer: int, positions: list[int]) -> list[tuple[float, float]]:
-        """The MLP block's (ffn, residual) shares at each position, computed where not kept."""
-        with self._lock:  # a reached resid_post nearly always reaches its resid_mid: both blocks are filled at once
-            self._fill(layer, [p for p in positions if (layer, p) not in self._mlp])
+    def mlp(self, layer: int, positions: list[int], stop: Stop | None = None) -> list[tuple[float, float]]:
+        """The MLP block's (ffn, residual) shares at each position, computed where not kept.
+
+        Raises:
+            Superseded: ``stop`` said so between chunks.
+        """
+        # a reached resid_post nearly always reaches its resid_mid: both blocks are filled at once
+        self._fill_missing(layer, [p for p in positions if (layer, p) not in self._mlp], stop)
+        with self._lock:
+            missing = [p for p in positions if (layer, p) not in self._mlp]
+            self._fill(layer, missing)
             return [self._mlp[layer, p] for p in positions]
 
-    def attention(self, layer: int, positions: list[int]) -> list[tuple[np.ndarray, float]]:
-        """The attention block's ((head, key) shares, residual share) at each position, computed where not kept."""
-        with self._lock:
-            self._fill(layer, [p for p in positions if (layer, p) not in self._attention])
-            return [self._attention[layer, p] for p in positions]
+    def attention(self, layer: int, positions: list[int], stop: Stop | None = None) -> list[tuple[np.ndarray, float]]:
+        """The attention block's ((head, key) shares, residual share) at each position, computed where not kept.
+
+        Raises:
+            Superseded: ``stop`` said so between chunks.
+        """
+        out: dict[int, tuple[np.ndarray, float]] = {}
+        for c0 in range(0, len(positions), FILL_CHUNK):  # the lock is held one chunk at a time
+            if stop is not None and stop():
+                raise Superseded("a newer request replaced this one")
+            chunk = positions[c0:c0 + FILL_CHUNK]
+            with self._lock:
+                self._fill(layer, [p for p in chunk if (layer, p) not in self._attention])
+                for p in chunk:
+                    self._attention.move_to_end((layer, p))
+                    out[p] = self._attention[layer, p]
+                self._evict()
+        return [out[p] for p in positions]
+
+    def _fill_missing(self, layer: int, missing: list[int], stop: Stop | None) -> None:
+        """Fill ``missing`` positions a chunk at a time, the lock held per chunk."""
+        for c0 in range(0, len(missing), FILL_CHUNK):
+            if stop is not None and stop():
+                raise Superseded("a newer request replaced this one")
+            with self._lock:
+                self._fill(layer, [p for p in missing[c0:c0 + FILL_CHUNK] if (layer, p) not in self._mlp])
+                self._evict()
+
+    def _evict(self) -> None:
+        """Drop the least recently used attention rows past ``max_kept_bytes`` (the lock held)."""
+        while self._kept_bytes > self.max_kept_bytes and len(self._attention) > 1:
+            _, (heads, _) = self._attention.popitem(last=False)
+            self._kept_bytes -= heads.nbytes
 
     def node(self, layer: int, position: int) -> NodeContributions:
         """Both blocks' contributions at one node."""
@@ -111,7 +170,11 @@ class ContributionFlow:
         terms, res = attention_shares(rows * join.scale[:, None, None], directions, join.whole, join.residual)
         for i, p in enumerate(pos.tolist()):
             keep = p + 1 if self.source.causal else n_keys
-            self._attention[layer, p] = (terms[i, :, :keep].numpy().copy(), float(res[i]))
+            old = self._attention.pop((layer, p), None)
+            self._kept_bytes -= 0 if old is None else old[0].nbytes
+            heads = terms[i, :, :keep].numpy().copy()
+            self._attention[layer, p] = (heads, float(res[i]))
+            self._kept_bytes += heads.nbytes
 
     def _joins(self, layer: int, pos: np.ndarray, rows: torch.Tensor, values: torch.Tensor):
         z = torch.einsum("rhk,hkd->rhd", rows, values.float())  # each head's output at the rows

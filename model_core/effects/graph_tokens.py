@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from model_core.effects.norms import freeze
+from model_core.trace.gate import GATE
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,10 @@ def block_tokens(flow: Any, model: Any, family: Any, tokenizer: Any, layer: int,
     norm = family.final_norm(model)
     out = []
     for block, part, residual in (("attention", vec.attention_out, vec.resid_mid), ("ffn", vec.mlp_out, vec.resid_post)):
-        frozen = freeze(norm, residual.to(unembed.dtype))
-        logits = (frozen.apply(part.to(unembed.dtype)) @ unembed.T)[0].float()
-        top, bottom = logits.topk(k), (-logits).topk(k)
+        with GATE.turn():  # the final norm and the vocabulary product: the model's weights, under the route's gate
+            frozen = freeze(norm, residual.to(unembed.dtype))
+            logits = (frozen.apply(part.to(unembed.dtype)) @ unembed.T)[0].float()
+            top, bottom = logits.topk(k), (-logits).topk(k)
         text = lambda ids: [tokenizer.decode([int(i)]) for i in ids]
         out.append(BlockTokens(block, layer, position,
                                tuple(zip(text(top.indices), top.values.tolist())),

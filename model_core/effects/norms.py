@@ -44,14 +44,33 @@ class FrozenNorm:
         return centred * s * self.weight
 
 
-def _gain(module: Any) -> torch.Tensor:
-    weight = module.weight.detach()
+def _gain(module: Any, d_model: int, like: torch.Tensor) -> torch.Tensor:
+    """The gain the module applies: its weight (Gemma's ``1 + w``), or ones for a norm without one
+    (``LayerNorm(elementwise_affine=False)``)."""
+    weight = getattr(module, "weight", None)
+    if weight is None:
+        return torch.ones(d_model, dtype=like.dtype, device=like.device)
+    weight = weight.detach()
     # Gemma's RMSNorms scale by (1 + w); their classes say so in the name (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm).
     return weight + 1.0 if type(module).__name__.startswith("Gemma") else weight
 
 
+def _is_layer_norm(module: Any) -> bool:
+    """A LayerNorm: torch's (with or without weight and bias), or any norm with a bias. (A class named LayerNorm
+    without a bias may be an RMSNorm, T5's: it is tried as one, and the check below tells.)"""
+    return isinstance(module, torch.nn.LayerNorm) or getattr(module, "bias", None) is not None
+
+
+def _is_rms_norm(module: Any) -> bool:
+    """An RMSNorm: torch's, or a class named so (Llama's, Gemma's...), or a module with a gain and an epsilon."""
+    return (isinstance(module, getattr(torch.nn, "RMSNorm", ())) or "rmsnorm" in type(module).__name__.lower()
+            or (getattr(module, "weight", None) is not None
+                and (hasattr(module, "variance_epsilon") or hasattr(module, "eps"))))
+
+
 def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
-    """Freeze ``module`` (a LayerNorm or an RMSNorm) at the residual ``x`` and check the map against the module.
+    """Freeze ``module`` (a LayerNorm or an RMSNorm, with or without a gain and a bias) at the residual ``x`` and
+    check the map against the module.
 
     Shape: x (..., d_model).
 
@@ -60,18 +79,22 @@ def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
     """
     x = x.detach()
     xf = x.float()
-    if isinstance(module, torch.nn.LayerNorm) or getattr(module, "bias", None) is not None:
+    d_model = int(x.shape[-1])
+    bias = getattr(module, "bias", None)
+    if _is_layer_norm(module):
         eps = float(getattr(module, "eps", getattr(module, "variance_epsilon", 1e-5)))
         var = xf.var(dim=-1, keepdim=True, unbiased=False)
-        frozen = FrozenNorm(scale=torch.rsqrt(var + eps).to(x.dtype), weight=_gain(module),
-                            bias=module.bias.detach(), centred=True)
-    elif getattr(module, "weight", None) is not None:
+        frozen = FrozenNorm(scale=torch.rsqrt(var + eps).to(x.dtype), weight=_gain(module, d_model, x),
+                            bias=None if bias is None else bias.detach(), centred=True)
+    elif _is_rms_norm(module):
         eps = getattr(module, "variance_epsilon", None)
-        eps = float(getattr(module, "eps", 1e-6) if eps is None else eps)
+        eps = getattr(module, "eps", None) if eps is None else eps
+        eps = float(torch.finfo(xf.dtype).eps if eps is None else eps)  # torch's RMSNorm(eps=None)
         rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-        frozen = FrozenNorm(scale=rms.to(x.dtype), weight=_gain(module), bias=None, centred=False)
+        frozen = FrozenNorm(scale=rms.to(x.dtype), weight=_gain(module, d_model, x), bias=None, centred=False)
     else:
-        raise ValueError(f"{type(module).__name__} is not a LayerNorm or an RMSNorm; its parts cannot be attributed.")
+        raise ValueError(f"{type(module).__name__} is not a LayerNorm or an RMSNorm, so its parts cannot be "
+                         "attributed: direct attribution and contributions need a model whose norms are one of them.")
     with torch.no_grad():
         expected = module(x)
     got = frozen.apply(x) + (0 if frozen.bias is None else frozen.bias)

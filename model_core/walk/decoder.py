@@ -86,6 +86,7 @@ class DecoderWalk(WalkArrays):
     next_ids: np.ndarray
     next_strings: tuple[str, ...]
     next_probs: np.ndarray
+    reply_start: int | None = None  # a generated sequence's first reply token (marked on the figures), else None
 
     def _check(self, n: int, n_heads: int, d_head: int) -> None:
         assert self.keys.shape == self.values.shape == (self.n_kv_heads, n, d_head)
@@ -208,4 +209,5 @@ def _walk_of(family: Any, model: Any, tokenizer: Any, trace: AttentionTrace, lay
         next_ids=ids[0],
         next_strings=strings[0],
         next_probs=probs[0],
+        reply_start=getattr(trace, "reply_start", None),
     )

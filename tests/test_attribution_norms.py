@@ -1,0 +1,40 @@
+"""Freezing a norm (model_core.effects.norms.freeze): LayerNorms without a gain or a bias, and modules that are no
+norm, which get a ValueError that says so rather than an AttributeError."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model_core.effects.norms import freeze
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(3, 8, generator=torch.Generator().manual_seed(0)) * 2.0 + 0.5
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"bias": False}, {"elementwise_affine": False}])
+def test_layer_norms_with_or_without_gain_and_bias_are_frozen(kwargs):
+    torch.manual_seed(1)
+    norm = torch.nn.LayerNorm(8, **kwargs)
+    if norm.weight is not None:
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+    x = _x()
+    frozen = freeze(norm, x)
+    got = frozen.apply(x) + (0 if frozen.bias is None else frozen.bias)
+    torch.testing.assert_close(got, norm(x).detach())
+    assert (frozen.bias is None) == (norm.bias is None)
+
+
+def test_an_rms_norm_without_a_gain_is_frozen():
+    norm = torch.nn.RMSNorm(8, eps=1e-6, elementwise_affine=False)
+    x = _x()
+    frozen = freeze(norm, x)
+    torch.testing.assert_close(frozen.apply(x), norm(x))
+
+
+@pytest.mark.parametrize("module", [torch.nn.Identity(), torch.nn.Linear(8, 8, bias=False), torch.nn.Tanh()])
+def test_a_module_that_is_no_norm_gets_a_value_error(module):
+    with pytest.raises(ValueError, match="not a LayerNorm or an RMSNorm|not a norm this tool can freeze"):
+        freeze(module, _x())
