@@ -1,7 +1,7 @@
 """Direct logit attribution in a notebook and its figures (the page draws the same ones; no streamlit here).
 
     from attention_explorer.attribution import attribute
-    dla = attribute(t.core, "bundled:SmolLM2-135M-Instruct", answer=" Paris", foil=" London")
+    dla = attribute(t.core, "bundled:SmolLM2-135M-Instruct", answer=" Paris", foil=" London")  # foil: runner-up
     dla.attribution.heads       # (layer, head) direct effects
     dla.heads_figure            # the L x H grid
     dla.sources_figure(23, 4)   # one head's effect over its source tokens
@@ -144,8 +144,8 @@ def _token(tokenizer: Any, value: str | int | None, default: int | None) -> int 
 
 
 def attribute(core: Any, model: Any, family: Any = None, answer: str | int | None = None,
-              foil: str | int | None = None, *, position: int = -1, runner_up: bool = False,
-              device: str | None = None) -> DLA:
+              foil: str | int | bool | None = None, *, position: int = -1, no_foil: bool = False,
+              device: str | None = None, runner_up: bool | None = None) -> DLA:
     """Direct logit attribution of a decoder's trace, with figures.
 
     Args:
@@ -154,22 +154,37 @@ def attribute(core: Any, model: Any, family: Any = None, answer: str | int | Non
             ``LoadedModel`` (``model_core.load_pretrained``).
         family: its adapter; default: the trace's.
         answer: the answer token as written (" Paris") or its id; default: the top prediction.
-        foil: a token (" London") or id whose logit is subtracted; default: none, or the runner-up with
-            ``runner_up=True``.
+        foil: a token (" London") or id whose logit is subtracted; default (None): the runner-up (the top
+            prediction when the answer is the runner-up), as on the page and the command line; False: no foil.
         position: the position whose next-token logit is split; negative counts from the end.
+        no_foil: True splits the answer's logit itself (as ``foil=False``).
+        runner_up: ignored; older callers passed it when the runner-up was not the default.
 
     Raises:
         NotADecoder: the trace is an encoder's. NotOneToken: an answer or foil is several tokens (its pieces are
-        listed). RuntimeError: the parts do not sum to the model's logit.
+        listed). ValueError: ``foil`` and ``no_foil`` together. RuntimeError: the parts do not sum to the model's logit.
     """
     from model_core.models.loading import load_pretrained
 
+    del runner_up  # the runner-up is the default now
+    if foil is True:
+        raise ValueError("foil=True names no token: leave foil out for the runner-up, or give a token or its id.")
+    if no_foil and foil not in (None, False):
+        raise ValueError(f"no_foil=True and foil={foil!r} ask for opposite things: give one of them.")
     loaded = load_pretrained(model, device=device) if isinstance(model, str) else model
     family = family or getattr(loaded, "family", None) or core.family
     tokenizer = loaded.tokenizer
     top, second = top_two(core, position) if core.next_token_ids is not None else (None, None)
     answer_id = _token(tokenizer, answer, top)
-    foil_id = _token(tokenizer, foil, second if runner_up else None)
+    if no_foil or foil is False:
+        foil_id = None
+    elif foil is None:
+        if second is None:
+            raise ValueError("This trace keeps no next-token predictions, so there is no runner-up: give the foil "
+                             "as a token, or foil=False for none.")
+        foil_id = second if second != answer_id else top
+    else:
+        foil_id = _token(tokenizer, foil, None)
     result = attribute_core(core, loaded.model, family, answer_id, foil_id, position)
     decode = lambda i: tokenizer.decode([int(i)])
     return DLA(attribution=result, trace=core, text=tuple(decode(i) for i in core.token_ids),

@@ -229,6 +229,21 @@ class Trace:
         resolved = self._resolved(model)
         return graph(self.core, resolved.model, resolved.family, token, threshold)
 
+    def kv(self, press: str = "snapkv", ratio: float = 0.5, *, model: str | None = None):
+        """What a compressed KV cache keeps of this text (``model_core.generate.kv``): ``press`` (streaming_llm,
+        knorm, snapkv, tova, observed_attention, as kvpress 0.5 defines them) dropping ``ratio`` in (0, 1) of the
+        prefill's keys, the last token run on what is left at its true position. A decoder's trace only.
+
+        Returns:
+            ``attention_explorer.kv.KVReport``: ``.kept`` (layer, kv_head, n_kept) positions, ``.retained``
+            (layer, head) shares of the last token's full-cache attention on kept keys, ``.kl`` (nats),
+            ``.kept_figure`` and ``.retained_figure``.
+        """
+        from attention_explorer.kv import kv
+
+        resolved = self._resolved(model)
+        return kv(self.core, resolved.model, resolved.family, press, ratio, tokenizer=resolved.tokenizer)
+
     # -- tables and files ------------------------------------------------------------------------
     def to_pandas(self, *, words: bool = False) -> pd.DataFrame:
         """Every weight as one row: layer, head, q_pos, k_pos, q_token, k_token, weight (masked pairs left out)."""

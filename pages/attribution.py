@@ -59,8 +59,7 @@ no_foil = right.checkbox("No foil: split the answer's logit itself", key=NO_FOIL
 try:
     answer_id, foil_id = choose_tokens(loaded.tokenizer, best, answer_text, foil_text, no_foil)
 except NotOneToken as exc:
-    st.warning(f"{exc}" + (f" Its pieces: {' | '.join(repr(p) for p in exc.pieces)}." if exc.pieces else ""),
-               icon=":material/warning:")
+    st.warning(str(exc), icon=":material/warning:")  # the message lists the pieces
     st.stop()
 try:
     dla = (cached_long_attribution if long else cached_attribution)(t, *model_key, answer_id, foil_id)
@@ -72,7 +71,10 @@ label = what_is_split(dla, decode)
 st.markdown(f"Splitting **{label}** after the last token ({text[-1]!r}) into the direct effect of every component.")
 cap = (f" Both are before the model's final-logit softcap ({dla.final_softcap:g}·tanh(x/{dla.final_softcap:g})), "
        "which is not linear." if dla.final_softcap is not None else "")
-st.caption(f"Check: the parts sum to **{dla.total:.4f}**; the model's logit is **{dla.logit:.4f}**.{cap}")
+checks = ("each MLP is run on the residual stream the heads' writes give, so a wrong head write would leave a gap"
+          if dla.mlps_run else "this model's MLP effects are each layer's update minus its heads' write, so the sum "
+          "holds by construction and checks only the frozen final norm and the unembedding")
+st.caption(f"Check: the parts sum to **{dla.total:.4f}**; the model's logit is **{dla.logit:.4f}** ({checks}).{cap}")
 limit = full_trace_tokens(t.n_layers, t.n_heads, ctx.settings.full_trace_mb)
 st.caption("This text is long, so it has a compact trace (no values, no residual stream): the attribution ran the "
            "model once more, in compact form, keeping each head's z and the residual stream at the last token only."
@@ -108,7 +110,8 @@ how_to_read(
     "unembedding to give the logits. With the norm's scale **frozen** at the full final residual, that read-out is "
     "linear, so each component's write gets its own share of the logit: its **direct effect**. The embedding, every "
     "head (its αᵢⱼ·vⱼ summed over the tokens j, through its slice of W_O) and every MLP get one each, and *rest* holds "
-    "biases (0 for Llama-like models); together they sum exactly to the logit, as the check line shows. With a foil "
+    "biases (0 for Llama-like models); together they sum to the logit, as the check line shows: each MLP's share "
+    "comes from running it on the heads' writes, so the sum tests them. With a foil "
     "the logit difference is split, which cancels what pushes both tokens alike. Red is towards the answer, blue "
     "against. A direct effect leaves out what a head does **through** later layers (an earlier head that feeds a "
     "later one gets no credit here): activation patching measures that. The split over source tokens shows what the "

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attention_explorer.contributions import graph_figure, head_maps_figure
+from attention_explorer.contributions import (
+    HEAD_MAPS_CAPTION,
+    graph_figure,
+    head_map_rows,
+    head_maps_figure,
+)
 from model_core.io.tables import rows_to_csv
 from ui.analysis_widgets import csv_button, how_to_read, show_figure
 from ui.context import require_trace
@@ -18,7 +23,8 @@ from ui.contributions import (
 )
 from ui.guard import view_guard
 
-TOKEN, THRESHOLD, LAYER, ROW = "pg_graph_token", "pg_graph_threshold", "pg_graph_layer", "graph_row"
+TOKEN, THRESHOLD, LAYER, ROW = "pg_graph_token", "pg_graph_threshold", "pg_graph_layer", "pg_graph_row"
+LOWEST = 0.01  # model_core.effects.graph.MIN_THRESHOLD: below it every share passes and the graph is the whole model
 MAX_ROWS = 40  # query rows the head maps show at once
 
 ctx = require_trace(compact=True)
@@ -45,7 +51,7 @@ if s.get(TOKEN, -1) not in range(-1, n):
     s[TOKEN] = -1
 if s.get(LAYER, -1) not in range(-1, n_layers):
     s[LAYER] = -1
-if not 0.0 <= float(s.get(THRESHOLD, 0.04)) <= 0.99:
+if not LOWEST <= float(s.get(THRESHOLD, 0.04)) <= 0.99:
     s[THRESHOLD] = 0.04
 
 left, right = st.columns([2, 1])
@@ -56,14 +62,19 @@ with left:
                          help="A decoder's graph starts by default at the last token, whose output predicts the next "
                               "token. An encoder has no prediction: pick any token; its graph starts at the top layer.")
 with right:
-    threshold = st.slider("Threshold", 0.0, 0.99, step=0.01, key=THRESHOLD,
+    threshold = st.slider("Threshold", LOWEST, 0.99, step=0.01, key=THRESHOLD,
                           help="Shares at or below it are dropped and each node's survivors renormalised "
-                               "(the paper's renormalising threshold).")
+                               "(the paper's renormalising threshold). At least 0.01: below it every share passes "
+                               "and the graph would be the whole model.")
 
 graph = None
 with view_guard("contribution graph"):
     flow = cached_flow(core, ctx.request)
-    graph = build(flow, int(token), float(threshold))
+    try:
+        graph = build(flow, int(token), float(threshold))
+    except ValueError as exc:  # a threshold out of range (from a link): say what to pick
+        st.info(str(exc))
+        st.stop()
     prefetch_lower(flow, int(token), float(threshold))  # a lower threshold's nodes, computed while the page is read
 
 
@@ -109,9 +120,11 @@ if len(rows) > MAX_ROWS:
 with view_guard("head maps"):
     contrib, weights = layer_maps(flow, layer, rows)
     st.caption("Rows: the graph's query tokens at this layer; columns: key tokens (at most 120: those with the "
-               "largest attention or contribution). Both maps share one colour scale, 0 to 1; contributions are "
-               "before the threshold.")
+               "largest attention or contribution). " + HEAD_MAPS_CAPTION)
     show_figure(head_maps_figure(contrib, weights, rows, labels, layer), f"head_maps_layer{layer}", key="head_maps")
+    csv_button("Head maps (CSV: contribution and attention)",
+               lambda: rows_to_csv(head_map_rows(contrib, weights, rows, labels, layer)),
+               f"contribution_head_maps_layer{layer}.csv", "graph_head_maps_csv")
 
 st.subheader("What each block writes")
 if not core.is_decoder:
@@ -128,3 +141,5 @@ with view_guard("promoted tokens"):
         with column:
             st.markdown(f"**{name}**, layer {layer}")
             st.dataframe(found.rows(), hide_index=True)
+            csv_button(f"{name} tokens (CSV)", rows_to_csv(found.rows()),
+                       f"{found.block}_tokens_layer{layer}_pos{found.position}.csv", f"graph_tokens_csv_{found.block}")

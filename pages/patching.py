@@ -17,7 +17,8 @@ from model_core.effects.patching_table import attention_beside_effect
 from model_core.io.tables import grid_to_csv, matrix_to_csv, rows_to_csv
 from model_core.settings import BUNDLED_DECODER_ID
 from ui.analysis_widgets import clicked_cell, csv_button, how_to_read, show_figure
-from ui.context import require_trace
+from ui.context import get_context
+from ui.fields import PAGE_PARAMS
 from ui.focus import set_focus
 from ui.guard import view_guard
 from ui.loaders import get_trace, pretrained_for, pretrained_key
@@ -29,6 +30,7 @@ from ui.patching import (
     pair_fields,
     patch_base,
     run_exact,
+    softcap_note,
     table_parts,
 )
 from ui.state import choose_model, open_page_if_requested
@@ -36,13 +38,19 @@ from ui.state import choose_model, open_page_if_requested
 OPEN_FLAG = "_patch_open_heatmaps"
 CONTRIB_FLAG = "_patch_open_contributions"
 GRID_KEY, TABLE_KEY = "patch_heads_grid", "patch_table"
+RESID_VIEW_KEY = PAGE_PARAMS["patch_resid"][0]  # the link carries the residual view
 
 open_page_if_requested(OPEN_FLAG, "pages/heatmaps.py")  # a head's link (its callback ran before this run)
 open_page_if_requested(CONTRIB_FLAG, "pages/contributions.py")
 
 st.title("Activation patching")
-ctx = require_trace(compact=True)  # patching runs its own prompts: only the sidebar's model matters here
+# Patching runs its own prompts: only the sidebar's model matters, so the page reads the request, not its trace, and
+# works whatever the sidebar's text is (empty, too long, or one the model fails on).
+ctx = get_context()
 request = ctx.request
+if request is None:  # the sidebar's options do not fit together: it says why
+    st.info(ctx.error or "Pick a model in the sidebar.", icon=":material/info:")
+    st.stop()
 
 
 def _use_decoder() -> None:
@@ -50,7 +58,12 @@ def _use_decoder() -> None:
     choose_model(BUNDLED_DECODER_ID)
 
 
-if request.model != "pretrained" or not pretrained_for(request, ctx.settings).family.is_decoder:
+try:
+    loaded = pretrained_for(request, ctx.settings) if request.model == "pretrained" else None  # the model only
+except ValueError as exc:  # ModelLoadError: a model id that does not load
+    st.error(str(exc), icon=":material/error:")
+    st.stop()
+if loaded is None or not loaded.family.is_decoder:
     st.info("Activation patching compares the next-token logits of two prompts, and an encoder (BERT, the chapter-3 "
             "encoder) predicts no next token: it reads the whole text at once. Pick a decoder such as SmolLM2 in the "
             "sidebar. The Contributions page works for encoders: it follows what each head and block adds to any "
@@ -95,7 +108,10 @@ st.caption(f"Tokens that differ: {changed}.")
 
 exact = finished_exact(key)
 if exact is None or exact.partial:
-    if st.button(f"Run exact patching ({passes_needed(runs)} patched passes)", type="primary", key="patch_run",
+    needed = passes_needed(runs)
+    remaining = needed if exact is None else exact.left
+    label = f"{needed} patched passes" if remaining == needed else f"{remaining} of {needed} patched passes left"
+    if st.button(f"Run exact patching ({label})", type="primary", key="patch_run",
                  help="Every head and every residual position from the first changed token on, in batches; the "
                       "positions before it are the same in both prompts, so their effect is 0."):
         exact = run_exact(key)
@@ -104,7 +120,7 @@ if exact is None or exact.partial:
 if exact is not None and exact.partial:
     st.warning(f"Exact patching was stopped{' by you' if st.session_state.get(STOPPED_KEY) else ''}: "
                f"{int(np.isfinite(exact.heads).sum())} of {exact.heads.size} heads are patched; the blank cells are "
-               "not computed. Run it again to finish.", icon=":material/pause_circle:")
+               "not computed. Run it again to patch the rest.", icon=":material/pause_circle:")
 heads = exact.heads if exact is not None else np.full_like(attr.heads, np.nan)
 scale = effect_range(heads, attr.heads)
 rho_heads = rho_resid = float("nan")
@@ -146,11 +162,12 @@ if exact is not None:
 st.subheader("The residual stream, patched per layer and position")
 tokens = inputs.corrupt_tokens
 resid_scale = effect_range(None if exact is None else exact.residual, attr.residual)
-view = st.radio("Residual grid", ["Exact", "Attribution (estimate)"], horizontal=True, key="patch_resid_view",
+view = st.radio("Residual grid", ["exact", "attribution"], horizontal=True, key=RESID_VIEW_KEY,
+                format_func={"exact": "Exact", "attribution": "Attribution (estimate)"}.get,
                 label_visibility="collapsed")
-if view == "Exact" and exact is None:
+if view == "exact" and exact is None:
     st.caption("Run exact patching to fill this grid; attribution patching's estimate is the other view.")
-elif view == "Exact":
+elif view == "exact":
     show_figure(residual_figure(exact.residual, tokens, "Exact patching of resid_pre", scale=resid_scale),
                 "patching_exact_residual", key="patch_resid_exact")
     st.caption(f"Rank correlation with attribution patching: {rho_resid:+.3f}.")
@@ -166,6 +183,9 @@ with view_guard("attention beside effect"):
     table = attention_beside_effect(trace, inputs.differing, heads, attr.heads, dla=dla, roles=roles)
 if table is not None:
     rows = table.to_rows()
+    note = softcap_note(loaded.model)
+    if note is not None:
+        st.caption(note)
     st.caption("One row per head, the largest exact effect first. **attention**: the clean prompt's weight from the "
                "last token to the changed tokens, summed; **norm_weighted**: the same share of ‖α·vW_O‖; "
                "previous_token, duplicate_token, sink: role scores on the clean prompt (induction and retrieval need "

@@ -263,3 +263,46 @@ def test_the_extra_pass_of_a_long_input_gives_the_full_traces_numbers(family, ro
     np.testing.assert_allclose(last.heads, full.heads, atol=ATOL, rtol=0)
     np.testing.assert_allclose(last.mlps, full.mlps, atol=ATOL, rtol=0)
     np.testing.assert_allclose(last.head_readout, full.head_readout, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", ("gpt2", "gemma2", "phi"))
+def test_the_sum_check_catches_a_wrong_head_write(family, root, monkeypatch):
+    """The MLPs are run on the residual stream the heads' writes give, so a wrong W_O (here layer 0's first two heads'
+    slices swapped, a head-layout bug) leaves a gap the check reports; were each MLP's effect the layer's update minus
+    the heads' write, it would absorb the error and the parts would still sum to the logit."""
+    from model_core.effects import attribution as module
+
+    loaded, trace = _traced(family, root)
+    answer = top_two(trace)[0]
+    assert attribute(trace, loaded.model, loaded.family, answer).mlps_run
+    real = module.output_projections
+    d_head = trace.values.shape[-1]
+
+    def wrong(fam, model):
+        out = real(fam, model)
+        w, b = out[0]
+        swapped = torch.cat([w[:, d_head:2 * d_head], w[:, :d_head], w[:, 2 * d_head:]], dim=1)
+        return [(swapped, b), *out[1:]]
+
+    monkeypatch.setattr(module, "output_projections", wrong)
+    with pytest.raises(RuntimeError, match="does not add up"):
+        attribute(trace, loaded.model, loaded.family, answer)
+
+
+def test_the_command_line_defaults_to_the_runner_up_as_the_page_does(root, capsys):
+    import json
+
+    from model_core.cli.main import main
+
+    _, trace = _traced("gpt2", root)
+    top, second = top_two(trace)
+    base = ["attribute", "--model", "pretrained", "--model-id", str(_folder("gpt2", root)), "--text", TEXT,
+            "--device", "cpu", "--json"]
+    for extra, foil in (([], second), (["--no-foil"], None), (["--foil", "runner-up"], second)):
+        assert main(base + extra) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert (got["answer_id"], got["foil_id"]) == (top, foil)
+        assert got["mlps_run"] and got["parts_sum"] == pytest.approx(got["logit"], abs=ATOL)
+    with pytest.raises(SystemExit) as exc:  # a foil and no foil: a usage error
+        main(base + ["--foil", " flies", "--no-foil"])
+    assert exc.value.code == 2

@@ -38,14 +38,18 @@ def test_the_notebook_loads_a_model_by_its_id(tiny, folder):
     np.testing.assert_allclose(by_id.heads, attribute(trace, loaded, answer=" banana").attribution.heads, atol=1e-6)
 
 
-def test_the_notebook_defaults_to_the_top_prediction_and_no_foil(tiny):
+def test_the_notebook_defaults_to_the_top_prediction_and_the_runner_up(tiny):
     loaded, trace = tiny
+    top, second = (int(i) for i in trace.next_token_ids[-1, :2])
     dla = attribute(trace, loaded)
-    assert dla.attribution.answer_id == int(trace.next_token_ids[-1, 0]) and dla.attribution.foil_id is None
+    assert (dla.attribution.answer_id, dla.attribution.foil_id) == (top, second) and "−" in dla.label
     assert dla.text == tuple(loaded.tokenizer.decode([int(i)]) for i in trace.token_ids)
-    assert dla.label.startswith("logit(") and "−" not in dla.label
-    runner = attribute(trace, loaded, runner_up=True)
-    assert runner.attribution.foil_id == int(trace.next_token_ids[-1, 1]) and "−" in runner.label
+    assert attribute(trace, loaded, answer=second).attribution.foil_id == top  # the answer is the runner-up
+    for none in (attribute(trace, loaded, foil=False), attribute(trace, loaded, no_foil=True)):
+        assert none.attribution.foil_id is None
+        assert none.label.startswith("logit(") and "−" not in none.label
+    with pytest.raises(ValueError, match="opposite"):
+        attribute(trace, loaded, foil=" flies", no_foil=True)
 
 
 def test_the_notebook_takes_tokens_as_written(tiny):
@@ -60,7 +64,7 @@ def test_the_notebook_takes_tokens_as_written(tiny):
 
 def test_figures_show_the_numbers(tiny):
     loaded, trace = tiny
-    dla = attribute(trace, loaded, runner_up=True)
+    dla = attribute(trace, loaded)
     grid = dla.heads_figure
     np.testing.assert_array_equal(grid.data[0].z, dla.attribution.heads)
     assert grid.data[0].zmin == -grid.data[0].zmax  # a diverging scale centred at 0

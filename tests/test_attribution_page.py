@@ -130,7 +130,9 @@ def test_the_command_line_prints_the_issues_json(capsys):
     parts = got["embed"] + sum(map(sum, got["heads"])) + sum(got["mlps"]) + got["rest"]
     assert parts == pytest.approx(got["logit"], rel=1e-4) and got["logit"] > 0
     assert got["rest"] == 0.0  # a Llama has no biases
-    code, out, _ = _cli(capsys, "--model-id", BUNDLED_DECODER_ID)
+    code, out, _ = _cli(capsys, "--model-id", BUNDLED_DECODER_ID)  # the runner-up is the default foil
+    assert code == 0 and out.startswith("logit(' Paris') - logit(")
+    code, out, _ = _cli(capsys, "--model-id", BUNDLED_DECODER_ID, "--no-foil")
     assert code == 0 and out.startswith("logit(' Paris') after token 4")
 
 
@@ -168,3 +170,22 @@ def bundled_decoder():
     from model_core.models.loading import load_pretrained
 
     return load_pretrained(BUNDLED_DECODER_ID, device="cpu")
+
+
+def test_a_link_carries_the_split_head_and_the_pieces_are_listed_once(tmp_path):
+    """On a tiny Llama: the link's ``dla_head`` picks the head split by source token (layer * n_heads + head)."""
+    from tiny_models import build_tiny_decoder
+
+    folder = str(build_tiny_decoder("llama", tmp_path / "llama"))
+    at = AppTest.from_file(APP, default_timeout=240)
+    for name, value in {"model": "pretrained", "model_id": folder, "text_a": "time flies like an arrow",
+                        "text_b": "", "dla_head": "5"}.items():
+        at.query_params[name] = value
+    at.run()
+    at.switch_page(PAGE).run()
+    _ok(at)
+    assert at.selectbox(key="pg_dla_head").value == 5
+    assert any("Layer 1, head 1 moves" in c.value for c in at.caption)
+    at.text_input(key="pg_answer").set_value(" xylophonequ").run()
+    warning = at.warning[0].value
+    assert "tokens for this model's tokenizer" in warning and "Its pieces" not in warning

@@ -1,7 +1,7 @@
 """A planted circuit: a tiny two-layer Llama (tests/tiny_models.py) whose layer-1 head 0 is set by hand to find the
 answer token earlier in the text and copy it onto the answer's unembedding at the last position. Direct logit
-attribution must rank that head first and trace its effect to the answer's position; with the head's W_O zeroed, its
-effect vanishes and another head comes first."""
+attribution must rank that head first and trace its effect to the answer's position; with the copy broken in the
+head's value (W_O and its attention as planted), its effect falls away."""
 
 from __future__ import annotations
 
@@ -85,20 +85,35 @@ def test_the_planted_head_reads_the_answers_position(planted):
     assert split[where] > 0.9 * split.sum()
 
 
-def test_removing_the_head_removes_its_effect(planted):
-    """Zero the planted head's W_O: its effect must vanish and another head must come first (the test above fails on
-    such a model)."""
-    loaded, encoded, answer = planted
-    o_proj = loaded.model.model.layers[PLANTED[0]].self_attn.o_proj
-    kept = o_proj.weight[:, :HEAD_DIM].clone()
+def _with_value(loaded, encoded, answer, row: torch.Tensor):
+    """The attribution and the trace with the planted head's value reading ``row`` instead of the answer's
+    embedding (its query, key and W_O as planted), restored after."""
+    v_proj = loaded.model.model.layers[PLANTED[0]].self_attn.v_proj
+    kept = v_proj.weight[0].clone()
     with torch.no_grad():
-        o_proj.weight[:, :HEAD_DIM] = 0.0
+        v_proj.weight[0] = row
     try:
         trace = _trace(loaded, encoded)
-        got = attribute(trace, loaded.model, loaded.family, answer)
+        return attribute(trace, loaded.model, loaded.family, answer), trace
     finally:
         with torch.no_grad():
-            o_proj.weight[:, :HEAD_DIM] = kept
-    assert abs(got.heads[PLANTED]) < 1e-6
-    assert np.unravel_index(np.argmax(got.heads), got.heads.shape) != PLANTED
-    assert got.total == pytest.approx(got.logit, abs=1e-5)
+            v_proj.weight[0] = kept
+
+
+def test_breaking_the_copy_removes_the_heads_effect(planted):
+    """Break the copy in the head's value, leaving W_O and where it looks as planted: its direct effect must fall
+    (the planted test above would then fail), though it still attends to the answer."""
+    loaded, encoded, answer = planted
+    intact = attribute(_trace(loaded, encoded), loaded.model, loaded.family, answer)
+    embed = loaded.model.model.embed_tokens.weight[answer].detach()
+    other = torch.randn(embed.shape, generator=torch.Generator().manual_seed(0))
+    other = _unit(other - (other @ embed) / (embed @ embed) * embed)  # orthogonal to the answer's embedding
+    broken, trace = _with_value(loaded, encoded, answer, other)
+    where = list(encoded.input_ids[0]).index(answer)
+    assert trace.weights[PLANTED[0], PLANTED[1], -1, where] > 0.9  # attention alone would still name this head
+    assert abs(broken.heads[PLANTED]) < 0.1 * intact.heads[PLANTED]
+    assert int(trace.next_token_ids[-1, 0]) != answer  # and the model no longer predicts the answer
+    silent, _ = _with_value(loaded, encoded, answer, torch.zeros_like(embed))  # the head writes nothing
+    assert abs(silent.heads[PLANTED]) < 1e-6
+    assert np.unravel_index(np.argmax(silent.heads), silent.heads.shape) != PLANTED
+    assert silent.total == pytest.approx(silent.logit, abs=1e-5)

@@ -86,7 +86,7 @@ def test_bert_contributions_equal_a_plain_reference(bundled):
 
     trace = build_trace(TraceRequest("pretrained", TEXT), device="cpu")
     flow = trace_flow(trace, bundled.model, bundled.family)
-    for layer in (0, len(bundled.model.encoder.layer) - 1):
+    for layer in range(len(bundled.model.encoder.layer)):  # every layer
         block = copy.deepcopy(bundled.model.encoder.layer[layer]).double()  # the shared model stays as it is
         x = torch.from_numpy(trace.hidden_states[layer]).double()
         weights = torch.from_numpy(trace.weights[layer]).double()
@@ -125,7 +125,7 @@ def test_chapter3_encoder_contributions_equal_a_plain_reference(norm):
     for layer, block in enumerate(resolved.model.encoder.layers):
         block = copy.deepcopy(block).double()
         x = torch.from_numpy(trace.hidden_states[layer]).double()
-        torch.from_numpy(trace.hidden_states[layer + 1]).double()
+        post = torch.from_numpy(trace.hidden_states[layer + 1]).double()
         weights = torch.from_numpy(trace.weights[layer]).double()
         values = torch.from_numpy(trace.values[layer]).double()
         terms = _terms(weights, values, block.attention.output_linear.weight)
@@ -140,4 +140,28 @@ def test_chapter3_encoder_contributions_equal_a_plain_reference(norm):
         got = flow.layer(layer)
         np.testing.assert_allclose(got.attention_heads, exp_terms, atol=1e-5)
         np.testing.assert_allclose(got.attention_residual, exp_res, atol=1e-5)
-        np.testing.assert_allclose(got.ffn + got.ffn_residual, 1.0, atol=1e-5)
+        # the MLP block: pre-LN adds its output to resid_mid; post-LN's parts go through LN2 frozen at its input
+        if norm == "pre":
+            ffn = block.feed_forward(block.layer_norm_2(mid))
+            parts = (ffn, mid)
+        else:
+            ffn = block.feed_forward(mid)
+            ln2 = _frozen_ln(block.layer_norm_2, mid + ffn)
+            parts = (ln2(ffn), ln2(mid))
+        torch.testing.assert_close(mid + ffn if norm == "pre" else block.layer_norm_2(mid + ffn), post,
+                                   atol=1e-4, rtol=0)  # the reference rebuilds the trace's resid_post
+        for i in range(len(x)):
+            prox = [torch.clamp(post[i].abs().sum() - (p[i] - post[i]).abs().sum(), min=EPS) for p in parts]
+            assert got.ffn[i] == pytest.approx(float(prox[0] / sum(prox)), abs=1e-5)
+            assert got.ffn_residual[i] == pytest.approx(float(prox[1] / sum(prox)), abs=1e-5)
+
+
+def test_head_shares_put_contribution_on_attentions_footing():
+    from model_core.effects.contributions import head_shares
+
+    terms = np.array([[[0.2, 0.2, 0.0], [0.05, 0.0, 0.05], [0.0, 0.0, 0.0]]])  # (row, head, key); residual left out
+    within, of_terms = head_shares(terms)
+    np.testing.assert_allclose(within[0, 0], [0.5, 0.5, 0.0])
+    np.testing.assert_allclose(within[0, 1], [0.5, 0.0, 0.5])  # a head row sums to 1, as attention's does
+    np.testing.assert_allclose(within[0, 2], 0.0)  # no terms: zeros, not NaN
+    np.testing.assert_allclose(of_terms[0], [0.8, 0.2, 0.0])  # a head's part of the non-residual mass

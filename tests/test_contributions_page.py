@@ -40,7 +40,21 @@ def test_decoder_page_draws_the_graph_head_maps_and_promoted_tokens(tiny_decoder
     assert any(t.startswith("Contribution graph of") for t in titles), titles
     assert any(t.startswith("Layer 1: each head's contribution") for t in titles), titles
     assert len(at.dataframe) == 2  # the attention and MLP blocks' tokens
-    assert {b.label for b in at.main.get("download_button")} >= {"Graph (JSON)", "Edges (CSV)"}
+    assert {b.label for b in at.main.get("download_button")} >= {
+        "Graph (JSON)", "Edges (CSV)", "Head maps (CSV: contribution and attention)", "Attention block tokens (CSV)",
+        "MLP block tokens (CSV)"}
+    assert any("within the head" in c.value for c in at.caption)  # the caption says how each map is normalised
+
+
+def test_the_row_picker_reads_its_state_from_the_link(tiny_decoders):
+    query = {"model": "pretrained", "model_id": str(tiny_decoders["llama"]), "a": "time flies like an arrow",
+             "graph_layer": "0", "graph_threshold": "0.02"}
+    at = _open(query)
+    picker = at.selectbox(key="pg_graph_row")
+    rows = [int(o.split(":")[0]) for o in picker.options]  # the graph's rows at layer 0
+    assert len(rows) > 1 and picker.value == rows[-1]  # by default the start token (the last)
+    at = _open(query | {"graph_row": str(rows[0])})
+    assert at.selectbox(key="pg_graph_row").value == rows[0]
 
 
 def test_encoder_page_starts_from_any_token_and_says_why_no_tokens(bundled):
@@ -53,6 +67,9 @@ def test_encoder_page_starts_from_any_token_and_says_why_no_tokens(bundled):
 def test_a_threshold_from_a_link_out_of_range_is_brought_back(tiny_decoders):
     at = _open({"model": "pretrained", "model_id": str(tiny_decoders["gpt2"]), "a": "time flies like an arrow"},
                {"pg_graph_threshold": 0.999})
+    assert at.session_state["pg_graph_threshold"] == 0.04
+    at = _open({"model": "pretrained", "model_id": str(tiny_decoders["gpt2"]), "a": "time flies like an arrow"},
+               {"pg_graph_threshold": 0.0})  # below 0.01 every share passes: the whole model
     assert at.session_state["pg_graph_threshold"] == 0.04
 
 

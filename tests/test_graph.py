@@ -3,10 +3,12 @@ from any token of an encoder; and the `graph` verb's JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
+import torch
 
 TEXT = "time flies like an arrow and fruit flies like a banana"
 
@@ -29,7 +31,7 @@ def test_compact_graph_equals_full_graph(tiny_decoders, family):
     from model_core.effects.graph import build_graph
 
     full, compact = _flows(str(tiny_decoders[family]))
-    for threshold in (0.0, 0.04):
+    for threshold in (0.01, 0.04):
         a, b = build_graph(full, -1, threshold), build_graph(compact, -1, threshold)
         assert a.n_edges > 0
         assert [(la, k, s, t) for la, k, s, t in zip(a.layer, a.kind, a.source, a.target)] == \
@@ -139,3 +141,151 @@ def test_notebook_functions_return_arrays_and_figures(tiny_decoders):
                             trace.n_layers - 1)
     assert len(maps.data) == 2 * trace.n_heads and all(t.coloraxis == "coloraxis" for t in maps.data)
     assert (maps.layout.coloraxis.cmin, maps.layout.coloraxis.cmax) == (0.0, 1.0)
+
+
+# -- review fixes: sliding windows, the lowest threshold, bounded memory, prefetch, the compact CLI, the figure -----
+@pytest.fixture(scope="module")
+def sliding(tmp_path_factory):
+    """Tiny Mistral and Gemma 3 whose sliding window (4) is shorter than the text: the mask is not plain causal."""
+    from tiny_models import build_tiny_decoder
+
+    folders = {}
+    for family in ("mistral", "gemma3_text"):
+        folder = build_tiny_decoder(family, tmp_path_factory.mktemp(f"graph-sliding-{family}"))
+        config = json.loads((folder / "config.json").read_text())
+        config["sliding_window"] = 4
+        (folder / "config.json").write_text(json.dumps(config))
+        folders[family] = str(folder)
+    return folders
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
+def test_sliding_window_compact_graph_equals_full_graph(sliding, family):
+    from model_core.effects.graph import build_graph
+
+    full, compact = _flows(sliding[family])
+    assert not compact.source.compact.masks[0][-1, 0]  # the window is shorter than the text
+    for threshold in (0.01, 0.04):
+        a, b = build_graph(full, -1, threshold), build_graph(compact, -1, threshold)
+        assert a.n_edges > 0
+        assert [(la, k, s, t) for la, k, s, t in zip(a.layer, a.kind, a.source, a.target)] == \
+            [(la, k, s, t) for la, k, s, t in zip(b.layer, b.kind, b.source, b.target)]
+        np.testing.assert_allclose(a.weight, b.weight, atol=1e-5)
+
+
+def test_compact_rows_are_zero_at_masked_keys_whatever_their_score(sliding):
+    from model_core.effects.graph_source import CompactSource
+
+    _, compact = _flows(sliding["mistral"])
+    ct = compact.source.compact
+    huge = dataclasses.replace(ct, score_scale=ct.score_scale * 1e5)  # masked scores far past exp's range
+    source = CompactSource(huge, compact.blocks, compact.source.hidden)
+    n = ct.n_tokens
+    rows = source.rows(0, np.arange(n), n)
+    allowed = ct.masks[ct.mask_of_layer[0]]
+    assert not torch.isnan(rows).any()
+    assert (rows.numpy().transpose(0, 2, 1)[~allowed] == 0).all()
+
+
+def test_a_threshold_below_the_lowest_is_refused(tiny_decoders, capsys):
+    from model_core.cli.main import main
+    from model_core.effects.graph import MIN_THRESHOLD, build_graph
+
+    full, _ = _flows(str(tiny_decoders["llama"]))
+    for threshold in (0.0, MIN_THRESHOLD / 2):
+        with pytest.raises(ValueError, match="0.01"):
+            build_graph(full, -1, threshold)
+    assert full.kept_bytes == 0  # refused before any node was computed
+    folder = str(tiny_decoders["llama"])
+    assert main(["graph", "--model", "pretrained", "--model-id", folder, "--text", TEXT, "--threshold", "0"]) == 1
+    assert "0.01" in capsys.readouterr().err
+
+
+def test_kept_nodes_stay_under_the_byte_bound_and_give_the_same_graph(tiny_decoders):
+    from model_core.effects.graph import build_graph
+    from model_core.effects.graph_flow import ContributionFlow
+
+    full, _ = _flows(str(tiny_decoders["llama"]))
+    a = build_graph(full, -1, 0.01)
+    bound = full.kept_bytes // 3
+    small = ContributionFlow(full.source, full.blocks, max_kept_bytes=bound)
+    b = build_graph(small, -1, 0.01)
+    assert 0 < small.kept_bytes <= bound
+    assert small.nbytes >= small.max_kept_bytes  # a cache measuring the flow once sees its bound
+    np.testing.assert_array_equal(a.source, b.source)
+    np.testing.assert_allclose(a.weight, b.weight, atol=1e-6)
+
+
+def test_a_stopped_walk_computes_nothing_and_the_prefetcher_keeps_the_newest(tiny_decoders):
+    from model_core.effects.graph import Prefetcher, build_graph
+    from model_core.effects.graph_flow import Superseded
+
+    full, _ = _flows(str(tiny_decoders["llama"]))
+    with pytest.raises(Superseded):
+        build_graph(full, -1, 0.04, stop=lambda: True)
+    assert full.kept_bytes == 0
+    prefetcher = Prefetcher(full)
+    prefetcher.request(-1, 0.3)
+    prefetcher.request(-1, 0.08)  # supersedes the first if it still runs
+    prefetcher.join(60)
+    assert (-1, 0.08) in prefetcher.done
+    kept = full.kept_bytes
+    build_graph(full, -1, 0.04)  # 0.08 × 0.5: every node was prefetched
+    assert full.kept_bytes == kept
+    prefetcher.request(-1, 0.08)
+    assert prefetcher._thread is None  # done already: no new thread
+
+
+def test_graph_cli_prints_reached_nodes_of_a_compact_trace(tiny_decoders, capsys, monkeypatch):
+    from model_core.cli.main import main
+
+    monkeypatch.setenv("AE_FULL_TRACE_MB", "0.01")  # about 50 tokens of a tiny decoder are traced compact
+    folder = str(tiny_decoders["llama"])
+    text = " ".join([TEXT] * 4)
+    assert main(["graph", "--model", "pretrained", "--model-id", folder, "--text", text, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["matrices"] is False and len(out["layers"]) == out["n_layers"] and "compact" in out["note"]
+    top = out["layers"][-1]
+    last = len(out["tokens"]) - 1
+    assert top["ffn"][last] is not None and top["ffn_residual"][last] is not None
+    assert top["ffn"][last] + top["ffn_residual"][last] == pytest.approx(1.0, abs=1e-5)
+    reached = {(n["stage"], n["position"]) for n in out["graph"]["nodes"]}
+    for layer, record in enumerate(out["layers"]):
+        for p, value in enumerate(record["attention_residual"]):
+            assert (value is not None) == ((2 * layer + 1, p) in reached)
+
+
+def test_graph_figure_places_token_columns_evenly(tiny_decoders):
+    from attention_explorer.contributions import graph_figure
+    from model_core.effects.graph import build_graph
+
+    full, _ = _flows(str(tiny_decoders["llama"]))
+    graph = build_graph(full, -1, 0.1)
+    fig = graph_figure(graph, full.tokens)
+    positions = sorted({p for _, p in graph.nodes()})
+    assert list(fig.layout.xaxis.tickvals) == list(range(len(positions)))
+    assert [t.split(" ·")[-1] for t in fig.layout.xaxis.ticktext] == [str(p) for p in positions]
+    node = next(t for t in fig.data if t.name == "node")
+    assert set(np.asarray(node.x).tolist()) == set(range(len(positions)))
+
+
+def test_model_modules_run_under_the_routes_gate(tiny_decoders):
+    from model_core.effects.graph_tokens import block_tokens
+    from model_core.models.loading import load_pretrained
+    from model_core.trace.gate import GATE
+
+    folder = str(tiny_decoders["llama"])
+    _, compact = _flows(folder)
+    loaded = load_pretrained(folder, device="cpu")
+    model = compact.blocks.model
+    held = []
+    record = lambda *_: held.append(getattr(GATE._held, "depth", 0) > 0)  # noqa: E731
+    hooks = [model.model.layers[0].self_attn.v_proj.register_forward_hook(record),
+             model.model.norm.register_forward_pre_hook(record)]
+    try:
+        compact.blocks.values(0, compact.source.hidden[0])  # a compact trace's values: v_proj over every position
+        block_tokens(compact, model, compact.blocks.family, loaded.tokenizer, 0, 3)  # the final norm, frozen
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(held) >= 2 and all(held), held  # v_proj, and the final norm (at least once)

@@ -259,3 +259,30 @@ def test_runs_and_attribution_in_fewer_passes_equal_the_separate_ones(setup):
     separate = attribution_patching(resolved.family, resolved.model, runs)
     np.testing.assert_allclose(estimate.heads, separate.heads, atol=ATOL)
     np.testing.assert_allclose(estimate.residual, separate.residual, atol=ATOL)
+
+
+def test_a_stopped_run_resumes_where_it_stopped(setup):
+    """Resuming patches only what the stopped run left out, and ends with the full run's grids."""
+    from model_core.effects import patching
+
+    resolved, runs = setup
+    asked = []
+    stopped = patching.exact_patching(resolved.family, resolved.model, runs, batch=3,
+                                      stop=lambda: asked.append(1) or len(asked) > 2)  # two batches, then stop
+    full = patching.exact_patching(resolved.family, resolved.model, runs)
+    patched, real = [], patching.patched_metrics
+    counting = lambda *a, **k: patched.extend(a[3]) or real(*a, **k)
+    seen = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(patching, "patched_metrics", counting)
+        resumed = patching.exact_patching(resolved.family, resolved.model, runs, resume=stopped,
+                                          progress=lambda d, t: seen.append((d, t)))
+    assert stopped.partial and not resumed.partial and resumed.left == 0
+    assert stopped.left == patching.passes_needed(runs) - 6
+    assert len(patched) == patching.passes_needed(runs) - 6  # the six patches done before are not run again
+    assert seen[-1] == (patching.passes_needed(runs),) * 2
+    np.testing.assert_allclose(resumed.heads, full.heads, atol=ATOL)
+    np.testing.assert_allclose(resumed.residual, full.residual, atol=ATOL)
+    with pytest.raises(ValueError, match="same prompts and model"):
+        patching.exact_patching(resolved.family, resolved.model, runs,
+                                resume=patching.ExactPatching(np.zeros((1, 1)), np.zeros((1, 1)), partial=True))

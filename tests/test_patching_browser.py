@@ -1,5 +1,6 @@
 """The activation patching page in headless Chromium with the bundled SmolLM2: Run shows a progress bar and a Stop
-button, and Stop keeps the grid computed so far, marked partial; a click on a head opens the heatmaps."""
+button, and Stop keeps the grid computed so far, marked partial, which running it again resumes; a click on a head
+opens the heatmaps."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def test_stop_keeps_a_partial_grid(app_url, browser):
         page.goto(f"{app_url}/patching?{LINK}", wait_until="domcontentloaded")
         wait_for_run(page, TIMEOUT_S, 2.0)
         assert page.get_by_text("Attribution patching (estimate)").count() > 0
-        page.get_by_role("button", name="Run exact patching").click()
+        run = page.get_by_role("button", name="Run exact patching")
+        needed = int(run.inner_text().split("(")[1].split(" ")[0])  # "Run exact patching (N patched passes)"
+        run.click()
         page.get_by_text("Exact patching: 1", exact=False).first.wait_for(timeout=TIMEOUT_S * 1000)  # a batch done
         page.get_by_test_id("stMainBlockContainer").get_by_role("button", name="Stop").click()
         wait_for_run(page, TIMEOUT_S, 2.0)
@@ -44,6 +47,8 @@ def test_stop_keeps_a_partial_grid(app_url, browser):
         done = int(warning.split(": ")[1].split(" of ")[0])
         assert 0 < done < 270
         assert page.get_by_text("Exact patching (partial)").count() > 0
+        resume = page.get_by_role("button", name="Run exact patching")
+        assert f"{needed - done} of {needed} patched passes left" in resume.inner_text()  # running it again resumes
         assert page.locator('[data-testid="stException"]').count() == 0
         _click_head(page, "Exact patching (partial)", layer=1, head=2, n_layers=30, n_heads=9)
         page.wait_for_url("**/heatmaps?**", timeout=TIMEOUT_S * 1000)

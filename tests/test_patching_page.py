@@ -56,7 +56,7 @@ def test_the_page_shows_attribution_then_runs_exact_patching(llama):
     assert not at.exception, [e.value for e in at.exception]
     titles = _charts(at)
     assert "Exact patching" in titles and "Exact patching of resid_pre" in titles
-    at.radio(key="patch_resid_view").set_value("Attribution (estimate)").run()
+    at.radio(key="pg_patch_resid").set_value("attribution").run()
     assert "Attribution patching of resid_pre" in _charts(at)
     assert any(m.label.startswith("Rank correlation") for m in at.metric)
     labels = [b.label for b in at.get("download_button")]
@@ -89,6 +89,13 @@ def test_a_stopped_run_shows_its_partial_grid(llama):
     assert "4 of 8 heads are patched" in at.warning[0].value
     assert "Exact patching (partial)" in _charts(at)
     assert at.button(key="patch_run").label.startswith("Run exact patching")  # it can be finished
+    assert "patched passes left" in at.button(key="patch_run").label
+    at.button(key="patch_run").click().run()  # resumes: the four heads done are kept, not patched again
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Exact patching" in _charts(at) and not at.warning
+    finished = patching.finished_exact((model, *TINY_PAIR.values()))
+    assert not finished.partial and finished.left == 0
+    np.testing.assert_array_equal(finished.heads[0], 0.25)  # a real pass would not give 0.25 four times
 
 
 @pytest.mark.parametrize("state, expected", [
@@ -120,3 +127,26 @@ def test_the_bundled_smollm2_with_a_ready_pair_from_a_link():
     clean, corrupt = (float(m.value) for m in at.metric[:2])
     assert clean > 0 > corrupt
     assert "Attribution patching (estimate)" in _charts(at)
+
+
+@pytest.mark.parametrize("text", ["", "a long text " * 3000])
+def test_the_page_needs_only_the_model_not_the_sidebars_text(llama, text):
+    """An empty sidebar text (no trace) or a long one (a compact trace) leaves the page working: it reads the model."""
+    at = _open(str(llama), **TINY_PAIR, ctl_text_a=text, ctl_text_b="")
+    assert not at.error, [e.value for e in at.error]
+    assert [m.label for m in at.metric][:2] == ["Clean metric", "Corrupted metric"]
+    assert "Attribution patching (estimate)" in _charts(at)
+
+
+def test_a_softcapped_model_says_the_dla_column_is_before_the_cap(llama, tmp_path):
+    softcap = lambda at: [c.value for c in at.caption if "caps its logits" in c.value]
+    assert not softcap(_open(str(llama), **TINY_PAIR))
+    at = _open(str(build_tiny_decoder("gemma2", tmp_path / "gemma2")), **TINY_PAIR)
+    assert not at.error, [e.value for e in at.error]
+    assert "dla** column is before it" in softcap(at)[0]
+
+
+def test_a_link_carries_the_residual_view(llama):
+    at = _open(str(llama), query={"patch_resid": "attribution"}, **TINY_PAIR)
+    assert at.radio(key="pg_patch_resid").value == "attribution"
+    assert "Attribution patching of resid_pre" in _charts(at)

@@ -18,12 +18,13 @@ from model_core.effects.attribution_long import (
 )
 from model_core.trace.trace import AttentionTrace
 from ui.analysis_widgets import clicked_cell, show_figure
+from ui.fields import PAGE_PARAMS
 from ui.focus import set_focus
 from ui.loaders import get_pretrained
 from ui.trace_cache import per_trace
 
 OPEN_FLAG = "_dla_open_heatmaps"
-SPLIT_KEY = "dla_split_head"
+SPLIT_KEY = PAGE_PARAMS["dla_head"][0]  # the link carries the split head (-1: the strongest)
 TOP = 5  # heads listed each way
 BARS_FROM = 128  # past this many tokens the split is also drawn as bars (the text wraps over many lines)
 

@@ -131,15 +131,18 @@ PAGE_PARAMS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "graph_token": ("pg_graph_token", _int_in(-1, 19_999), -1),
     "graph_threshold": ("pg_graph_threshold", _float_in(0.0, 1.0), 0.04),
     "graph_layer": ("pg_graph_layer", _int_in(-1, MAX_INDEX), -1),
+    "graph_row": ("pg_graph_row", _int_in(-1, 19_999), -1),
     # Direct logit attribution: the answer and foil as written ("" = the top prediction / the runner-up).
     "answer": ("pg_answer", _text, ""),
     "foil": ("pg_foil", _text, ""),
     "no_foil": ("pg_no_foil", _flag, False),
+    "dla_head": ("pg_dla_head", _int_in(-1, 10**7), -1),  # layer * n_heads + head split by source (-1: strongest)
     # Activation patching: the two prompts, the answer and the foil ("" = the page's ready pair).
     "clean": ("pg_clean", _text, ""),
     "corrupt": ("pg_corrupt", _text, ""),
     "patch_answer": ("pg_patch_answer", _text, ""),
     "patch_foil": ("pg_patch_foil", _text, ""),
+    "patch_resid": ("pg_patch_resid", _choice("exact", "attribution"), "exact"),
     # Generate: the prompt and the decoding settings.
     "prompt": ("pg_prompt", _text, ""),
     "chat": ("pg_chat", _flag, True),

@@ -137,10 +137,16 @@ def _stop() -> None:
     st.session_state[STOPPED_KEY] = True
 
 
+def stopped_exact(key: PatchKey) -> ExactPatching | None:
+    """This session's partial exact patching of ``key`` (stopped, or cut short by another click), or None."""
+    kept = st.session_state.get(PARTIAL_KEY)
+    return kept[1] if kept is not None and kept[0] == key and kept[1].partial else None
+
+
 def run_exact(key: PatchKey) -> ExactPatching:
-    """Exact patching of ``key`` with a progress bar and a Stop button. What each batch computes is kept in the
-    session as it goes: a Stop (or any other click, which reruns the page) ends the run and the next run of the page
-    shows the partial grid."""
+    """Exact patching of ``key`` with a progress bar and a Stop button, resuming this session's partial run of it.
+    What each batch computes is kept in the session as it goes: a Stop (or any other click, which reruns the page)
+    ends the run and the next run of the page shows the partial grid; running it again patches only the rest."""
     runs = patch_base(*key)[0]
     resolved = _resolved(key[0])
     st.session_state[STOPPED_KEY] = False
@@ -152,12 +158,27 @@ def run_exact(key: PatchKey) -> ExactPatching:
     def progress(done: int, total: int) -> None:
         bar.progress(done / total, text=f"Exact patching: {done} of {total} patched passes")
 
-    result = exact_patching(resolved.family, resolved.model, runs, progress=progress,
-                            stop=lambda: bool(st.session_state.get(STOPPED_KEY)), keep=lambda r: _keep(key, r))
+    # No ``stop`` flag: the Stop button's callback runs only at the start of the next script run, so a flag it set
+    # could never be read as True during this one. Stopping works because the click asks Streamlit for a rerun, and
+    # the script runner ends this run (a RerunException) at its next message to the browser, the next bar.progress;
+    # ``keep`` has stored every finished batch by then, and the callback marks the partial result as stopped by you.
+    result = exact_patching(resolved.family, resolved.model, runs, progress=progress, keep=lambda r: _keep(key, r),
+                            resume=stopped_exact(key))
     _keep(key, result)
     bar.empty()
     stop_slot.empty()
     return result
+
+
+def softcap_note(model: Any) -> str | None:
+    """A caption for a model whose logits are softcapped (Gemma 2): the metric is after the cap, the DLA column
+    before it. None for other models."""
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap is None:
+        return None
+    return (f"This model caps its logits (c·tanh(x/c), c = {cap:g}). The metric and every patching effect are after "
+            "the cap, as the model predicts; the table's **dla** column is before it (the cap is not linear, so "
+            "direct logit attribution splits the logit under it), so the two are on different scales.")
 
 
 @per_trace()

@@ -1,9 +1,10 @@
 """The ``attribute`` verb: direct logit attribution of a decoder's next-token logit at one position.
 
-``python -m model_core attribute --model pretrained --model-id ID --text TEXT [--answer STR] [--foil STR]
+``python -m model_core attribute --model pretrained --model-id ID --text TEXT [--answer STR] [--foil STR | --no-foil]
 [--position I] --json`` prints {"tokens", "answer_id", "foil_id", "logit", "embed", "heads": L×H, "mlps": [L], "rest",
-"position", "parts_sum"} (and a "note" for a model with a final-logit softcap). The answer defaults to the model's top
-prediction; with ``--foil`` the logit difference is split (``--foil runner-up``: the second prediction).
+"position", "parts_sum", "mlps_run"} (and a "note" for a model with a final-logit softcap). The answer defaults to
+the model's top prediction and the foil to the runner-up (the top prediction when the answer is the runner-up), as on
+the page: the logit difference is split; ``--no-foil`` splits the answer's logit itself.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ def add_attribute_parser(sub: Any) -> None:
     att.add_argument("--answer", default=None,
                      help="the answer token as written, leading space included (\" Paris\"); default: the model's "
                           "top prediction")
-    att.add_argument("--foil", default=None,
-                     help=f"a token whose logit is subtracted (\" London\"), or {RUNNER_UP!r} for the model's second "
-                          "prediction; default: no foil (the logit itself)")
+    foil = att.add_mutually_exclusive_group()
+    foil.add_argument("--foil", default=None,
+                      help=f"a token whose logit is subtracted (\" London\"); default: {RUNNER_UP!r}, the model's "
+                           "second prediction (its first when the answer is the second)")
+    foil.add_argument("--no-foil", action="store_true", help="split the answer's logit itself, with no foil")
     att.add_argument("--position", type=int, default=-1, help="the position to read (default -1: the last token)")
     att.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
     att.add_argument("--json", action="store_true", help="print JSON")
@@ -73,6 +76,14 @@ def run_attribute(args: argparse.Namespace) -> Any:
     encoded = resolved.encode(request)
     family, model, n = resolved.family, resolved.model, encoded.input_ids.shape[1]
     pick = lambda text, fallback: fallback if text is None else token_id_of(resolved.tokenizer, text)
+
+    def foil_of(answer: int, top: int, second: int) -> int | None:
+        if args.no_foil:
+            return None
+        if args.foil is None or args.foil == RUNNER_UP:
+            return second if second != answer else top
+        return pick(args.foil, None)
+
     try:
         check_full_size(family.n_layers(model.config), family.n_heads(model.config), n)
     except ValueError:  # a long text: one more pass keeps what the last position needs
@@ -81,13 +92,13 @@ def run_attribute(args: argparse.Namespace) -> Any:
                              "it only the last position is attributed: leave out --position.") from None
         last = last_position_pass(family, model, encoded.input_ids[0].numpy())
         top, second = (int(i) for i in last.top_ids[:2])
-        foil = None if args.foil is None else second if args.foil == RUNNER_UP else pick(args.foil, None)
-        return attribute_last(family, model, encoded.input_ids[0].numpy(), encoded.tokens, pick(args.answer, top),
-                              foil, last=last), resolved.tokenizer
+        answer = pick(args.answer, top)
+        return attribute_last(family, model, encoded.input_ids[0].numpy(), encoded.tokens, answer,
+                              foil_of(answer, top, second), last=last), resolved.tokenizer
     trace = trace_model(family, model, encoded, resolved.description, tokenizer=resolved.tokenizer)
     top, second = top_two(trace, args.position)
-    foil = None if args.foil is None else second if args.foil == RUNNER_UP else pick(args.foil, None)
-    return attribute(trace, model, family, pick(args.answer, top), foil, args.position), resolved.tokenizer
+    answer = pick(args.answer, top)
+    return attribute(trace, model, family, answer, foil_of(answer, top, second), args.position), resolved.tokenizer
 
 
 def _lines(result: Any, tokenizer: Any) -> list[str]:

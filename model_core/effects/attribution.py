@@ -7,9 +7,11 @@ write gets an exact share of the logit (or of the logit difference with a foil),
     logit = embed + Σ heads + Σ mlps + rest
 
 A head's write at position i is W_Oʰ·z_h(i) with z_h(i) = Σ_j αᵢⱼʰ·vⱼ, read from the full trace (``weights`` and
-``values``); an MLP's is the layer's residual update minus its attention output. Gemma 2/3 normalise the attention
-output before the residual sum: that norm is frozen at the attention output too. Nothing runs the model again: the
-read-out uses its weights and the trace (a long input's compact trace has no values: ``attribution_long`` takes one
+``values``); an MLP's is its own modules' output, run on one vector: the residual stream before it plus the
+attention write those z give. So the sum is a real check: a wrong head write feeds the MLPs a wrong input and is not
+absorbed by them (for a block it does not know, the MLP's effect is the layer's update minus the attention write, and
+the sum then holds by construction). Gemma 2/3 normalise the attention output before the residual sum: that norm is
+frozen at the attention output too. Nothing runs the whole model again (only each MLP, on one vector): the read-out uses its weights and the trace (a long input's compact trace has no values: ``attribution_long`` takes one
 more pass for the last position). See Elhage et al. (2021), "A Mathematical Framework for Transformer
 Circuits", and Nanda's TransformerLens ``decompose_resid`` / ``stack_head_results``.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from model_core.effects.attribution_readout import (
     final_readout,
@@ -70,6 +73,10 @@ class Attribution:
         head_readout: the direction in each head's z its effect is read along (W_Oʰᵀ pulled back from the
             unembedding through the frozen norms): effect = z_h · head_readout[l, h]. Shape: (layer, head, d_head).
         final_softcap: the model's final-logit softcap (Gemma 2), which ``logit`` is before; else None.
+        mlps_run: True when every MLP's effect was read by running its own modules on the residual stream the heads'
+            writes give (so ``total == logit`` checks the heads' writes); False for a block this does not know, whose
+            MLP effect is the layer's update minus the attention write (the sum then holds by construction and
+            checks only the frozen final norm and the unembedding).
     """
 
     tokens: tuple[str, ...]
@@ -83,6 +90,7 @@ class Attribution:
     rest: float
     head_readout: np.ndarray
     final_softcap: float | None = None
+    mlps_run: bool = True
 
     def __post_init__(self) -> None:
         n_layers, n_heads = self.heads.shape
@@ -140,7 +148,7 @@ class Attribution:
         position, the parts' sum and (for a capped model) a note."""
         out = {"tokens": list(self.tokens), "answer_id": self.answer_id, "foil_id": self.foil_id,
                "logit": self.logit, "embed": self.embed, "heads": self.heads.tolist(), "mlps": self.mlps.tolist(),
-               "rest": self.rest, "position": self.position, "parts_sum": self.total}
+               "rest": self.rest, "position": self.position, "parts_sum": self.total, "mlps_run": self.mlps_run}
         if self.final_softcap is not None:
             out["note"] = (f"logit is before the model's final-logit softcap ({self.final_softcap:g}·tanh(x/"
                            f"{self.final_softcap:g})), which is not linear.")
@@ -274,15 +282,19 @@ def decompose(model: Any, family: Any, z: np.ndarray, hidden: np.ndarray, tokens
     result = Attribution(tokens=tokens, position=position, answer_id=int(answer_id),
                          foil_id=None if foil_id is None else int(foil_id), logit=read.logit,
                          embed=float(hidden[0] @ read.direction), heads=heads, mlps=mlps, rest=float(rest),
-                         head_readout=readout, final_softcap=None if softcap is None else float(softcap))
-    _check_sum(result)
+                         head_readout=readout, final_softcap=None if softcap is None else float(softcap),
+                         mlps_run=independent)
+    _check_sum(result, next(model.parameters()).dtype)
     return result
 
 
-def _check_sum(result: Attribution) -> None:
-    """The loud check: the parts must sum to the model's own logit (difference)."""
+def _check_sum(result: Attribution, dtype: Any = None) -> None:
+    """The loud check: the parts must sum to the model's own logit (difference), within rounding (the MLPs are run
+    again on one vector each, in the model's precision: ``dtype``)."""
     gap = abs(result.total - result.logit)
-    if gap > CHECK_TOLERANCE * max(abs(result.logit), 1.0):
+    size = abs(result.embed) + float(np.abs(result.heads).sum() + np.abs(result.mlps).sum()) + abs(result.rest)
+    relative = CHECK_TOLERANCE if dtype is None else max(CHECK_TOLERANCE, 8 * torch.finfo(dtype).eps)
+    if gap > relative * max(abs(result.logit), size, 1.0):
         raise RuntimeError(f"Direct logit attribution does not add up: the parts sum to {result.total:.6f} but the "
                            f"model's logit is {result.logit:.6f} (gap {gap:.2e}). This model's blocks write into the "
                            "residual stream in a way the attribution does not know; please report it.")

@@ -3,8 +3,8 @@
 A node is a residual-stream vector: resid_mid (after attention) or resid_post (after the MLP) of a layer at a
 position. A node's contributions cost ``n · H · d`` (its attention row's terms); they are kept once computed (a few
 kilobytes a node), so a threshold change only re-runs the walk. The kept attention rows are a least-recently-used
-cache bounded by ``MAX_KEPT_BYTES`` (an evicted node is computed again when asked); the MLP shares are two floats a
-node. Nothing of size layer × head × n² × d is held: a layer's term directions (d × head × n) are made when a chunk
+cache bounded by ``MAX_KEPT_BYTES`` (an evicted node is computed again when asked); the MLP shares are one fixed
+array of two floats a node. Nothing of size layer × head × n² × d is held: a layer's term directions (d × head × n) are made when a chunk
 of its nodes is computed, and dropped after.
 """
 
@@ -84,7 +84,8 @@ class ContributionFlow:
         self.n_layers, self.n_heads, self.n_tokens = source.n_layers, source.n_heads, source.n_tokens
         self.tokens = source.tokens
         self.max_kept_bytes = int(max_kept_bytes)
-        self._mlp: dict[tuple[int, int], tuple[float, float]] = {}
+        # (ffn, residual) shares of every node, NaN until computed: a fixed layers × tokens × 2 floats
+        self._mlp = np.full((self.n_layers, self.n_tokens, 2), np.nan, dtype=np.float32)
         self._attention: OrderedDict[tuple[int, int], tuple[np.ndarray, float]] = OrderedDict()
         self._kept_bytes = 0
         self._lock = threading.Lock()  # one cached flow may serve several sessions
@@ -93,7 +94,7 @@ class ContributionFlow:
     def nbytes(self) -> int:
         """Bytes this flow holds of its own: at most ``max_kept_bytes`` of kept attention rows, the MLP shares, and
         a compact pass's residual stream (so a cache that measures it once still sees its bound)."""
-        return self.max_kept_bytes + 64 * len(self._mlp) + int(getattr(self.source, "own_nbytes", 0))
+        return self.max_kept_bytes + self._mlp.nbytes + int(getattr(self.source, "own_nbytes", 0))
 
     @property
     def kept_bytes(self) -> int:
@@ -108,11 +109,14 @@ class ContributionFlow:
             Superseded: ``stop`` said so between chunks.
         """
         # a reached resid_post nearly always reaches its resid_mid: both blocks are filled at once
-        self._fill_missing(layer, [p for p in positions if (layer, p) not in self._mlp], stop)
-        with self._lock:
-            missing = [p for p in positions if (layer, p) not in self._mlp]
-            self._fill(layer, missing)
-            return [self._mlp[layer, p] for p in positions]
+        missing = [p for p in positions if np.isnan(self._mlp[layer, p, 0])]
+        for c0 in range(0, len(missing), FILL_CHUNK):  # the lock is held one chunk at a time
+            if stop is not None and stop():
+                raise Superseded("a newer request replaced this one")
+            with self._lock:
+                self._fill(layer, [p for p in missing[c0:c0 + FILL_CHUNK] if np.isnan(self._mlp[layer, p, 0])])
+                self._evict()
+        return [(float(self._mlp[layer, p, 0]), float(self._mlp[layer, p, 1])) for p in positions]
 
     def attention(self, layer: int, positions: list[int], stop: Stop | None = None) -> list[tuple[np.ndarray, float]]:
         """The attention block's ((head, key) shares, residual share) at each position, computed where not kept.
@@ -132,15 +136,6 @@ class ContributionFlow:
                     out[p] = self._attention[layer, p]
                 self._evict()
         return [out[p] for p in positions]
-
-    def _fill_missing(self, layer: int, missing: list[int], stop: Stop | None) -> None:
-        """Fill ``missing`` positions a chunk at a time, the lock held per chunk."""
-        for c0 in range(0, len(missing), FILL_CHUNK):
-            if stop is not None and stop():
-                raise Superseded("a newer request replaced this one")
-            with self._lock:
-                self._fill(layer, [p for p in missing[c0:c0 + FILL_CHUNK] if (layer, p) not in self._mlp])
-                self._evict()
 
     def _evict(self) -> None:
         """Drop the least recently used attention rows past ``max_kept_bytes`` (the lock held)."""
@@ -164,8 +159,7 @@ class ContributionFlow:
         rows = self.source.rows(layer, pos, n_keys)  # (rows, head, key)
         join, mlp = self._joins(layer, pos, rows, values)
         mlp_shares = shares(torch.stack([mlp.mlp, mlp.residual]), mlp.whole).numpy()  # (2, rows)
-        for i, p in enumerate(pos.tolist()):
-            self._mlp[layer, p] = (float(mlp_shares[0, i]), float(mlp_shares[1, i]))
+        self._mlp[layer, pos] = mlp_shares.T
         directions = join.directions(self.blocks.raw_directions(layer, values))  # (head, d, key)
         terms, res = attention_shares(rows * join.scale[:, None, None], directions, join.whole, join.residual)
         for i, p in enumerate(pos.tolist()):

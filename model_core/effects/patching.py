@@ -97,6 +97,11 @@ class ExactPatching:
         """How many patches were computed."""
         return int(np.isfinite(self.heads).sum() + np.isfinite(self.residual).sum())
 
+    @property
+    def left(self) -> int:
+        """How many patches are not computed yet (NaN): the patched passes resuming it runs."""
+        return int(np.isnan(self.heads).sum() + np.isnan(self.residual).sum())
+
 
 # -- one pass ---------------------------------------------------------------------------------------------------
 _PASS: contextvars.ContextVar[object | None] = contextvars.ContextVar("ae_patch_pass", default=None)
@@ -309,7 +314,8 @@ def batch_size(n_tokens: int) -> int:
 
 def exact_patching(family: Family, model: Any, runs: PatchRuns, *, heads: bool = True, residual: bool = True,
                    progress: Progress | None = None, stop: Stop | None = None, batch: int | None = None,
-                   keep: Callable[[ExactPatching], None] | None = None) -> ExactPatching:
+                   keep: Callable[[ExactPatching], None] | None = None,
+                   resume: ExactPatching | None = None) -> ExactPatching:
     """Patch every head's ``z`` and every (layer, position) of ``resid_pre`` from the clean run into the corrupted
     run, one at a time, in batches.
 
@@ -323,6 +329,11 @@ def exact_patching(family: Family, model: Any, runs: PatchRuns, *, heads: bool =
         batch: copies per pass (default ``batch_size(n_tokens)``).
         keep: called after each batch with the result so far (marked partial until the last batch), so a caller
             whose run may be cut short (a Streamlit rerun) keeps what was computed.
+        resume: a partial result of the same runs and grids: its finite effects are kept and only the rest (NaN)
+            is patched; ``progress`` counts them as done.
+
+    Raises:
+        ValueError: ``resume`` has other grid shapes than these runs'.
 
     Shape: -> heads (layer, head), residual (layer, pos).
     """
@@ -331,7 +342,10 @@ def exact_patching(family: Family, model: Any, runs: PatchRuns, *, heads: bool =
     effects = np.full(len(patches), np.nan)
     same = np.array([unchanged(runs, p) for p in patches], dtype=bool)
     effects[same] = 0.0
-    todo = np.flatnonzero(~same)
+    if resume is not None:
+        effects = _resumed(runs, resume, effects, heads, residual)
+    todo = np.flatnonzero(np.isnan(effects))
+    already = int((~same & ~np.isnan(effects)).sum())  # patched passes the resumed run had done
     n_heads = runs.n_layers * runs.n_heads if heads else 0
     for start in range(0, len(todo), size):
         if stop is not None and stop():
@@ -341,8 +355,22 @@ def exact_patching(family: Family, model: Any, runs: PatchRuns, *, heads: bool =
         if keep is not None:
             keep(_grids(runs, effects, n_heads, heads, residual, partial=start + size < len(todo)))
         if progress is not None:
-            progress(start + len(chunk), len(todo))
+            progress(already + start + len(chunk), already + len(todo))
     return _grids(runs, effects, n_heads, heads, residual, partial=False)
+
+
+def _resumed(runs: PatchRuns, resume: ExactPatching, effects: np.ndarray, heads: bool,
+             residual: bool) -> np.ndarray:
+    """``effects`` (flat, heads first) with a partial result's finite effects filled in."""
+    shapes = ((runs.n_layers, runs.n_heads), (runs.n_layers, runs.inputs.n_tokens))
+    if (resume.heads.shape, resume.residual.shape) != shapes:
+        raise ValueError(f"The result to resume has grids {resume.heads.shape} and {resume.residual.shape}, but "
+                         f"these runs have {shapes[0]} and {shapes[1]}: resume a result of the same prompts and model.")
+    done = np.concatenate([resume.heads.ravel() if heads else [], resume.residual.ravel() if residual else []])
+    out = effects.copy()
+    known = np.isfinite(done)
+    out[known] = done[known]
+    return out
 
 
 def _grids(runs: PatchRuns, effects: np.ndarray, n_heads: int, heads: bool, residual: bool, *,
