@@ -129,7 +129,7 @@ PRESSES = ("streaming_llm", "knorm", "snapkv", "tova", "observed_attention")
 PAGE_PARAMS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     # Contributions: the token the graph starts from (-1: the last), its threshold, the layer opened below it.
     "graph_token": ("pg_graph_token", _int_in(-1, 19_999), -1),
-    "graph_threshold": ("pg_graph_threshold", _float_in(0.0, 1.0), 0.04),
+    "graph_threshold": ("pg_graph_threshold", _float_in(0.01, 0.99), 0.04),
     "graph_layer": ("pg_graph_layer", _int_in(-1, MAX_INDEX), -1),
     "graph_row": ("pg_graph_row", _int_in(-1, 19_999), -1),
     # Direct logit attribution: the answer and foil as written ("" = the top prediction / the runner-up).
