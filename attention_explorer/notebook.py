@@ -190,16 +190,17 @@ class Trace:
         return role_scores(self.core, ("previous_token", "duplicate_token", "sink", "induction"))
 
     # -- effects --------------------------------------------------------------------------------
-    def attribute(self, answer: str | int | None = None, foil: str | int | None = None, *, position: int = -1,
-                  runner_up: bool = False, model: str | None = None):
+    def attribute(self, answer: str | int | None = None, foil: str | int | bool | None = None, *, position: int = -1,
+                  no_foil: bool = False, model: str | None = None):
         """Direct logit attribution of a decoder's next-token logit (``model_core.effects.attribution``): the
         embedding's, every head's and every MLP's direct effect, through the final norm frozen at the residual.
 
         Args:
             answer: the answer token as written (" Paris") or its id; default: the top prediction.
-            foil: a token whose logit is subtracted (the logit difference); default none, or the runner-up with
-                ``runner_up=True``.
+            foil: a token whose logit is subtracted (the logit difference); default (None): the runner-up (the top
+                prediction when the answer is the runner-up), as on the page and the command line; False: none.
             position: the position whose next-token logit is split; negative counts from the end.
+            no_foil: True splits the answer's logit itself (as ``foil=False``).
             model: the model's id, for a trace loaded from a file.
 
         Returns:
@@ -210,7 +211,7 @@ class Trace:
         from attention_explorer.attribution import attribute
 
         return attribute(self.core, self._resolved(model).loaded, answer=answer, foil=foil, position=position,
-                         runner_up=runner_up)
+                         no_foil=no_foil)
 
     def contributions(self, threshold: float | None = None, *, model: str | None = None) -> list:
         """Every node's contributions (Ferrando & Voita 2024) in every layer: ``LayerContributions`` with

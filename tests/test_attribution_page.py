@@ -68,7 +68,8 @@ def test_answer_foil_and_bad_input():
     assert "Splitting **logit(' Paris')**" in at.markdown[0].value
     at.text_input(key="pg_answer").input(" Parisianism").run()
     _ok(at)
-    assert "3 tokens" in at.warning[0].value and "' Paris' | 'ian' | 'ism'" in at.warning[0].value
+    warning = at.warning[0].value
+    assert "3 tokens" in warning and warning.count("' Paris' + 'ian' + 'ism'") == 1  # the pieces, listed once
 
 
 @pytest.mark.slow

@@ -100,7 +100,7 @@ class Attribution:
 
     @property
     def total(self) -> float:
-        """The parts' sum: embed + every head + every MLP + rest (equals ``logit``)."""
+        """The parts' sum: embed + every head + every MLP + rest (``logit``, within rounding: the check)."""
         return float(self.embed + self.heads.sum() + self.mlps.sum() + self.rest)
 
     @property
