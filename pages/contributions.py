@@ -104,7 +104,8 @@ with right:
                "graph_csv")
 
 st.subheader("One layer: contribution beside attention")
-layer = st.selectbox("Layer", range(-1, n_layers), key=LAYER,
+# The graph's layer to open (pg_graph_layer), not the sidebar's focused head: the head maps below show every head.
+layer = st.selectbox("Layer to open", range(-1, n_layers), key=LAYER,
                      format_func=lambda la: "(click a node or an edge, or pick one)" if la == -1 else f"layer {la}")
 if layer == -1:
     st.stop()

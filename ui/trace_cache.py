@@ -104,10 +104,12 @@ _FREED: collections.deque[tuple[int, str]] = collections.deque()  # (id, key) of
 
 
 def _forget(ident: int, key: str) -> None:
-    """A trace's finalizer: note it, take no lock. A finalizer runs in whichever thread frees the trace (a garbage
-    collection any allocation starts), which may hold ``_KEYS_LOCK`` or the cache's own lock at that moment;
-    ``_drain_freed`` does the work later, holding no lock."""
+    """A trace's finalizer: note it and take no lock. A finalizer runs in whichever thread frees the trace (a
+    garbage collection any allocation starts), which may hold ``_KEYS_LOCK`` or the cache's own lock at that moment;
+    a thread of its own drops the results (it waits for those locks like any other thread), and so does the next
+    ``cached_key``."""
     _FREED.append((ident, key))
+    threading.Thread(target=_drain_freed, name="ae-forget-trace", daemon=True).start()
 
 
 def _drain_freed() -> None:
