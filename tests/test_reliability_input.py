@@ -50,7 +50,7 @@ def _home_ticktext(at: AppTest) -> list[str]:
     ("\u200b\u200d\ufeff\x00\x07", "", "The text is empty"),
     ("  ", "fruit flies", "Sentence A is empty"),
     ("word " * 2000, "", "The input has 2002 tokens; the limit is 512"),  # 10,000 characters
-    ("x" * 25_000, "", "the limit is 20000"),  # past the browser's max_chars: the server refuses it too
+    ("x" * 70_000, "", "more than 65,536: 16 characters a token"),  # past the box's max_chars: the server refuses it
     ("\u0301\u0301", "", "Sentence A gives no tokens"),
 ])
 def test_bad_text_gives_a_clear_message_and_no_trace(text_a, text_b, message):
@@ -171,7 +171,7 @@ def test_markdown_in_a_model_id_is_shown_as_text():
 
 def test_out_of_range_query_params_are_ignored_with_a_toast():
     at = _run(query={"layer": "10000", "head": "-1", "seed": "1e99", "layers": "0", "model": "gpt2", "causal": "maybe",
-                     "a": "x" * 60_001})
+                     "a": "x" * 65_537})
     toasts = " ".join(t.value for t in at.toast)
     for name in ("layer", "head", "seed", "layers", "model", "causal", "a"):
         assert f"`{name}`" in toasts

@@ -17,7 +17,8 @@ def add_export_options(exp: argparse.ArgumentParser) -> None:
                           "exact block means and head statistics, no n x n weights; for inputs up to --max-tokens. "
                           "Read any window back with the `weights` verb")
     exp.add_argument("--max-tokens", type=int, default=None,
-                     help="with --compact: the longest input (default 4096; at most the model's positions)")
+                     help="with --compact: the longest input (default AE_MAX_TOKENS, 4096 unless set; at most the "
+                          "model's positions)")
 
 
 def read_text(args: argparse.Namespace) -> str | None:
@@ -36,7 +37,7 @@ def read_text(args: argparse.Namespace) -> str | None:
 
 def export_compact(args: argparse.Namespace, text: str) -> int:
     """``export --compact``: build, save, and say what was written; progress on stderr."""
-    from model_core.compact.build import COMPACT_MAX_TOKENS, build_compact
+    from model_core.compact.build import build_compact
     from model_core.trace.request import TraceRequest
 
     if args.model == "custom":
@@ -59,8 +60,7 @@ def export_compact(args: argparse.Namespace, text: str) -> int:
 
     try:
         request = TraceRequest("pretrained", text, args.text_b, model_id=args.model_id, truncate=args.truncate)
-        trace = build_compact(request, device=args.device, max_tokens=args.max_tokens or COMPACT_MAX_TOKENS,
-                              progress=progress)
+        trace = build_compact(request, device=args.device, max_tokens=args.max_tokens, progress=progress)
         path = trace.save(args.out)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

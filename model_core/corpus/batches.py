@@ -14,7 +14,8 @@ import torch
 
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.corpus.stats import N_STATS, BatchMasks, batch_head_stats
-from model_core.trace.encoding import MAX_TEXT_CHARS, clean_text
+from model_core.settings import CHARS_PER_TOKEN_BOUND
+from model_core.trace.encoding import clean_text
 from model_core.trace.gate import GATE
 from model_core.families import Family
 
@@ -98,9 +99,10 @@ def _encode_decoder_texts(tokenizer, texts: list[tuple[str, str | None]], first_
                           long: LongPolicy, family: Family) -> tuple[list[EncodedText], list[tuple[int, int]]]:
     result, skipped = [], []
     for i, (a, b) in enumerate(texts):
-        # the character cap of one text is the page's; a corpus text over it is over the token limit anyway
-        a = clean_text(a)[: MAX_TEXT_CHARS // 2] or (tokenizer.unk_token or "?")
-        b = clean_text(b)[: MAX_TEXT_CHARS // 2]
+        # at most CHARS_PER_TOKEN_BOUND characters a token: a corpus text past that is over the token limit anyway
+        cut = CHARS_PER_TOKEN_BOUND * max_tokens
+        a = clean_text(a)[:cut] or (tokenizer.unk_token or "?")
+        b = clean_text(b)[:cut]
         full = family.encode(tokenizer, a, b, max_tokens=10**9)
         n = full.input_ids.shape[1]
         if n > max_tokens and long == "skip":
