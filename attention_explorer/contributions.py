@@ -67,6 +67,10 @@ def stage_label(stage: int) -> str:
     return f"L{(stage - 1) // 2} {'attention' if stage % 2 else 'MLP'}"
 
 
+MAX_HEIGHT_PX = 1000
+"""No figure here is taller than this (the page budget): rows and stages are squeezed to fit."""
+
+
 def graph_figure(built: Any, labels: tuple[str, ...]) -> go.Figure:
     """The graph: layers bottom to top, tokens left to right, only the nodes in the graph. Edge width and opacity
     follow the weight; a click on a node or an attention edge's midpoint selects its layer (customdata[0])."""
@@ -103,7 +107,7 @@ def graph_figure(built: Any, labels: tuple[str, ...]) -> go.Figure:
         customdata=np.column_stack([layer_of, nodes[:, 1]]), hoverinfo="text", name="node", showlegend=False,
         hovertext=[f"{labels[p]} (position {p}) · {stage_label(s)}" for s, p in nodes]))
     stages = 2 * built.n_layers + 1
-    fig.update_layout(height=max(420, 16 * stages + 140), margin={"l": 10, "r": 10, "t": 40, "b": 10}, clickmode="event+select",
+    fig.update_layout(height=min(MAX_HEIGHT_PX, max(420, 14 * stages + 140)), margin={"l": 10, "r": 10, "t": 40, "b": 10}, clickmode="event+select",
                       title=f"Contribution graph of {labels[built.token]!r} (position {built.token}), threshold "
                             f"{built.threshold:g}", plot_bgcolor="white")
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(positions))),
@@ -162,7 +166,7 @@ def head_maps_figure(contrib: np.ndarray, weights: np.ndarray, rows: list[int], 
             fig.add_trace(go.Heatmap(z=data[:, h, keys], x=x, y=y, coloraxis="coloraxis",
                                      hovertemplate="from %{x}<br>to %{y}<br>%{z:.3f}<extra></extra>"), row=h + 1, col=col)
     fig.update_layout(coloraxis={"colorscale": "Blues", "cmin": 0.0, "cmax": 1.0}, margin={"l": 10, "r": 10, "t": 50, "b": 10},
-                      height=n_heads * max(90, 16 * n_rows + 50) + 60,
+                      height=min(MAX_HEIGHT_PX, n_heads * max(60, min(16 * n_rows + 50, 940 // n_heads)) + 60),
                       title=f"Layer {layer}: each head's contribution (left) beside its attention (right)")
     fig.update_yaxes(autorange="reversed")
     return fig

@@ -36,6 +36,9 @@ streaming = job is not None and not job["started"]  # this run streams the reply
 run_job(loaded, ctx.settings)
 result = current_result(model_id)
 if result is None:
+    if not streaming:
+        st.info("Write a prompt and press **Generate**: the reply streams here, then the whole sequence is traced and "
+                "you can step through what each new token attended to.", icon=":material/chat:")
     st.stop()
 show_reply(result, streamed=streaming)
 if result.n_new == 0:

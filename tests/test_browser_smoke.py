@@ -29,6 +29,8 @@ NO_FIGURE_UNTIL_INPUT: dict[str, str] = {  # page file -> the message it shows i
     "pages/predictions.py": "do not predict next tokens",  # the default model is the bundled BERT
     "pages/attribution.py": "predicts no next token",
     "pages/patching.py": "predicts no next token",
+    "pages/generate.py": "reads a whole text at once",
+    "pages/kv_cache.py": "has no KV cache",
 }
 # Streamlit's frontend, opened at /<page>, first probes /<page>/_stcore/... to find the app's base
 # path; the 404s it logs for those probes are Streamlit's, not ours.

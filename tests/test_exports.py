@@ -22,7 +22,8 @@ MAX_EXPORT_BYTES = 10_000_000
 # Pages that draw no Plotly chart with the default model: bertviz's views are HTML (exported below), and the
 # predictions page is for decoders (its two charts go through ui.analysis_widgets.show_figure, as every
 # analysis page's do).
-NO_CHARTS = {"pages/bertviz.py", "pages/predictions.py", "pages/attribution.py", "pages/patching.py"}  # the default model is BERT
+NO_CHARTS = {"pages/bertviz.py", "pages/predictions.py", "pages/attribution.py", "pages/patching.py",
+             "pages/generate.py", "pages/kv_cache.py"}  # the default model is BERT
 
 
 def _pages() -> list[str]:

@@ -33,7 +33,10 @@ MODEL_STATE = {
 DECODER = "SmolLM2-135M decoder 30x9"  # harness.texts.DECODERS: its texts of n words are n tokens
 # Pages that do not apply to a family say so instead of drawing (pages/predictions.py: encoders; inside: decoders).
 NOT_FOR = {"pages/predictions.py": {"bert", "custom-12x12x768"}, "pages/inside.py": {"smollm2"},
-           "pages/attribution.py": {"bert", "custom-12x12x768"}, "pages/patching.py": {"bert", "custom-12x12x768"}}
+           "pages/attribution.py": {"bert", "custom-12x12x768"}, "pages/patching.py": {"bert", "custom-12x12x768"},
+           "pages/kv_cache.py": {"bert", "custom-12x12x768"},
+           # Generate draws its reply (text and tables, no chart) only after a click: tests/test_generate_page.py
+           "pages/generate.py": {"bert", "custom-12x12x768", "smollm2"}}
 
 
 @pytest.fixture(scope="module", params=list(MODEL_STATE))
