@@ -50,18 +50,6 @@ def encode_ids(tokenizer: Any, request: Any, *, max_tokens: int, limit_hint: str
                         truncated=len(ids) < n)
 
 
-def encode_request(resolved: Any, request: Any, max_tokens: int | None = None) -> EncodedInput:
-    """``Resolved.encode`` for a request that may carry generated ids: the ids while they describe its text
-    (``encode_ids``), else its text tokenised as typed.
-
-    Raises:
-        InputError: the text (or the ids) cannot be traced; the message says what to change.
-    """
-    limit = resolved.limit(max_tokens)
-    found = encode_ids(resolved.tokenizer, request, **limit)
-    return found if found is not None else resolved.encode(request, max_tokens)
-
-
 def reply_position(request: Any, encoded: EncodedInput) -> int | None:
     """Where the reply starts in ``encoded``: the request's ``reply_start`` when ``encoded`` holds its generated ids
     and the reply is within them; else None (a typed-in or edited text has no reply)."""
@@ -95,4 +83,4 @@ def check_reply(tokenizer: Any, request: Any) -> None:
                          "tokenizer.decode(token_ids, skip_special_tokens=False) and leave text_b empty.")
 
 
-__all__ = ["check_reply", "encode_ids", "encode_request", "ids_describe_text", "reply_position", "with_reply"]
+__all__ = ["check_reply", "encode_ids", "ids_describe_text", "reply_position", "with_reply"]

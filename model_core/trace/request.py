@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from model_core.chapter3.spec import CustomOptions, CustomSpec
-from model_core.generate.sequence import encode_request, with_reply
+from model_core.generate.sequence import with_reply
 from model_core.settings import Settings
 from model_core.trace.encoding import DEFAULT_TEXT_A
 from model_core.trace.forward import trace_custom, trace_pretrained
@@ -181,7 +181,7 @@ def build_trace(request: TraceRequest, *, device: str | torch.device | None = No
         ValueError: an option is out of range.
     """
     resolved = resolve(request, device=device, settings=settings, models=models)
-    encoded = encode_request(resolved, request)  # a generated sequence's own ids, while they describe its text
+    encoded = resolved.encode(request)  # a generated sequence's own ids, while they describe its text
     if resolved.loaded is not None:
         return with_reply(trace_pretrained(resolved.loaded, encoded, request.head_mask_array()), request, encoded)
     return trace_custom(resolved.model, encoded, resolved.description, request.head_mask_array())
