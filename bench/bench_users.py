@@ -39,6 +39,8 @@ SAMPLE_S = 0.2
 TAB_TIMEOUT_S = 600
 TARGET_PEAK_MB = 3000
 TARGET_RATIO = 0.7
+WATCH_MS = 100
+COLLECT_S = 0.5
 
 
 class RssSampler:
@@ -99,60 +101,108 @@ def drawn_js(n_tokens: int) -> str:
     return wait_redrawn_js([None] * N_FIGURES, N_FIGURES, None, f"· {n_tokens} tokens")
 
 
-def warm_up(browser, origin: str) -> None:
-    """Load the model (and Streamlit's JavaScript into the browser's cache) with a short text."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+def watch_js(n_tokens: int) -> str:
+    """An init script: the page checks itself every WATCH_MS and keeps, in ``window.__aeDrawnAt``, the epoch
+    milliseconds at which it was first drawn for this text (the same conditions as ``drawn_js``).
+
+    The check runs in the page and reads ``textContent``, which needs no layout: a check from the bench's loop
+    would wait its turn behind the other tabs' round trips, and ``innerText`` forces a layout of the whole page
+    at every call, work that 8 busy tabs on the server's 2 cores do not have to spare.
+    """
+    import json
+
+    return f"""(() => {{
+        const mustText = {json.dumps(f"· {n_tokens} tokens")};
+        const drawn = () => {{
+            const status = document.querySelector('[data-testid="stStatusWidget"]');
+            if (status && /Running|Stop/i.test(status.textContent)) return false;
+            if (document.querySelector('[data-stale="true"]')) return false;
+            const plots = document.querySelectorAll('.js-plotly-plot');
+            if (plots.length !== {N_FIGURES}) return false;
+            for (const gd of plots) if (!gd._fullData || !gd.querySelector('.main-svg')) return false;
+            const sidebar = document.querySelector('[data-testid="stSidebar"]') || document.body;
+            return !!sidebar && sidebar.textContent.includes(mustText);
+        }};
+        window.__aeDrawnAt = null;
+        const timer = setInterval(() => {{
+            if (window.__aeDrawnAt === null && drawn()) {{ window.__aeDrawnAt = Date.now(); clearInterval(timer); }}
+        }}, {WATCH_MS});
+    }})();"""
+
+
+def new_context(browser):
+    return browser.new_context(viewport={"width": 1400, "height": 1000})
+
+
+def warm_up(context, origin: str) -> None:
+    """Load the model, and Streamlit's JavaScript into ``context``'s cache, with a short text."""
     page = context.new_page()
     page.goto(page_url(origin, text_of(12, 37, MODEL)), wait_until="domcontentloaded")
     page.wait_for_function(drawn_js(12), polling=100, timeout=TAB_TIMEOUT_S * 1000)
-    context.close()
+    page.close()
 
 
-def open_tabs(browser, origin: str, users: int, n_tokens: int, first_variant: int, sampler: RssSampler) -> list[Tab]:
-    """Open every tab's link at once (each goto returns when its request is sent), then wait until every tab drew."""
+def open_tabs(browser, origin: str, users: int, n_tokens: int, first_variant: int, sampler: RssSampler,
+              shared) -> list[Tab]:
+    """Open every tab's link at once (each goto returns when its request is sent), then wait until every tab drew.
+
+    A tab's wait runs from just before its link is opened to the moment its own page saw itself drawn
+    (``watch_js``); this loop only collects those moments, every ``COLLECT_S``.
+    """
     tabs = []
+    if shared is not None:
+        shared.add_init_script(watch_js(n_tokens))
     for i in range(users):
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        context = shared or new_context(browser)
+        if shared is None:
+            context.add_init_script(watch_js(n_tokens))
         tabs.append(Tab(i, context.new_page()))
     for tab in tabs:
-        tab.opened = time.perf_counter()
+        tab.opened = time.time()
         tab.page.goto(page_url(origin, text_of(n_tokens, first_variant + tab.index, MODEL)), wait_until="commit")
-    check = drawn_js(n_tokens)
-    deadline = time.perf_counter() + TAB_TIMEOUT_S
+    deadline = time.time() + TAB_TIMEOUT_S
     pending = list(tabs)
-    while pending and time.perf_counter() < deadline:
+    while pending and time.time() < deadline:
         for tab in list(pending):
             try:
-                done = tab.page.evaluate(check)
+                drawn_at = tab.page.evaluate("() => window.__aeDrawnAt")
             except Exception as exc:  # noqa: BLE001 - a page still navigating; a crash shows as a timeout
                 tab.error = f"{type(exc).__name__}: {str(exc)[:120]}"
                 continue
-            if done:
-                tab.wait_s = time.perf_counter() - tab.opened
+            if drawn_at is not None:
+                tab.wait_s = drawn_at / 1000 - tab.opened
                 tab.rss_mb = sampler.rss_mb()
                 pending.remove(tab)
-        time.sleep(0.1)
+        time.sleep(COLLECT_S)
     for tab in pending:
         tab.error = tab.error or f"not drawn after {TAB_TIMEOUT_S} s"
     return tabs
 
 
-def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: int, log_dir: Path) -> dict:
-    """One fresh server with AE_MAX_RUNS=``max_runs``: warm it up, then ``users`` tabs at once."""
+def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: int, log_dir: Path,
+             fresh_contexts: bool = False) -> dict:
+    """One fresh server with AE_MAX_RUNS=``max_runs``: warm it up, then ``users`` tabs at once.
+
+    The tabs share one browser context, warmed by the warm-up page, so each loads Streamlit's JavaScript from its
+    cache, as a returning user's browser does (the scripts are ~10 MB, which a tab otherwise fetches, parses and
+    compiles on the server's own cores); ``fresh_contexts`` gives each tab an empty context of its own instead.
+    """
     server = AppServer(log_dir / f"server_max_runs_{max_runs}.log", extra_env={"AE_MAX_RUNS": str(max_runs)})
+    shared = None if fresh_contexts else new_context(browser)
     try:
-        warm_up(browser, server.origin)
+        warm_up(shared or new_context(browser), server.origin)
         time.sleep(2.0)  # the warm-up's garbage collected (ui.loaders.collect_after_run)
         sampler = RssSampler(server.proc.pid)
         idle_mb = sampler.rss_mb()
         t0 = time.perf_counter()
-        tabs = open_tabs(browser, server.origin, users, n_tokens, first_variant, sampler)
-        total_s = time.perf_counter() - t0
+        tabs = open_tabs(browser, server.origin, users, n_tokens, first_variant, sampler, shared)
+        total_s = max(t.opened + t.wait_s for t in tabs if t.wait_s is not None) - tabs[0].opened if any(
+            t.wait_s is not None for t in tabs) else time.perf_counter() - t0
         time.sleep(3.0)  # ui.loaders.collect_after_run's collection, a moment after the last run
         settled_mb = sampler.rss_mb()
         peak_mb = sampler.stop()
-        for tab in tabs:
-            tab.page.context.close()
+        for context in {id(tab.page.context): tab.page.context for tab in tabs}.values():
+            context.close()
     finally:
         server.stop()
     waits = [t.wait_s for t in tabs if t.wait_s is not None]
@@ -204,6 +254,9 @@ def main() -> None:
     parser.add_argument("--max-runs", type=int, nargs="+", default=[1],
                         help="AE_MAX_RUNS of the server; several values run one after another, each on a fresh server")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--fresh-contexts", action="store_true",
+                        help="give each tab an empty browser context (no cached JavaScript) instead of one shared, "
+                             "warmed context")
     parser.add_argument("--browser-nice", type=int, default=0,
                         help="run Chromium at this niceness (19: the server's passes go first, as when the users' "
                              "browsers run on their own machines; default 0: browser and server share the cores)")
@@ -217,7 +270,8 @@ def main() -> None:
             niced = _nice_browser(args.browser_nice)
             print(f"Chromium ({niced} processes) runs at niceness {args.browser_nice}", flush=True)
         for k, max_runs in enumerate(args.max_runs):
-            row = run_once(browser, args.users, args.tokens, max_runs, first_variant=k * args.users, log_dir=log_dir)
+            row = run_once(browser, args.users, args.tokens, max_runs, first_variant=k * args.users, log_dir=log_dir,
+                           fresh_contexts=args.fresh_contexts)
             rows.append(row)
             print(report(row), flush=True)
     if args.json:
