@@ -3,7 +3,9 @@ with and without a chat template; end-of-sequence, sampling, stopping and room; 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 import shutil
 from functools import cache
 from pathlib import Path
@@ -15,6 +17,7 @@ import torch
 from model_core.generate.generation import (
     DecodingOptions,
     GenerationStream,
+    assemble,
     choose_token,
     generate,
     prompt_ids,
@@ -68,6 +71,25 @@ def test_greedy_equals_transformers_generate(chat_decoders, family, chat):
     assert result.prompt_ids.tolist() == ids
     assert result.new_ids.tolist() == _reference_new_ids(chat_decoders[family], ids, NEW)
     assert result.reply_start == len(ids) and result.reason in ("length", "eos")
+
+
+def test_a_generation_is_timed_from_its_own_steps(chat_decoders):
+    loaded = load_pretrained(str(chat_decoders["llama"]), device="cpu")
+    stream = GenerationStream(loaded.family, loaded.model, loaded.tokenizer, prompt_ids(loaded.tokenizer, PROMPT,
+                              False), DecodingOptions(max_new_tokens=4))
+    for step in stream:
+        time.sleep(0.05)  # a slow reader: its time between tokens counts
+    result = stream.result()
+    times = [step.seconds for step in stream.steps]
+    assert len(times) == 4 and times == sorted(times) and times[0] > 0
+    assert result.first_token_s == times[0]
+    assert result.tokens_per_s == pytest.approx(3 / (times[-1] - times[0]))
+    assert result.tokens_per_s < 1 / 0.05  # the reader's sleeps are in it
+    untimed = [dataclasses.replace(step, seconds=float("nan")) for step in stream.steps]
+    bare = assemble(loaded.tokenizer, result.prompt_ids, untimed, "length")
+    assert bare.first_token_s is None and bare.tokens_per_s is None
+    one = assemble(loaded.tokenizer, result.prompt_ids, stream.steps[:1], "stopped")
+    assert one.first_token_s == times[0] and one.tokens_per_s is None
 
 
 def test_the_chat_prompt_is_the_tokenizers_own_template(chat_decoders):

@@ -166,8 +166,10 @@ def show_reply(result: Generation, streamed: bool) -> None:
     if not streamed:
         st.markdown(_as_text(result.reply) or "*(no text: only special tokens)*")
     why = {"eos": "the end-of-sequence token", "length": "the token budget", "stopped": "Stop"}[result.reason]
+    speed = "" if result.first_token_s is None else f" · first token after {result.first_token_s:.2f} s" + (
+        "" if result.tokens_per_s is None else f", then {result.tokens_per_s:.1f} tokens/s")
     st.caption(f"{len(result.prompt_ids)} prompt tokens{' (chat template)' if result.chat else ''} · {result.n_new} "
-               f"new tokens, ended by {why} · {'sampled' if result.options.sample else 'greedy'}")
+               f"new tokens, ended by {why} · {'sampled' if result.options.sample else 'greedy'}{speed}")
 
 
 def trace_of(request: TraceRequest) -> Any:

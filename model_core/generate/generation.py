@@ -12,6 +12,7 @@ trace builder traces it exactly (``model_core.generate.sequence``) with the repl
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -130,6 +131,8 @@ class Step:
         candidate_ids, candidate_probs: the model's top next-token candidates at this step, best first, and their
             probabilities (the model's own distribution, before temperature and top-p). Shape: (k,).
         candidate_strings: their text.
+        seconds: when the token was chosen, in seconds from the generation's start (the prompt's prefill
+            included); NaN when not timed.
     """
 
     position: int
@@ -139,6 +142,7 @@ class Step:
     candidate_ids: np.ndarray
     candidate_probs: np.ndarray
     candidate_strings: tuple[str, ...]
+    seconds: float = math.nan
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,6 +156,9 @@ class Generation:
         candidate_ids, candidate_probs: each step's top candidates. Shape: (new, k). candidate_strings: their text.
         reason: why it ended: "eos" (an end-of-sequence token), "length" (max_new_tokens), "stopped" (asked to).
         chat: whether the prompt was wrapped in the chat template. options: the decoding options.
+        first_token_s: seconds from the start to the first new token (the prefill included), None if not timed.
+        tokens_per_s: new tokens per second after the first, as they were produced (a streaming reader's time
+            between tokens included), None with fewer than two timed tokens.
     """
 
     prompt_ids: np.ndarray
@@ -165,6 +172,8 @@ class Generation:
     reason: StopReason
     chat: bool = False
     options: DecodingOptions = field(default_factory=DecodingOptions)
+    first_token_s: float | None = None
+    tokens_per_s: float | None = None
 
     @property
     def token_ids(self) -> np.ndarray:
@@ -209,7 +218,15 @@ def assemble(tokenizer: Any, prompt: list[int] | np.ndarray, steps: list[Step], 
         candidate_probs=(np.stack([s.candidate_probs for s in steps]).astype(np.float32) if steps
                          else np.zeros((0, k), dtype=np.float32)),
         candidate_strings=tuple(s.candidate_strings for s in steps), reason=reason, chat=chat,
-        options=options or DecodingOptions())
+        options=options or DecodingOptions(), **_speed(steps))
+
+
+def _speed(steps: list[Step]) -> dict[str, float | None]:
+    """first_token_s and tokens_per_s from the steps' times (None where they are not timed)."""
+    first = steps[0].seconds if steps and math.isfinite(steps[0].seconds) else None
+    span = steps[-1].seconds - steps[0].seconds if first is not None and len(steps) > 1 else math.nan
+    return {"first_token_s": first,
+            "tokens_per_s": (len(steps) - 1) / span if math.isfinite(span) and span > 0 else None}
 
 
 class GenerationStream:
@@ -240,6 +257,7 @@ class GenerationStream:
         limit = family.max_positions(model.config) if limit is None else limit
         check_room(len(self.prompt), options.max_new_tokens, limit, limit_hint)
         self.steps: list[Step] = []
+        self._started = time.perf_counter()
         self.reason: StopReason | None = None
         self.eos = eos_ids(model, tokenizer)
         self._printed = 0
@@ -251,6 +269,7 @@ class GenerationStream:
         device = next(model.parameters()).device
         cache = DynamicCache(config=model.config)
         generator = torch.Generator().manual_seed(int(options.seed)) if options.sample else None
+        self._started = time.perf_counter()
         logits = self._pass(torch.tensor([self.prompt], device=device), cache, prefill=True)
         position = len(self.prompt)
         while True:
@@ -309,7 +328,8 @@ class GenerationStream:
         if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits for the next token
             chunk, self._printed = text[self._printed:], len(text)
         return Step(position=position, token_id=token, piece=self.tokenizer.convert_ids_to_tokens(token), text=chunk,
-                    candidate_ids=ids, candidate_probs=values.astype(np.float32), candidate_strings=strings)
+                    candidate_ids=ids, candidate_probs=values.astype(np.float32), candidate_strings=strings,
+                    seconds=time.perf_counter() - self._started)
 
 
 def choose_token(logits: torch.Tensor, options: DecodingOptions, generator: torch.Generator | None = None) -> int:
