@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import shutil
+import time
 from functools import cache
 from pathlib import Path
 

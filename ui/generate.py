@@ -28,10 +28,14 @@ from model_core.settings import BUNDLED_DECODER_ID
 from model_core.trace.request import TraceRequest
 from model_core.trace.resolve import model_id_of, token_limit
 from ui.fields import request_state
+from ui.loaders import all_cores_for_generation
 from ui.state import choose_model
 
 JOB, PARTIAL, RESULT, ERROR = "_gen_job", "_gen_partial", "_gen_result", "_gen_error"
 STEP, HOW, LAYER, HEAD = "gen_step", "gen_how", "gen_layer", "gen_head"
+STREAM_EVERY_S = 0.1
+"""The reply is redrawn at most this often while it streams (a few tokens at a time at 15 tokens/s): each redraw
+sends the whole reply to the browser, whose work shares the server's cores on a small machine."""
 ENCODER_MESSAGE = ("An encoder (BERT, MiniLM, the chapter-3 encoder) reads a whole text at once, every token seeing "
                    "every other; it has no next-token head and writes nothing. Generation needs a decoder language "
                    "model, which writes one token at a time, each seeing only the tokens before it.")
@@ -146,8 +150,8 @@ def run_job(loaded: Any, settings: Any) -> None:
         s[PARTIAL] = stream.steps  # the same list, filled as the tokens come
         stop = st.empty()
         stop.button("Stop", key="gen_stop", on_click=_stop, icon=":material/stop:")
-        with st.container(key="gen_reply"):  # the benches time the first token by this container's text
-            st.write_stream(_as_text(chunk) for chunk in stream.text_chunks())
+        with st.container(key="gen_reply"), all_cores_for_generation():  # the benches time the first token by
+            st.write_stream(_as_text(chunk) for chunk in stream.text_chunks(STREAM_EVERY_S))  # this container's text
         stop.empty()
         result = stream.result()
     s.pop(JOB, None)

@@ -288,12 +288,22 @@ class GenerationStream:
             logits = self._pass(torch.tensor([[step.token_id]], device=device), cache)
             position += 1
 
-    def text_chunks(self) -> Iterator[str]:
+    def text_chunks(self, every_s: float = 0.0) -> Iterator[str]:
         """The reply's text as it grows, chunk by chunk (for ``st.write_stream``); at the end, any bytes held back
-        (a character the reply never finished) as the tokenizer decodes them."""
+        (a character the reply never finished) as the tokenizer decodes them.
+
+        Args:
+            every_s: the shortest time between two chunks: the tokens that come sooner join the next chunk (the
+                first token is never held). A browser redraws the whole reply at every chunk.
+        """
+        held, last = "", -math.inf
         for step in self:
-            if step.text:
-                yield step.text
+            held += step.text
+            if held and time.perf_counter() - last >= every_s:
+                yield held
+                held, last = "", time.perf_counter()
+        if held:
+            yield held
         tail = self.tokenizer.decode([s.token_id for s in self.steps], skip_special_tokens=True)[self._printed:]
         if tail:
             yield tail
