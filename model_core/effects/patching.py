@@ -156,8 +156,8 @@ def metric_of(family: Family, model: Any, last_hidden: torch.Tensor, inputs: Pat
 
     Shape: last_hidden (batch, d_model) -> (batch,).
     """
-    logits = family.unembed(model, last_hidden)
-    return (logits[:, inputs.answer_id] - logits[:, inputs.foil_id]).float()
+    logits = family.unembed(model, last_hidden, rows=(inputs.answer_id, inputs.foil_id))
+    return (logits[:, 0] - logits[:, 1]).float()
 
 
 def run_metric(family: Family, model: Any, ids: np.ndarray, inputs: PatchInputs, *, copies: int = 1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -131,9 +132,10 @@ class Family:
         """Each layer's output projection, ``nn.Linear`` layout: (hidden, head * d_head)."""
         raise NotImplementedError
 
-    def unembed(self, model: Any, hidden: torch.Tensor) -> torch.Tensor:
-        """The logit lens: the final norm and the unembedding applied to residual-stream vectors.
+    def unembed(self, model: Any, hidden: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
+        """The logit lens: the final norm and the unembedding applied to residual-stream vectors; ``rows``: only
+        these tokens' logits.
 
-        Shape: (..., hidden) -> (..., vocab).
+        Shape: (..., hidden) -> (..., vocab), or (..., len(rows)).
         """
         raise ValueError(f"A {self.label} predicts no tokens; the logit lens needs a decoder language model.")

@@ -3,6 +3,7 @@ GPT-2 and the Llama-like families say where their parts are (``gpt2.py``, ``llam
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -43,7 +44,22 @@ class DecoderFamily(TransformersFamily):
         raise NoBlockWalk(f"The block walk covers Llama-like decoders (RMSNorm, rotary embeddings, a gated MLP); a "
                          f"{self.label} is not one. Its attention is on every other page.")
 
-    def unembed(self, model: Any, hidden: torch.Tensor) -> torch.Tensor:
-        logits = model.get_output_embeddings()(self.final_norm(model)(hidden))
+    def unembed(self, model: Any, hidden: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
+        """The next-token logits of ``hidden`` (the last layer's output): the final norm, the unembedding and any
+        final softcap. ``rows``: only these tokens' logits, in this order (two rows of a 49,152-token unembedding
+        instead of all of them: a patching metric, forward and backward).
+
+        Shape: hidden (..., d_model) -> (..., vocab), or (..., len(rows)).
+        """
+        head = model.get_output_embeddings()
+        normed = self.final_norm(model)(hidden)
+        if rows is None or not isinstance(head, torch.nn.Linear):
+            logits = head(normed)
+            if rows is not None:
+                logits = logits[..., list(rows)]
+        else:
+            index = torch.as_tensor(list(rows), dtype=torch.long, device=head.weight.device)
+            logits = torch.nn.functional.linear(normed, head.weight[index],
+                                                None if head.bias is None else head.bias[index])
         cap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2 caps its logits
         return logits if cap is None else torch.tanh(logits / cap) * cap
