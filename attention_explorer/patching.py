@@ -12,6 +12,7 @@ No streamlit here.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,12 @@ def attention_effect_figure(attention: np.ndarray, effect: np.ndarray, *, rho: f
     return fig
 
 
+def _read(path: str, doc: str) -> property:
+    """A property of ``Patching`` that reads ``path`` (dotted) from its ``result``."""
+    get = operator.attrgetter(path)
+    return property(lambda self: get(self.result), doc=doc)
+
+
 @dataclass(frozen=True, eq=False)
 class Patching:
     """What ``patch`` returns: arrays, the whole result, and the page's figures.
@@ -96,30 +103,12 @@ class Patching:
 
     result: Any
 
-    @property
-    def clean(self) -> float:
-        """The clean prompt's metric logit(answer) − logit(foil)."""
-        return self.result.runs.clean
-
-    @property
-    def corrupt(self) -> float:
-        return self.result.runs.corrupt
-
-    @property
-    def heads(self) -> np.ndarray:
-        return self.result.exact.heads
-
-    @property
-    def attribution(self) -> np.ndarray:
-        return self.result.attribution.heads
-
-    @property
-    def residual(self) -> np.ndarray:
-        return self.result.exact.residual
-
-    @property
-    def attribution_residual(self) -> np.ndarray:
-        return self.result.attribution.residual
+    clean = _read("runs.clean", "The clean prompt's metric logit(answer) − logit(foil).")
+    corrupt = _read("runs.corrupt", "The corrupted prompt's metric.")
+    heads = _read("exact.heads", "Exact patching of every head. Shape: (layer, head).")
+    attribution = _read("attribution.heads", "Attribution patching's estimate of every head. Shape: (layer, head).")
+    residual = _read("exact.residual", "Exact patching of resid_pre. Shape: (layer, pos).")
+    attribution_residual = _read("attribution.residual", "Attribution patching of resid_pre. Shape: (layer, pos).")
 
     @property
     def tokens(self) -> tuple[str, ...]:

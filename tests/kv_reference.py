@@ -120,33 +120,48 @@ def attention_modules(model) -> list:
     return [block.attn for block in model.transformer.h]
 
 
+def _causal(m: int, n_heads: int) -> torch.Tensor:
+    """Allowed (query head, query, key) of a plain causal model of ``m`` tokens, to narrow."""
+    return torch.ones(m, m, dtype=torch.bool).tril()[None].repeat(n_heads, 1, 1)
+
+
+def _logits_with(model, ids: torch.Tensor, allowed: list[torch.Tensor] | None) -> torch.Tensor:
+    """The model's last-position logits with each layer's attention limited to ``allowed[layer]`` (query head, query,
+    key), passed as every attention module's additive mask; None: the plain model."""
+    hooks = []
+    for module, layer_allowed in zip(attention_modules(model), allowed or []):
+        mask = torch.zeros(1, *layer_allowed.shape).masked_fill(~layer_allowed[None], torch.finfo(torch.float32).min)
+
+        def swap(_module, args, kwargs, mask=mask):
+            kwargs["attention_mask"] = mask
+            return args, kwargs
+
+        hooks.append(module.register_forward_pre_hook(swap, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            return model(ids).logits[0, -1]
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def masked_log_probs(ref: Eager, kept: list[list[list[int]]] | None) -> np.ndarray:
     """The last token's next-token log-probabilities with, in each layer, each query head's last row seeing only
     its key/value head's kept keys and itself (``kept`` None: the plain causal model)."""
     n = ref.ids.shape[1]
     n_heads = ref.last_row.shape[1]
-    hooks = []
+    allowed = None
     if kept is not None:
-        for la, module in enumerate(attention_modules(ref.model)):
-            allowed = torch.ones(n, n, dtype=torch.bool).tril()[None].repeat(n_heads, 1, 1)
+        allowed = []
+        for layer_kept in kept:
+            layer = _causal(n, n_heads)
             for h in range(n_heads):
                 row = torch.zeros(n, dtype=torch.bool)
-                row[kept[la][h // ref.group]] = True
+                row[layer_kept[h // ref.group]] = True
                 row[n - 1] = True
-                allowed[h, n - 1] = row
-            mask = torch.zeros(1, n_heads, n, n).masked_fill(~allowed[None], torch.finfo(torch.float32).min)
-
-            def swap(_module, args, kwargs, mask=mask):
-                kwargs["attention_mask"] = mask
-                return args, kwargs
-
-            hooks.append(module.register_forward_pre_hook(swap, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            logits = ref.model(ref.ids).logits[0, -1].double()
-    finally:
-        for hook in hooks:
-            hook.remove()
+                layer[h, n - 1] = row
+            allowed.append(layer)
+    logits = _logits_with(ref.model, ref.ids, allowed).double()
     return torch.log_softmax(logits, -1).numpy()
 
 
@@ -161,27 +176,15 @@ def masked_greedy(ref: Eager, kept: list[list[list[int]]], steps: int) -> list[i
     n_heads = ref.last_row.shape[1]
     ids, out = ref.ids, []
     for _ in range(steps):
-        m = ids.shape[1]
-        hooks = []
-        for la, module in enumerate(attention_modules(ref.model)):
-            allowed = torch.ones(m, m, dtype=torch.bool).tril()[None].repeat(n_heads, 1, 1)
+        allowed = []
+        for layer_kept in kept:
+            layer = _causal(ids.shape[1], n_heads)
             for h in range(n_heads):
                 prompt = torch.zeros(n - 1, dtype=torch.bool)
-                prompt[kept[la][h // ref.group]] = True
-                allowed[h, n - 1:, : n - 1] = prompt
-            mask = torch.zeros(1, n_heads, m, m).masked_fill(~allowed[None], torch.finfo(torch.float32).min)
-
-            def swap(_module, args, kwargs, mask=mask):
-                kwargs["attention_mask"] = mask
-                return args, kwargs
-
-            hooks.append(module.register_forward_pre_hook(swap, with_kwargs=True))
-        try:
-            with torch.no_grad():
-                token = int(ref.model(ids).logits[0, -1].argmax())
-        finally:
-            for hook in hooks:
-                hook.remove()
+                prompt[layer_kept[h // ref.group]] = True
+                layer[h, n - 1:, : n - 1] = prompt
+            allowed.append(layer)
+        token = int(_logits_with(ref.model, ids, allowed).argmax())
         out.append(token)
         ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
     return out

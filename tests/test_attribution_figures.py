@@ -6,13 +6,7 @@ import numpy as np
 import pytest
 from tiny_models import build_tiny_decoder
 
-from attention_explorer.attribution import (
-    attribute,
-    heads_figure,
-    parts_figure,
-    sources_bars,
-    sources_html,
-)
+from attention_explorer.attribution import attribute, heads_figure, parts_figure, sources_bars, sources_html
 from model_core.effects.attribution import NotOneToken
 
 TEXT = "time flies like an arrow"

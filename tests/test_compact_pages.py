@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_runs import open_page
 from streamlit.testing.v1 import AppTest
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "app.py")
 TEXT = ("The river rose in the night. The valley waited for the morning!\nChildren counted the stones on the bank. "
         "Herons stood in the shallows below the weir.\n")
 
@@ -23,16 +22,7 @@ def compact_env(monkeypatch):
 
 
 def _open(folder: Path, page: str, text: str = TEXT) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
-    for name, value in {"model": "pretrained", "model_id": str(folder), "a": text}.items():
-        at.query_params[name] = value
-    at.run()
-    at.switch_page(page)
-    if "_app_context" in at.session_state:
-        del at.session_state["_app_context"]
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page(page, {"model": "pretrained", "model_id": str(folder), "a": text})
 
 
 def _context(at: AppTest):
@@ -154,9 +144,9 @@ def test_the_rollout_page_computes_the_row_into_a_token_of_a_long_input(compact_
 
 def test_window_steps_equal_the_full_traces_steps(tiny_decoders):
     from model_core import TraceRequest, build_trace
+    from model_core.analysis.mask_steps import mask_steps
     from model_core.compact.build import build_compact
     from model_core.compact.views import window_steps
-    from model_core.analysis.mask_steps import mask_steps
 
     request = TraceRequest("pretrained", TEXT, model_id=str(tiny_decoders["llama"]))
     full, compact = build_trace(request, device="cpu"), build_compact(request, device="cpu")

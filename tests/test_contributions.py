@@ -54,6 +54,24 @@ def _frozen_ln(module, x):
     return apply
 
 
+def _check_attention_block(got, x, weights, values, output, norm=None):
+    """One layer's attention shares (``got``) against the plain computation from resid_pre ``x`` (q, d), the weights
+    (head, q, k), the values (head, k, d_head) and the output projection: the terms add to the residual directly
+    (pre-LN), or go through ``norm`` frozen at its input (post-LN). Returns resid_mid."""
+    terms = _terms(weights, values, output.weight)
+    attn_out = terms.sum((1, 2)) + output.bias
+    if norm is None:
+        mid = x + attn_out
+        exp_terms, exp_res = _expected(terms, x, mid, weights)
+    else:
+        frozen = _frozen_ln(norm, x + attn_out)
+        mid = norm(x + attn_out)
+        exp_terms, exp_res = _expected(frozen(terms), frozen(x), mid, weights)
+    np.testing.assert_allclose(got.attention_heads, exp_terms, atol=1e-5)
+    np.testing.assert_allclose(got.attention_residual, exp_res, atol=1e-5)
+    return mid
+
+
 def _expected(terms, residual, whole, weights):
     """Reference shares of one layer: terms (q, k, head, d) and residual (q, d) against whole (q, d)."""
     n, _, n_heads, _ = terms.shape
@@ -92,14 +110,8 @@ def test_bert_contributions_equal_a_plain_reference(bundled):
         weights = torch.from_numpy(trace.weights[layer]).double()
         values = block.attention.self.value(x).view(len(x), trace.n_heads, -1).transpose(0, 1)
         out = block.attention.output
-        terms = _terms(weights, values, out.dense.weight)
-        attn_out = terms.sum((1, 2)) + out.dense.bias
-        ln1 = _frozen_ln(out.LayerNorm, x + attn_out)
-        mid = out.LayerNorm(x + attn_out)
-        exp_terms, exp_res = _expected(ln1(terms), ln1(x), mid, weights)
         got = flow.layer(layer)
-        np.testing.assert_allclose(got.attention_heads, exp_terms, atol=1e-5)
-        np.testing.assert_allclose(got.attention_residual, exp_res, atol=1e-5)
+        mid = _check_attention_block(got, x, weights, values, out.dense, out.LayerNorm)
         ffn = block.output.dense(block.intermediate(mid))
         ln2 = _frozen_ln(block.output.LayerNorm, mid + ffn)
         post = torch.from_numpy(trace.hidden_states[layer + 1]).double()
@@ -128,18 +140,9 @@ def test_chapter3_encoder_contributions_equal_a_plain_reference(norm):
         post = torch.from_numpy(trace.hidden_states[layer + 1]).double()
         weights = torch.from_numpy(trace.weights[layer]).double()
         values = torch.from_numpy(trace.values[layer]).double()
-        terms = _terms(weights, values, block.attention.output_linear.weight)
-        attn_out = terms.sum((1, 2)) + block.attention.output_linear.bias
-        if norm == "pre":
-            mid = x + attn_out
-            exp_terms, exp_res = _expected(terms, x, mid, weights)
-        else:
-            ln1 = _frozen_ln(block.layer_norm_1, x + attn_out)
-            mid = block.layer_norm_1(x + attn_out)
-            exp_terms, exp_res = _expected(ln1(terms), ln1(x), mid, weights)
         got = flow.layer(layer)
-        np.testing.assert_allclose(got.attention_heads, exp_terms, atol=1e-5)
-        np.testing.assert_allclose(got.attention_residual, exp_res, atol=1e-5)
+        mid = _check_attention_block(got, x, weights, values, block.attention.output_linear,
+                                     None if norm == "pre" else block.layer_norm_1)
         # the MLP block: pre-LN adds its output to resid_mid; post-LN's parts go through LN2 frozen at its input
         if norm == "pre":
             ffn = block.feed_forward(block.layer_norm_2(mid))

@@ -4,26 +4,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+from app_runs import open_page
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGE = "pages/contributions.py"
 
 
 def _open(query: dict, state: dict | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
-    for name, value in query.items():
-        at.query_params[name] = value
-    for key, value in (state or {}).items():
-        at.session_state[key] = value
-    at.run()
-    at.switch_page(PAGE)
-    if "_app_context" in at.session_state:
-        del at.session_state["_app_context"]
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = open_page(PAGE, query, state)
     assert not at.error, [e.value for e in at.error]
     assert "Contributions: which attention matters" in [t.value for t in at.title]
     return at

@@ -7,16 +7,16 @@ Streamlit at the end.
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from app_runs import plotly_z
 from streamlit.testing.v1 import AppTest
 
-from model_core import TraceRequest, build_trace
 from attention_explorer import views as bv
+from model_core import TraceRequest, build_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -98,15 +98,6 @@ def test_every_page_opens_on_a_decoder_and_never_says_cls(tiny_decoders, page, f
         assert "[CLS]" not in text and "[SEP]" not in text, [line for line in text.splitlines() if "CLS" in line]
 
 
-def _z(trace_spec: dict) -> np.ndarray:
-    """A heatmap's z as numbers (Plotly sends float32 as a base64 typed array)."""
-    z = trace_spec["z"]
-    if isinstance(z, dict):
-        shape = tuple(int(n) for n in str(z["shape"]).split(","))
-        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(shape)
-    return np.asarray(z, dtype=np.float64)
-
-
 @pytest.mark.slow
 def test_heatmaps_show_the_causal_triangle_and_the_first_token_sink(llama):
     from attention_explorer.figures import MASKED_WEIGHT_COLOR
@@ -119,7 +110,7 @@ def test_heatmaps_show_the_causal_triangle_and_the_first_token_sink(llama):
     focus = [spec for spec in (json.loads(c.proto.spec) for c in at.get("plotly_chart"))
              if spec["layout"].get("plot_bgcolor") == MASKED_WEIGHT_COLOR]
     assert len(focus) == 1  # the focused head: masked cells are gaps on a grey ground
-    z = _z(focus[0]["data"][0])
+    z = plotly_z(focus[0]["data"][0])
     n = at.session_state["_app_context"].trace.n_tokens
     assert z.shape == (n, n)
     above = np.triu(np.ones((n, n), dtype=bool), 1)
@@ -181,7 +172,7 @@ def test_inside_walks_a_llama_block_step_by_step(llama):
     n = at.session_state["_app_context"].trace.n_tokens
     weights = [spec for spec in (json.loads(c.proto.spec) for c in at.get("plotly_chart"))
                if "softmax" in json.dumps(spec["layout"].get("title", {}))]
-    z = _z(weights[0]["data"][0])
+    z = plotly_z(weights[0]["data"][0])
     assert z.shape == (n, n) and np.isnan(z[np.triu_indices(n, 1)]).all()  # the causal triangle, masked cells gaps
     for step in range(1, len(STEPS) + 1):
         at.session_state[f"inside_step{step}"] = True

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from app_runs import rerun
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from streamlit.testing.v1 import AppTest
 
@@ -34,20 +35,11 @@ def _pages() -> list[str]:
     raise AssertionError("app.py has no PAGES list")
 
 
-def _run(at: AppTest) -> AppTest:
-    """One run through app.py and its sidebar (tests/test_pages.py says why the stored context goes first)."""
-    if "_app_context" in at.session_state:
-        del at.session_state["_app_context"]
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
 def _open(page: str) -> AppTest:
-    at = _run(AppTest.from_file(APP, default_timeout=180))
+    at = rerun(AppTest.from_file(APP, default_timeout=180))
     if page != "pages/home.py":
         at.switch_page(page)
-        _run(at)
+        rerun(at)
     return at
 
 
@@ -72,7 +64,7 @@ def test_every_chart_on_the_page_names_its_download_and_follows_the_sidebar_form
     for options in before:
         assert options["format"] == "png" and options["filename"], options
     at.sidebar.get("button_group")[0].set_value("svg")
-    _run(at)
+    rerun(at)
     assert at.session_state[FORMAT_KEY] == "svg"
     after = _configs(at)
     assert len(after) == len(before)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from app_runs import rerun
 from streamlit.testing.v1 import AppTest
 
 from model_core.generate.generation import (
@@ -36,24 +37,16 @@ def chat_llama(tiny_decoders, tmp_path_factory) -> Path:
     return folder
 
 
-def _run(at: AppTest) -> AppTest:
-    if "_app_context" in at.session_state:
-        del at.session_state["_app_context"]
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
 def _page(folder: Path | None, **state) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=180)
     if folder is not None:
         at.query_params["model"] = "pretrained"
         at.query_params["model_id"] = str(folder)
-    _run(at)
+    rerun(at)
     at.switch_page(PAGE)
     for key, value in state.items():
         at.session_state[key] = value
-    return _run(at)
+    return rerun(at)
 
 
 def _button(at: AppTest, key: str):
@@ -63,7 +56,7 @@ def _button(at: AppTest, key: str):
 def test_generate_streams_traces_and_opens_the_sequence_in_every_page(chat_llama):
     at = _page(chat_llama, pg_prompt=PROMPT, pg_max_new=6)
     _button(at, "gen_go").click()
-    _run(at)
+    rerun(at)
     assert not at.error, [e.value for e in at.error]
     result = at.session_state["_gen_result"]["generation"]
     expected = generate(load_pretrained(str(chat_llama), device="cpu"), PROMPT, chat=True,
@@ -72,7 +65,7 @@ def test_generate_streams_traces_and_opens_the_sequence_in_every_page(chat_llama
     assert at.get("html"), "the reply's attention is drawn on the text"
     assert any(s.label.startswith("Reply token") for s in at.select_slider)
     _button(at, "gen_open").click()
-    _run(at)
+    rerun(at)
     ctx = at.session_state["_app_context"]
     assert ctx.request == result.request(str(chat_llama))
     assert ctx.trace.reply_start == result.reply_start
@@ -82,12 +75,12 @@ def test_generate_streams_traces_and_opens_the_sequence_in_every_page(chat_llama
 def test_a_reply_tokens_contribution_graph_opens_from_the_query_that_wrote_it(chat_llama):
     at = _page(chat_llama, pg_prompt=PROMPT, pg_max_new=4)
     _button(at, "gen_go").click()
-    _run(at)
+    rerun(at)
     result = at.session_state["_gen_result"]["generation"]
     at.session_state["gen_step"] = 2
-    _run(at)
+    rerun(at)
     _button(at, "gen_graph").click()
-    _run(at)
+    rerun(at)
     assert at.title[0].value.startswith("Contributions"), [t.value for t in at.title]
     assert at.session_state["pg_graph_token"] == result.reply_start + 2 - 1
     ctx = at.session_state["_app_context"]
@@ -98,10 +91,10 @@ def test_a_reply_tokens_contribution_graph_opens_from_the_query_that_wrote_it(ch
 def test_the_reader_steps_through_the_reply_for_a_layer_mean(chat_llama):
     at = _page(chat_llama, pg_prompt=PROMPT, pg_max_new=4)
     _button(at, "gen_go").click()
-    _run(at)
+    rerun(at)
     at.session_state["gen_step"] = 3
     at.session_state["gen_how"] = "all"
-    _run(at)
+    rerun(at)
     assert not at.error, [e.value for e in at.error]
     assert "position" in " ".join(c.value for c in at.caption)
 
@@ -132,7 +125,7 @@ def test_a_run_cut_short_keeps_its_tokens_and_traces_them(chat_llama):
 def test_bad_input_gets_a_message_and_the_page_keeps_working(chat_llama, state, message):
     at = _page(chat_llama, **state)
     _button(at, "gen_go").click()
-    _run(at)
+    rerun(at)
     assert any(message in e.value for e in at.error), [e.value for e in at.error]
     assert "_gen_result" not in at.session_state
 
@@ -143,7 +136,7 @@ def test_an_encoder_says_why_and_its_button_switches_to_the_bundled_decoder():
     assert any("encoder" in i.value for i in at.info)
     assert not [b for b in at.button if b.key == "gen_go"]
     _button(at, "gen_use_decoder").click()
-    _run(at)
+    rerun(at)
     assert at.session_state["ctl_model_id"] == BUNDLED_DECODER_ID
     assert _button(at, "gen_go") is not None and not at.error
 
@@ -158,13 +151,13 @@ def test_the_page_works_with_smollm2_at_long_prompts(n_tokens):
     at = AppTest.from_file(APP, default_timeout=600)
     at.query_params["model"] = "pretrained"
     at.query_params["model_id"] = BUNDLED_DECODER_ID
-    _run(at)
+    rerun(at)
     at.switch_page(PAGE)
     at.session_state["pg_prompt"] = prompt
     at.session_state["pg_max_new"] = 4
-    _run(at)
+    rerun(at)
     _button(at, "gen_go").click()
-    _run(at)
+    rerun(at)
     assert not at.error, [e.value for e in at.error]
     result = at.session_state["_gen_result"]["generation"]
     assert len(result.prompt_ids) >= n_tokens and 1 <= result.n_new <= 4
@@ -179,7 +172,7 @@ def test_a_link_to_a_generated_sequence_opens_its_trace_with_the_reply_marked(ch
                         "token_ids": ",".join(map(str, result.token_ids.tolist())),
                         "reply_start": str(result.reply_start)}.items():
         at.query_params[name] = value
-    _run(at)
+    rerun(at)
     ctx = at.session_state["_app_context"]
     assert ctx.trace.token_ids.tolist() == result.token_ids.tolist() and ctx.trace.reply_start == result.reply_start
     assert at.query_params["reply_start"] == str(result.reply_start)  # the URL keeps it

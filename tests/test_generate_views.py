@@ -6,12 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_explorer.figures import (
-    attention_heatmap,
-    selection_grid,
-    token_norms_figure,
-    vector_heatmap,
-)
+from attention_explorer.figures import attention_heatmap, selection_grid, token_norms_figure, vector_heatmap
 from attention_explorer.generation import attention_text_html
 from attention_explorer.generation import generate as notebook_generate
 from attention_explorer.reply_marks import REPLY_COLOR

@@ -3,47 +3,26 @@ an encoder's explanation; a ratio outside (0, 1); and (slow) SmolLM2 at 128 and 
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
+from app_runs import open_page, plotly_z
 from streamlit.testing.v1 import AppTest
 from tiny_models import CORPUS
 
 from model_core.settings import BUNDLED_DECODER_ID
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGE = "pages/kv_cache.py"
 
 
 def _open(query: dict, **state) -> AppTest:
     """The app with ``query`` in its link, switched to the KV cache page, after one run of it."""
-    at = AppTest.from_file(APP, default_timeout=300)
-    for name, value in query.items():
-        at.query_params[name] = value
-    for key, value in state.items():
-        at.session_state[key] = value
-    at.run()
-    at.switch_page(PAGE)
-    if "_app_context" in at.session_state:
-        del at.session_state["_app_context"]
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page(PAGE, query, state, timeout=300)
 
 
 def _charts(at: AppTest) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-
-
-def _z(spec: dict) -> np.ndarray:
-    z = spec["z"]
-    if isinstance(z, dict):
-        shape = tuple(int(n) for n in str(z["shape"]).split(","))
-        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(shape)
-    return np.asarray(z, dtype=np.float64)
 
 
 def test_page_shows_kept_keys_retained_and_cost_on_a_tiny_decoder(tiny_decoders):
@@ -57,11 +36,11 @@ def test_page_shows_kept_keys_retained_and_cost_on_a_tiny_decoder(tiny_decoders)
     assert at.metric[0].value == f"{kept} of {n - 1}"
     assert at.metric[1].value.endswith("nats")
     charts = _charts(at)
-    kept_image = _z(charts[0]["data"][0])  # key/value head 0: layer x position
+    kept_image = plotly_z(charts[0]["data"][0])  # key/value head 0: layer x position
     assert kept_image.shape == (2, n - 1)
     assert (kept_image.sum(1) == kept).all()
     assert (kept_image[:, :4] == 1).all() and (kept_image[:, -(kept - 4):] == 1).all()  # sinks + recent window
-    retained = _z(charts[1]["data"][0])
+    retained = plotly_z(charts[1]["data"][0])
     assert retained.shape == (2, 4) and ((retained > 0) & (retained < 1)).all()
     labels = [b.label for b in at.get("download_button")]
     assert any("Kept positions" in label for label in labels) and any("Retained" in label for label in labels)
@@ -102,7 +81,7 @@ def test_smollm2_page_at_128_and_512_tokens(n_words):
     assert 100 < n < 600
     charts = _charts(at)
     assert len(charts[0]["data"]) == 3  # three key/value heads stacked
-    assert _z(charts[1]["data"][0]).shape == (30, 9)
+    assert plotly_z(charts[1]["data"][0]).shape == (30, 9)
 
 
 def test_the_needle_test_says_when_the_model_is_too_short(tiny_decoders):
@@ -137,6 +116,6 @@ def test_smollm2_page_at_about_4000_tokens_reads_the_compact_trace():
     ctx = at.session_state["_app_context"]
     assert ctx.compact is not None and 3500 < ctx.compact.n_tokens <= 4096
     n = ctx.compact.n_tokens
-    kept = _z(_charts(at)[0]["data"][0])
+    kept = plotly_z(_charts(at)[0]["data"][0])
     assert kept.shape == (30, n - 1) and (kept.sum(1) == int((n - 1) * (1 - 0.9))).all()
     assert (kept[:, -1] == 1).all()  # TOVA always keeps the last prefill key

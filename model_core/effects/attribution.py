@@ -31,7 +31,7 @@ from model_core.effects.attribution_readout import (
     output_projections,
     project,
 )
-from model_core.trace.shape import freeze_arrays
+from model_core.trace.shape import LayerHeadGrid, freeze_arrays
 
 CHECK_TOLERANCE = 1e-4
 """How far (relative to the larger of the logit and 1) the parts' sum may be from the model's own logit."""
@@ -57,7 +57,7 @@ class NotOneToken(ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class Attribution:
+class Attribution(LayerHeadGrid):
     """The direct effect of every component on one logit (or logit difference) at one position.
 
     Attributes:
@@ -104,12 +104,8 @@ class Attribution:
         return float(self.embed + self.heads.sum() + self.mlps.sum() + self.rest)
 
     @property
-    def n_layers(self) -> int:
-        return int(self.heads.shape[0])
-
-    @property
-    def n_heads(self) -> int:
-        return int(self.heads.shape[1])
+    def grid_shape(self) -> tuple[int, int]:
+        return self.heads.shape
 
     def sources(self, trace: Any, layer: int, head: int) -> np.ndarray:
         """One head's effect split over its source tokens j: αᵢⱼʰ · (vⱼ · head_readout), summing to ``heads[l, h]``.

@@ -29,6 +29,7 @@ import torch
 from model_core.effects.patching_inputs import PatchingError, PatchInputs
 from model_core.families import Family
 from model_core.trace.gate import GATE
+from model_core.trace.shape import LayerHeadGrid
 
 EQUAL_METRICS = 1e-4
 """How close (in logits) the clean and corrupted metrics may be before nothing can be normalised."""
@@ -43,7 +44,7 @@ Stop = Callable[[], bool]
 
 
 @dataclass(frozen=True, eq=False)
-class PatchRuns:
+class PatchRuns(LayerHeadGrid):
     """The clean and corrupted runs: their metrics and the activations patching swaps between them.
 
     Attributes:
@@ -64,12 +65,8 @@ class PatchRuns:
     resid_corrupt: torch.Tensor
 
     @property
-    def n_layers(self) -> int:
-        return int(self.z_clean.shape[0])
-
-    @property
-    def n_heads(self) -> int:
-        return int(self.z_clean.shape[2])
+    def grid_shape(self) -> tuple[int, int]:
+        return self.z_clean.shape[0], self.z_clean.shape[2]  # z: (layer, pos, head, d_head)
 
     @property
     def denominator(self) -> float:

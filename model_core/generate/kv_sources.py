@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from model_core.compact.trace import CompactTrace
+from model_core.trace.shape import LayerHeadGrid
 from model_core.trace.trace import AttentionTrace
 
 
@@ -37,7 +38,7 @@ def _check_decoder(is_decoder: bool, n_tokens: int) -> int:
 
 
 @dataclass(frozen=True, eq=False)
-class QKSource:
+class QKSource(LayerHeadGrid):
     """The prefill's attention computed from queries and keys, a block of rows at a time.
 
     Attributes:
@@ -62,12 +63,8 @@ class QKSource:
     lse: Callable[[int], torch.Tensor] | None = None
 
     @property
-    def n_layers(self) -> int:
-        return len(self.queries)
-
-    @property
-    def n_heads(self) -> int:
-        return len(self.kv_heads)
+    def grid_shape(self) -> tuple[int, int]:
+        return len(self.queries), len(self.kv_heads)
 
     def _weights(self, layer: int, r0: int, r1: int, c1: int) -> torch.Tensor:
         """The softmax of rows r0:r1 over keys 0:c1, in float32 as the model computes it. Shape: (head, rows, c1)."""
@@ -118,7 +115,7 @@ class QKSource:
 
 
 @dataclass(frozen=True, eq=False)
-class TraceSource:
+class TraceSource(LayerHeadGrid):
     """The prefill's attention read from a full trace's weights (rows past the prefill are never read; under a
     causal mask a prefill row puts no weight on the last token)."""
 
@@ -128,12 +125,8 @@ class TraceSource:
         _check_decoder(self.trace.is_decoder, self.trace.n_tokens)
 
     @property
-    def n_layers(self) -> int:
-        return self.trace.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.trace.n_heads
+    def grid_shape(self) -> tuple[int, int]:
+        return self.trace.n_layers, self.trace.n_heads
 
     @property
     def n_prefill(self) -> int:

@@ -59,6 +59,18 @@ class TraceShape:
         return self.family.is_decoder
 
 
+class LayerHeadGrid:
+    """``n_layers`` and ``n_heads`` of a result whose ``grid_shape`` starts (layers, heads) (a mixin)."""
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.grid_shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.grid_shape[1])
+
+
 def freeze_arrays(result: object) -> None:
     """Mark every numpy array a result holds read-only: results are cached and shared by every page and session."""
     import numpy as np
