@@ -89,14 +89,9 @@ def _height(kind: str, n: int, n_layers: int, total_heads: int) -> int:
     return math.ceil(max(thumbnails, detail)) + CONTROLS_PX
 
 
-def attention_view_html(
-    kind: str,
-    trace: AttentionTrace,
-    layers: list[int] | None = None,
-    heads: list[int] | None = None,
-    token_window: tuple[int, int] | None = None,
-    asset_base: str | None = DEFAULT_ASSET_BASE,
-) -> BertvizView:
+def attention_view_html(kind: str, trace: AttentionTrace, layers: list[int] | None = None,
+                        heads: list[int] | None = None, token_window: tuple[int, int] | None = None,
+                        asset_base: str | None = DEFAULT_ASSET_BASE) -> BertvizView:
     """bertviz's head view (``kind="head"``) or model view (``kind="model"``) of the trace.
 
     Args:

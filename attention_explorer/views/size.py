@@ -112,14 +112,8 @@ def _most_tokens(kind: str, n_tokens: int, n_layers: int, n_heads: int, d_head: 
     return most
 
 
-def check_size(
-    kind: str,
-    trace: AttentionTrace,
-    layers: list[int] | None = None,
-    heads: list[int] | None = None,
-    token_window: tuple[int, int] | None = None,
-    limit: int = MAX_ELEMENTS,
-) -> SizeCheck:
+def check_size(kind: str, trace: AttentionTrace, layers: list[int] | None = None, heads: list[int] | None = None,
+               token_window: tuple[int, int] | None = None, limit: int = MAX_ELEMENTS) -> SizeCheck:
     """Whether bertviz's ``kind`` view of this selection stays responsive.
 
     Raises:
