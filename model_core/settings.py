@@ -60,7 +60,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_CORPUS_MAX_TEXTS": ("5000", "Most texts the Corpus page runs from an upload or a dataset (the CLI has no cap)."),
     "AE_CORPUS_DIR": ("", "Folder of the Corpus page's run folders; empty uses ~/.cache/attention-explorer/corpus-runs."),
     "AE_MAX_RUNS": ("auto", "Most model passes that run at once (1 to 64); the others wait their turn, first in first out, and a waiting page shows its place. auto: 1 on a CPU (passes share its cores, and each holds about 0.9 GB at 400 SmolLM2 tokens), 2 with a CUDA GPU."),
-    "AE_TORCH_THREADS": ("", "Threads for torch on the CPU; empty uses half the cores (sessions run side by side). OMP_NUM_THREADS also works."),
+    "AE_TORCH_THREADS": ("", "Threads for torch on the CPU; empty uses half the cores for a page's passes (other sessions' pages are drawn meanwhile) and every core while a reply is generated. OMP_NUM_THREADS also works."),
 }
 
 
