@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from model_core.cli.options import add_encoder_shape_options, add_model_options, custom_options_misused
+from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options, custom_options_misused
 
 
 def add_corpus_parser(sub: Any) -> None:
@@ -20,8 +20,9 @@ def add_corpus_parser(sub: Any) -> None:
     cor.add_argument("--input", required=True,
                      help="a .txt (one text per line), .csv, .tsv or .jsonl file; 'demo' for the demo corpus; "
                           "or hf:DATASET_ID (a datasets id or local dataset folder)")
-    add_model_options(cor, "pretrained (any supported family), custom (the chapter-3 encoder), or bert (= pretrained)",
-                      "hub id, folder, or the bundled model (default)")
+    cor.add_argument("--model", choices=MODEL_CHOICES, required=True,
+                     help="pretrained (any supported family), custom (the chapter-3 encoder), or bert (= pretrained)")
+    cor.add_argument("--model-id", default=None, help="hub id, folder, or the bundled model (default)")
     cor.add_argument("--weights", choices=["random", "pretrained"], default="random",
                      help="custom encoder only: random (seeded) or BERT's weights from --model-id")
     cor.add_argument("--causal", action="store_true", help="custom encoder only: apply the causal mask")

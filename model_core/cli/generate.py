@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from model_core.cli.options import model_verb
+from model_core.cli.options import MODEL_CHOICES
 
 JSON_HELP = ('print {"prompt_tokens": k, "token_ids": [...], "tokens": [...], "text": reply}: token_ids and tokens are '
              "the NEW tokens only (the reply; an end-of-sequence token that ended it is kept), prompt_tokens the "
@@ -18,11 +18,12 @@ JSON_HELP = ('print {"prompt_tokens": k, "token_ids": [...], "tokens": [...], "t
 
 def add_generate_parser(sub: Any) -> None:
     """Add the ``generate`` verb to the command line's subparsers."""
-    gen = model_verb(sub, "generate",
-                     "generate a reply with a decoder through the one forward route (greedy, or sampled); optionally "
-                     "write the whole sequence's trace",
-                     "pretrained: a decoder language model (the chapter-3 encoder does not generate)",
-                     "hub id or folder of a decoder, e.g. bundled:SmolLM2-135M-Instruct")
+    gen = sub.add_parser("generate", help="generate a reply with a decoder through the one forward route (greedy, "
+                                          "or sampled); optionally write the whole sequence's trace")
+    gen.add_argument("--model", choices=MODEL_CHOICES, required=True,
+                     help="pretrained: a decoder language model (the chapter-3 encoder does not generate)")
+    gen.add_argument("--model-id", default=None,
+                     help="hub id or folder of a decoder, e.g. bundled:SmolLM2-135M-Instruct")
     gen.add_argument("--prompt", required=True, help="the prompt (with --chat: the user's message)")
     gen.add_argument("--max-new-tokens", type=int, default=48, help="the most new tokens (default 48)")
     gen.add_argument("--chat", action="store_true",

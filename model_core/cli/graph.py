@@ -9,7 +9,11 @@ import sys
 from typing import Any
 
 from model_core.cli.compact import read_text
-from model_core.cli.options import add_encoder_shape_options, add_model_options, custom_options_misused
+from model_core.cli.options import (
+    MODEL_CHOICES,
+    add_encoder_shape_options,
+    custom_options_misused,
+)
 
 MAX_FLOATS = 5_000_000
 """Past this many floats (tokens² × heads × layers) the n × n matrices are left out of the JSON."""
@@ -27,8 +31,9 @@ def add_graph_parser(sub: Any) -> None:
                     "in 'matrices' and 'note'. Past a full trace's size (AE_FULL_TRACE_MB) the text is traced in "
                     "compact form: the graph of --token is printed, and the per-token vectors only at the nodes "
                     "it reached (null elsewhere).")
-    add_model_options(g, "pretrained: a transformers model of any supported family; custom: the chapter-3 encoder",
-                      "hub id, folder, or a bundled id (default: the bundled BERT)")
+    g.add_argument("--model", choices=MODEL_CHOICES, required=True,
+                   help="pretrained: a transformers model of any supported family; custom: the chapter-3 encoder")
+    g.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id (default: the bundled BERT)")
     g.add_argument("--text", default=None, help="the text (or --text-file)")
     g.add_argument("--text-file", default=None, help="read the text from this UTF-8 file")
     g.add_argument("--text-b", default=None, help="optional sentence B")

@@ -9,17 +9,19 @@ import json
 import sys
 from typing import Any
 
-from model_core.cli.options import model_verb
+from model_core.cli.options import MODEL_CHOICES
 from model_core.generate.presses import PRESSES, check_ratio
 
 
 def add_kv_parser(sub: Any) -> None:
     """Add the ``kv`` verb to the command line's subparsers."""
-    kv = model_verb(sub, "kv",
-                    "compress a decoder's KV cache of a text with a policy (StreamingLLM, Knorm, SnapKV, TOVA, "
-                    "observed attention): the kept keys, the retained attention and the next-token KL",
-                    "pretrained: a decoder (a KV cache needs one); custom: refused, it is an encoder",
-                    "hub id, folder or bundled id of a decoder, e.g. bundled:SmolLM2-135M-Instruct", required=False)
+    kv = sub.add_parser("kv", help="compress a decoder's KV cache of a text with a policy (StreamingLLM, Knorm, "
+                                   "SnapKV, TOVA, observed attention): the kept keys, the retained attention and "
+                                   "the next-token KL")
+    kv.add_argument("--model", choices=MODEL_CHOICES, default="pretrained",
+                    help="pretrained: a decoder (a KV cache needs one); custom: refused, it is an encoder")
+    kv.add_argument("--model-id", default=None, help="hub id, folder or bundled id of a decoder, e.g. "
+                                                     "bundled:SmolLM2-135M-Instruct")
     kv.add_argument("--text", required=True, help="the text: every token but the last is prefilled and compressed")
     kv.add_argument("--press", choices=PRESSES, required=True, help="the compression policy (kvpress's names)")
     kv.add_argument("--compression-ratio", type=float, required=True,

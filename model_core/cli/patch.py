@@ -8,18 +8,19 @@ import json
 import sys
 from typing import Any
 
-from model_core.cli.options import model_verb
+from model_core.cli.options import MODEL_CHOICES
 
 TOP = 10
 
 
 def add_patch_parser(sub: Any) -> None:
     """Add the ``patch`` verb to the command line's subparsers."""
-    patch = model_verb(sub, "patch",
-                       "activation patching: each head's effect on logit(answer) - logit(foil) when its output is "
-                       "taken from the clean prompt into the corrupted one",
-                       "pretrained: a decoder (GPT-2, Llama-like); an encoder cannot be patched",
-                       "hub id, folder, or a bundled id such as bundled:SmolLM2-135M-Instruct")
+    patch = sub.add_parser("patch", help="activation patching: each head's effect on logit(answer) - logit(foil) "
+                                         "when its output is taken from the clean prompt into the corrupted one")
+    patch.add_argument("--model", choices=MODEL_CHOICES, required=True,
+                       help="pretrained: a decoder (GPT-2, Llama-like); an encoder cannot be patched")
+    patch.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id such as "
+                                                        "bundled:SmolLM2-135M-Instruct")
     patch.add_argument("--clean", required=True, help="the clean prompt")
     patch.add_argument("--corrupt", required=True, help="the corrupted prompt, as many tokens as the clean one")
     patch.add_argument("--answer", required=True, help="one token as written, leading space included (\" Paris\")")

@@ -7,17 +7,17 @@ import json
 import sys
 from typing import Any
 
-from model_core.cli.options import add_encoder_shape_options, model_verb
+from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options
 from model_core.roles.probes import ENCODER_NOTES, ROLE_TITLES, RoleScores
 
 
 def add_roles_parser(sub: Any) -> None:
     """Add the ``roles`` verb to the command line's subparsers."""
-    roles = model_verb(sub, "roles",
-                       "score every head as a previous-token, duplicate-token, induction, sink and retrieval head; "
-                       "print the L x H scores and the top heads",
-                       "pretrained: a transformers model of any supported family; custom: the chapter-3 encoder",
-                       "hub id, folder, or a bundled id (default: the bundled BERT)")
+    roles = sub.add_parser("roles", help="score every head as a previous-token, duplicate-token, induction, sink "
+                                         "and retrieval head; print the L x H scores and the top heads")
+    roles.add_argument("--model", choices=MODEL_CHOICES, required=True,
+                       help="pretrained: a transformers model of any supported family; custom: the chapter-3 encoder")
+    roles.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id (default: the bundled BERT)")
     roles.add_argument("--seed", type=int, default=0, help="draws the probe's random words and the password")
     roles.add_argument("--weights", choices=["random", "pretrained"], default="random", help="custom encoder only")
     roles.add_argument("--weights-seed", type=int, default=0, help="custom encoder with random weights only")
