@@ -91,11 +91,16 @@ def cpu_threads() -> int:
     with 1 thread. A server runs several sessions' forward passes side by side, so it keeps half
     the cores free. OMP_NUM_THREADS (or AE_TORCH_THREADS) overrides.
     """
+    return _env_threads() or max(1, (os.cpu_count() or 2) // 2)
+
+
+def _env_threads() -> int | None:
+    """The threads AE_TORCH_THREADS (or else OMP_NUM_THREADS) sets, or None."""
     for name in ("AE_TORCH_THREADS", "OMP_NUM_THREADS"):
         raw = os.environ.get(name, "").strip()
         if raw.isdigit() and int(raw) > 0:
             return int(raw)
-    return max(1, (os.cpu_count() or 2) // 2)
+    return None
 
 
 CPU_THREADS = cpu_threads()
@@ -106,23 +111,19 @@ torch.set_num_threads(CPU_THREADS)
 _BLAS_LIMIT = threadpool_limits(CPU_THREADS, user_api="blas")
 
 
-def _threads_set() -> bool:
-    return any(os.environ.get(name, "").strip().isdigit() for name in ("AE_TORCH_THREADS", "OMP_NUM_THREADS"))
-
-
 @contextlib.contextmanager
 def all_cores_for_generation() -> Iterator[None]:
-    """Every core for torch's kernels in this thread while a reply is generated, then ``CPU_THREADS`` again, unless
+    """Every core for torch's kernels while a reply is generated, then ``CPU_THREADS`` again, unless
     AE_TORCH_THREADS or OMP_NUM_THREADS sets the threads.
 
-    A generation step reads every weight for one token (540 MB of float32 for SmolLM2): one core's memory bandwidth
-    bounds it, and the gate runs one pass at a time, so the cores the server keeps free for other sessions' passes
-    (``cpu_threads``) are free anyway. Measured in the app on a 2-core machine with the browser beside it, after a
-    512-token prompt: 15.0 tokens/s with 1 thread, 18.9 with 2. The setting is torch's (OpenMP's): another session's
-    pass between two steps may run with it too.
+    A generation step is one token through every layer: each of its small kernels splits over the cores, and the gate
+    runs one pass at a time, so the cores the server keeps free for other sessions' passes (``cpu_threads``) are
+    free anyway. Measured in the app on a 2-core machine with the browser beside it, after a 530-token prompt: 15.0
+    tokens/s with 1 thread, 16.2-18.9 with 2. The setting is torch's (OpenMP's), not only this thread's: another
+    session's pass between two steps may run with it too.
     """
     wide = max(1, os.cpu_count() or 1)
-    if _threads_set() or wide <= CPU_THREADS:
+    if _env_threads() is not None or wide <= CPU_THREADS:
         yield
         return
     torch.set_num_threads(wide)
