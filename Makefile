@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8501
 
-.PHONY: run test test-fast image-test setup assets bench clean wheel
+.PHONY: run dev test test-fast image-test setup assets bench clean wheel
 
 $(VENV)/.installed: pyproject.toml setup.py requirements.txt requirements-dev.txt requirements-nodeps.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,12 @@ assets:
 	elif ! scripts/install_assets.sh >/dev/null 2>&1; then \
 		echo "NOTE: npm not found: the app runs, but the bertviz page needs its JavaScript (apt-get install nodejs npm, then make setup)."; fi
 
+# No file watcher, as in the image: its polling of every imported file in the checkout (.venv included) held a core,
+# and a reply was generated at 2 tokens/s instead of 17. `make dev` keeps it, to reload on save.
 run: setup
+	$(VENV)/bin/streamlit run app.py --server.port $(PORT) --server.fileWatcherType none
+
+dev: setup
 	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
 
 # A wheel of the package (the core, the notebook API and bertviz's JavaScript) in dist/.
