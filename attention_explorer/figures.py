@@ -8,6 +8,7 @@ import textwrap
 import numpy as np
 import plotly.graph_objects as go
 
+from attention_explorer.head_grids import HeadGrid, layer_head_figure, layer_head_grids  # noqa: F401 (re-exported)
 from attention_explorer.reply_marks import mark_reply, mark_reply_on_tokens
 from model_core.analysis.aggregate import pool_matrix
 
@@ -271,55 +272,6 @@ def overview_mosaic(attentions: np.ndarray, *, max_cells: int | None = None,
         yaxis=dict(tickmode="array", tickvals=centers_y, ticktext=[f"L{i}" for i in range(n_layers)],
                    autorange="reversed", showgrid=False, zeroline=False, scaleanchor="x"),
     )
-    return fig
-
-
-MAX_GRID_PX = 1000
-"""The tallest a layer x head grid grows (34 px a layer up to 25 layers, then less)."""
-
-
-def layer_head_figure(
-    grid: np.ndarray,
-    title: str,
-    *,
-    colorscale: str = "Viridis",
-    zmin: float | None = None,
-    zmax: float | None = None,
-    colorbar: str = "",
-    clickable: bool = False,
-    cell_text: bool = False,
-    height: int | None = None,
-) -> go.Figure:
-    """The app's one layer x head grid: one number per head, layer 0 at the top. NaN cells stay blank.
-
-    ``cell_text`` writes each value in its cell (up to 16 heads); ``height`` overrides the default
-    (34 px a layer, at least 300).
-
-    With ``clickable`` an invisible square marker sits on every defined cell: Streamlit's point
-    selection then reports the clicked (head, layer), which a plotly heatmap alone cannot.
-
-    Shape: grid (layer, head).
-    """
-    grid = np.asarray(grid, dtype=float)
-    n_layers, n_heads = grid.shape
-    row_px = min(34, (MAX_GRID_PX - 130) // max(n_layers, 1))  # 30 decoder layers still fit in 1,000 px
-    hover = "layer %{y}, head %{x}<br>%{z:.4f}<extra></extra>"
-    fig = go.Figure(go.Heatmap(
-        z=grid, x=list(range(n_heads)), y=list(range(n_layers)), colorscale=colorscale, zmin=zmin, zmax=zmax,
-        colorbar={"title": colorbar}, hovertemplate=hover, hoverinfo="skip" if clickable else None,
-        texttemplate="%{z:.2f}" if cell_text and n_heads <= 16 else None))
-    if clickable:
-        layers, heads = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
-        finite = np.isfinite(grid.ravel())
-        fig.add_trace(go.Scatter(
-            x=heads.ravel()[finite], y=layers.ravel()[finite], mode="markers",
-            marker={"symbol": "square", "size": max(8, row_px - 8), "color": "rgba(0,0,0,0)"},
-            customdata=grid.ravel()[finite], showlegend=False,
-            hovertemplate="layer %{y}, head %{x}<br>%{customdata:.4f}<extra>click to open</extra>"))
-    fig.update_xaxes(title="head", tickmode="linear", dtick=1, range=[-0.5, n_heads - 0.5], showgrid=False)
-    fig.update_yaxes(title="layer", tickmode="linear", dtick=1, range=[n_layers - 0.5, -0.5], showgrid=False)
-    fig.update_layout(title=title, height=height or max(300, row_px * n_layers + 130), clickmode="event+select",
-                      dragmode=False, margin={"l": 60, "r": 20, "t": 50, "b": 50}, template="plotly_white")
     return fig
 
 

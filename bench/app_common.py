@@ -22,7 +22,7 @@ MODEL_REQUESTS = {  # label -> the sidebar's request for that model (custom: ber
 }
 MODEL_PARAMS = {label: request_params(request, MODEL_FIELDS) for label, request in MODEL_REQUESTS.items()}
 """label -> the query parameters that pick the model (ui.fields, from the request's fields)."""
-N_FIGURES = 6  # heatmaps page: overview, focused head, four summary grids
+N_FIGURES = 3  # heatmaps page: overview, focused head, the four summary grids in one figure
 TIMEOUT_MS = 120_000
 
 

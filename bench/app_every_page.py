@@ -16,7 +16,7 @@ from app_session import ARM_INPUT_JS, FINGERPRINT_JS, INPUT_AT_JS, PAINT_JS, Met
 # -- every page from a link ----------------------------------------------------------------------
 # page path -> (figures it draws at least, the picker that the page's own figures depend on)
 EVERY_PAGE = {
-    "heatmaps": (6, ("sidebar", "Head")),
+    "heatmaps": (3, ("sidebar", "Head")),
     "": (1, ("sidebar", "Head")),  # Home, the default page, lives at the root
     "causal": (6, ("sidebar", "Head")),
     "inside": (6, ("sidebar", "Head")),

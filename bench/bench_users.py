@@ -6,7 +6,7 @@ For each ``--max-runs`` value (passed to a fresh server as AE_MAX_RUNS) the benc
 loads SmolLM2 with one short text, then opens ``--users`` tabs (one browser context, warmed by that first page, as a
 returning user's cache; ``--fresh-contexts``: an empty context each) on the heatmaps page at once, each with a text of
 ``--tokens`` tokens that no other tab has (so every tab runs a pass). It reports whether every tab drew, each tab's
-wait from its link to its drawn page (the six figures drawn, the script idle: the page records the moment itself),
+wait from its link to its drawn page (its three figures drawn, the script idle: the page records the moment itself),
 the median and the slowest wait and their ratio, and the server's RSS (its process and children, sampled every
 0.2 s) at idle and at its peak. ``--served`` also times when the last message of each tab's run reached it: the
 browser runs on the server's 2 cores here, so the drawn waits include its own queue of 8 pages to draw, which a

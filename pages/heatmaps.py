@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from model_core.analysis import stat_titles
+from model_core.analysis import rows_to_csv, stat_titles
 from model_core.io.export import trace_to_npz_bytes
 from model_core.io.tables import matrix_to_csv, position_labels, token_matrix_to_csv
 from model_core.analysis.aggregate import marker_positions, selection_attention
@@ -11,8 +11,9 @@ from ui.context import require_trace
 from ui.derived import cached_head_stats, overview_mosaic_cells
 from ui.downloads import figure_config
 from attention_explorer.figures import (
+    HeadGrid,
     attention_heatmap,
-    layer_head_figure,
+    layer_head_grids,
     overview_cells,
     overview_mosaic,
     selection_grid,
@@ -153,9 +154,9 @@ st.subheader("Per-head summary")
 s = cached_head_stats(t)
 titles = stat_titles(t)
 fourth = "to_sep" if np.isfinite(s.to_sep).any() else "to_prev"  # a decoder's plain text has no later specials
-st.caption("Entropy in bits (low = focused, high = spread out; a uniform row has log₂ n bits), the largest "
-           f"single weight, and the average share of each query's attention that goes to {names.first} and to "
-           f"{names.sep}. "
+st.caption("Hover a cell for its value. Entropy in bits (low = focused, high = spread out; a uniform row has log₂ n "
+           "bits), the largest single weight, and the average share of each query's attention that goes to "
+           f"{names.first} and to {names.sep}. "
            + ("Heads that park most of their attention on [SEP] are often 'no-op' heads (Clark et al., 2019)."
               if not t.is_decoder else
               f"On average {float(np.mean(s.to_cls)):.0%} of a query's attention goes to {names.first} (the attention "
@@ -163,9 +164,9 @@ st.caption("Entropy in bits (low = focused, high = spread out; a uniform row has
            + (f" This input has no {names.sep}, so the fourth grid shows the share to the previous token instead."
               if fourth == "to_prev" else ""))
 with view_guard("per-head summary"):
-    compact = 110 + 28 * t.n_layers  # four grids side by side in pairs
-    for column, (name, scale) in zip(st.columns(2) + st.columns(2), (
-            ("entropy", (None, None)), ("max_weight", (0.0, 1.0)), ("to_cls", (0.0, 1.0)), (fourth, (0.0, 1.0)))):
-        column.plotly_chart(layer_head_figure(getattr(s, name), titles[name], zmin=scale[0], zmax=scale[1],
-                                              cell_text=True, height=compact), config=figure_config(f"head_{name}"),
-                            key=f"sum_{name}")
+    # One chart for the four grids: the browser draws one figure instead of four (each has its own fixed cost).
+    st.plotly_chart(layer_head_grids([HeadGrid(getattr(s, name), titles[name], *scale) for name, scale in (
+        ("entropy", (None, None)), ("max_weight", (0.0, 1.0)), ("to_cls", (0.0, 1.0)), (fourth, (0.0, 1.0)))]),
+                    config=figure_config("head_summary"), key="head_summary")
+st.download_button("Download every statistic, one row per head (CSV)", data=lambda: rows_to_csv(s.to_rows()),
+                   file_name="head_stats.csv", mime="text/csv", on_click="ignore")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -26,7 +27,7 @@ SMALL = {"ctl_num_hidden_layers": 2, "ctl_num_attention_heads": 2, "ctl_hidden_s
 # page -> (title, what must be drawn: minimum number of plotly charts)
 PAGES = {
     "pages/home.py": ("Attention Explorer", 1),
-    "pages/heatmaps.py": ("Attention heatmaps", 6),
+    "pages/heatmaps.py": ("Attention heatmaps", 3),  # overview, focused head, the per-head summary
     "pages/causal.py": ("Causal mask & masked scores", 4),
     "pages/inside.py": ("Inside the encoder", 6),  # the steps open at first: tokens and the focused head
 }
@@ -95,6 +96,27 @@ def test_page_with_default_inputs(page):
     _run(at)
     _open(at, page)
     _check_page(at, page, "bert")
+
+
+def test_the_per_head_summary_is_one_figure_of_the_traces_four_statistics():
+    import json
+
+    from app_runs import plotly_z
+    from model_core.analysis import head_stats
+
+    at = _open(_run(_app()), "pages/heatmaps.py")
+    _clean(at)
+    trace = at.session_state["_app_context"].trace
+    summary = [c for c in at.get("plotly_chart") if "head_summary" in c.proto.id]
+    assert len(summary) == 1
+    spec = json.loads(summary[0].proto.spec)
+    grids = [t for t in spec["data"] if t["type"] == "heatmap"]
+    s = head_stats(trace)  # computed here, apart from the page's cache
+    for grid, name in zip(grids, ("entropy", "max_weight", "to_cls", "to_sep"), strict=True):
+        np.testing.assert_allclose(plotly_z(grid), getattr(s, name), rtol=1e-6, equal_nan=True)
+    assert [a["text"] for a in spec["layout"]["annotations"]] == [
+        "Entropy (bits)", "Largest weight", "Share to [CLS]", "Share to [SEP]"]
+    assert any("one row per head" in b.proto.label for b in at.get("download_button"))
 
 
 @pytest.mark.parametrize("page", _page_params())

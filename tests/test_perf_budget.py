@@ -14,7 +14,7 @@ import pytest
 
 from synthetic import synthetic_trace
 from model_core.analysis import head_stats
-from attention_explorer.figures import attention_heatmap, layer_head_figure, overview_mosaic
+from attention_explorer.figures import HeadGrid, attention_heatmap, layer_head_grids, overview_mosaic
 
 MB = 1_000_000
 
@@ -29,8 +29,8 @@ def _page_specs(trace) -> dict[str, str]:
     figures = {
         "overview": overview_mosaic(trace.weights),
         "focus": attention_heatmap(trace.weights[0, 0], trace.tokens, sentence_b_start=trace.sentence_b_start),
-        **{name: layer_head_figure(getattr(s, name), name, cell_text=True)
-           for name in ("entropy", "max_weight", "to_cls", "to_sep")},
+        "summary": layer_head_grids([HeadGrid(getattr(s, name), name) for name in ("entropy", "max_weight", "to_cls",
+                                                                                    "to_sep")]),
     }
     return {name: pio.to_json(fig, validate=False) for name, fig in figures.items()}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from attention_explorer.figures import layer_head_figure, overview_mosaic
+from attention_explorer.figures import HeadGrid, layer_head_grids, overview_mosaic
 from model_core.compact.trace import CompactTrace
 from model_core.compact.summary import largest_weights
 from model_core.compact.views import (
@@ -164,6 +164,8 @@ def _window(ctx: AppContext, layer: int, head: int, share: np.ndarray) -> None:
         mime="text/csv", on_click="ignore", key="compact_window_csv")
 
 
+OWN_RANGE = {"entropy": (None, None), "mean_distance": (None, None)}
+"""The statistics that are not shares (a share's grid runs from 0 to 1, and the shares have one colour bar)."""
 ALL_STATS = {**STAT_TITLES, "to_self": "Share to self", "to_next": "Share to the next token",
              "max_weight": "Largest weight"}
 
@@ -198,11 +200,10 @@ def draw_stats(ctx: AppContext, every: bool = False) -> None:
                "a stream over blocks of rows while tracing (no n × n array was held)."
                + (" Shares to punctuation, to special tokens and across a sentence pair are computed for the full "
                   "form only." if every else ""))
-    cols = st.columns(2)
-    for i, (name, title) in enumerate(shown.items()):
-        with cols[i % 2], view_guard(title):
-            st.plotly_chart(layer_head_figure(stats[name], title), config=figure_config(f"compact_{name}"),
-                            key=f"compact_stat_{name}")
+    with view_guard("per-head summary"):  # one chart: one figure for the browser to draw, not one a statistic
+        st.plotly_chart(layer_head_grids([HeadGrid(stats[name], title, *OWN_RANGE.get(name, (0.0, 1.0)))
+                                          for name, title in shown.items()]),
+                        config=figure_config("compact_head_summary"), key="compact_head_summary")
     labels = [f"layer {layer}" for layer in range(t.n_layers)]
     heads = [f"head {h}" for h in range(t.n_heads)]
     for name, title in shown.items():
