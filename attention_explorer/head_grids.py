@@ -17,7 +17,7 @@ GRIDS_A_ROW = 4
 """Grids side by side in ``layer_head_grids`` (2 for models of more than ``NARROW_HEADS`` heads)."""
 NARROW_HEADS = 16
 GAP = 0.02  # between two grids of a row, in the figure's width (only the first grid of a row numbers its layers)
-BAR_GAP = 0.075  # after a grid that carries a colour bar: the bar and its numbers
+BAR_GAP = 0.09  # after a grid that carries a colour bar: the bar and its numbers
 ROW_GAP_PX = 70  # between rows of grids, beside their titles' lines: the upper row's "head" axis title
 TITLE_CHARS = 18  # a grid's title wraps at this many characters when four grids share a row
 TITLE_LINE_PX = 17
@@ -111,15 +111,24 @@ def _colour_axes(grids: Sequence[HeadGrid]) -> list[int]:
     return axes
 
 
-def _row_domains(bars_after: list[bool]) -> list[tuple[float, float]]:
-    """Each grid's x domain in a row, with a wider gap after those that carry a colour bar (the last one's bar sits in
-    the right margin)."""
-    gaps = [BAR_GAP if bar else GAP for bar in bars_after[:-1]]
-    width = (1.0 - sum(gaps)) / len(bars_after)
+def _bar_places(axes: list[int], per_row: int) -> dict[int, int]:
+    """The grid after which each colour axis's bar is drawn: its last grid in the first row that uses it."""
+    places: dict[int, int] = {}
+    for i, axis in enumerate(axes):
+        if axis not in places or places[axis] // per_row == i // per_row:
+            places[axis] = i
+    return places
+
+
+def _column_domains(has_bar: list[bool], per_row: int) -> list[tuple[float, float]]:
+    """Each column's x domain, the same in every row so the grids line up: a wider gap after a column where any row
+    draws a colour bar (a bar after the last column sits in the right margin)."""
+    gaps = [BAR_GAP if any(has_bar[c::per_row]) else GAP for c in range(per_row - 1)]
+    width = (1.0 - sum(gaps)) / per_row
     domains, x = [], 0.0
-    for i in range(len(bars_after)):
+    for c in range(per_row):
         domains.append((x, x + width))
-        x += width + (gaps[i] if i < len(gaps) else 0.0)
+        x += width + (gaps[c] if c < len(gaps) else 0.0)
     return domains
 
 
@@ -143,7 +152,9 @@ def layer_head_grids(grids: Sequence[HeadGrid], *, colorscale: str = "Viridis", 
     per_row = min(len(grids), GRIDS_A_ROW if n_heads <= NARROW_HEADS else 2)
     n_rows = math.ceil(len(grids) / per_row)
     axes = _colour_axes(grids)
-    last_of_axis = {axis: i for i, axis in enumerate(axes)}  # the grid after which each colour bar is drawn
+    bar_after = _bar_places(axes, per_row)  # the grid after which each colour bar is drawn
+    has_bar = [bar_after.get(axis) == i for i, axis in enumerate(axes)]
+    columns = _column_domains(has_bar, per_row)
     row_px = _row_px(n_layers)
     plot_px = row_px * n_layers
     titles = ["<br>".join(textwrap.wrap(g.title, TITLE_CHARS * GRIDS_A_ROW // per_row)) or " " for g in grids]
@@ -159,7 +170,7 @@ def layer_head_grids(grids: Sequence[HeadGrid], *, colorscale: str = "Viridis", 
         members = list(range(start, min(start + per_row, len(grids))))
         y1 = 1.0 - row * (plot_px + row_gap) / span
         y0 = y1 - plot_px / span
-        for i, (x0, x1) in zip(members, _row_domains([last_of_axis[axes[i]] == i for i in members])):
+        for i, (x0, x1) in zip(members, columns):
             grid, n = grids[i], "" if i == 0 else str(i + 1)
             fig.add_trace(_heatmap(grid, colorscale=colorscale, clickable=False, cell_text=cell_text,
                                    name=grid.title).update(coloraxis=f"coloraxis{'' if axes[i] == 1 else axes[i]}",
@@ -174,7 +185,7 @@ def layer_head_grids(grids: Sequence[HeadGrid], *, colorscale: str = "Viridis", 
             fig.add_annotation(text=titles[i], x=(x0 + x1) / 2, y=y1, xref="paper", yref="paper", xanchor="center",
                                yanchor="bottom",
                                showarrow=False, font={"size": 13}, yshift=4)
-            if last_of_axis[axes[i]] == i:
+            if has_bar[i]:
                 axis = f"coloraxis{'' if axes[i] == 1 else axes[i]}"
                 layout[axis] = dict(colorscale=colorscale, cmin=grid.zmin, cmax=grid.zmax, colorbar=dict(
                     title=grid.colorbar, thickness=10, x=x1 + 0.008, xanchor="left", y=(y0 + y1) / 2,

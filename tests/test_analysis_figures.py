@@ -95,6 +95,9 @@ def test_grids_of_a_wide_model_take_two_rows_and_mismatched_grids_are_refused():
     tops = [fig.layout[f"yaxis{n}"].domain[1] for n in ("", "2", "3", "4")]
     assert tops[0] == tops[1] > tops[2] == tops[3]  # two a row past 16 heads
     assert fig.layout.yaxis3.domain[1] < fig.layout.yaxis.domain[0]
+    # The shares' one bar stands beside the first row that shows a share, and the rows' grids line up.
+    assert fig.layout.yaxis.domain[0] < fig.layout.coloraxis2.colorbar.y < fig.layout.yaxis.domain[1]
+    assert fig.layout.xaxis3.domain == fig.layout.xaxis.domain and fig.layout.xaxis4.domain == fig.layout.xaxis2.domain
     with pytest.raises(ValueError, match="same"):
         layer_head_grids([HeadGrid(np.zeros((2, 3)), "a"), HeadGrid(np.zeros((3, 3)), "b")])
     with pytest.raises(ValueError, match="at least one"):
