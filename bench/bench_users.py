@@ -1,6 +1,6 @@
 """Many users at once: N browser tabs open the heatmaps page together, each with its own text, on one server.
 
-Run: ``.venv/bin/python bench/bench_users.py [--users 8] [--tokens 400] [--max-runs 1 8] [--served]``
+Run: ``.venv/bin/python bench/bench_users.py [--users 8] [--tokens 400] [--max-runs 1 8] [--served] [--remote]``
 
 For each ``--max-runs`` value (passed to a fresh server as AE_MAX_RUNS) the bench starts the app (``harness.browser``),
 loads SmolLM2 with one short text, then opens ``--users`` tabs (one browser context, warmed by that first page, as a
@@ -10,13 +10,16 @@ wait from its link to its drawn page (its three figures drawn, the script idle: 
 the median and the slowest wait and their ratio, and the server's RSS (its process and children, sampled every
 0.2 s) at idle and at its peak. ``--served`` also times when the last message of each tab's run reached it: the
 browser runs on the server's 2 cores here, so the drawn waits include its own queue of 8 pages to draw, which a
-remote user's browser does not add. Issue 32's targets at 8 users: every tab draws, peak RSS <= 3 GB, median wait
+remote user's browser does not add; ``--remote`` times such users (``harness.protocol``: each speaks Streamlit's
+websocket protocol from this process and counts as drawn when its page's run has delivered the page), with no browser
+on the server's cores at all. Issue 32's targets at 8 users: every tab draws, peak RSS <= 3 GB, median wait
 <= 0.7x the slowest.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -36,6 +39,7 @@ import psutil  # noqa: E402
 from app_common import MODEL_PARAMS, N_FIGURES  # noqa: E402
 from app_session import wait_redrawn_js  # noqa: E402
 from harness.browser import AppServer, open_chromium  # noqa: E402
+from harness.protocol import ProtocolUser, run_users  # noqa: E402
 from harness.texts import text_of  # noqa: E402
 
 MODEL = "SmolLM2-135M decoder 30x9"
@@ -105,9 +109,13 @@ class Tab:
         return (max(before) if before else drawn) - self.opened
 
 
+def page_query(text: str) -> dict[str, str]:
+    """The heatmaps page's link parameters for SmolLM2 on ``text``."""
+    return {**MODEL_PARAMS[MODEL], "text_b": "", "text_a": text}
+
+
 def page_url(origin: str, text: str) -> str:
-    params = {**MODEL_PARAMS[MODEL], "text_b": "", "text_a": text}
-    return f"{origin}/heatmaps?{urllib.parse.urlencode(params)}"
+    return f"{origin}/heatmaps?{urllib.parse.urlencode(page_query(text))}"
 
 
 def drawn_js(n_tokens: int) -> str:
@@ -197,6 +205,43 @@ def open_tabs(browser, origin: str, users: int, n_tokens: int, first_variant: in
     return tabs
 
 
+def open_remote(origin: str, users: int, n_tokens: int, first_variant: int, sampler: RssSampler) -> list[Tab]:
+    """``users`` remote users (``harness.protocol``: Streamlit's websocket protocol, no browser on this machine) open
+    their links at once; a user's wait ends when its page's run has finished, and it counts as drawn when that run
+    delivered the page's figures and the sidebar's token count."""
+    people = [ProtocolUser(origin, "heatmaps", page_query(text_of(n_tokens, first_variant + i, MODEL)))
+              for i in range(users)]
+    watcher = threading.Thread(target=_rss_when_served, args=(people, sampler), daemon=True)
+    watcher.start()
+    run_users(people, TAB_TIMEOUT_S)
+    watcher.join()
+    tabs = []
+    for i, person in enumerate(people):
+        tab = Tab(i, None, opened=person.opened, wait_s=person.wait_s, rss_mb=person.rss_mb, error=person.error)
+        drew = person.figures == N_FIGURES and any(f"· {n_tokens} tokens" in text for text in person.texts)
+        if tab.wait_s is not None and not drew:
+            tab.wait_s, tab.error = None, tab.error or f"run ended without the page ({person.figures} figures)"
+        tabs.append(tab)
+    return tabs
+
+
+def _rss_when_served(people: list[ProtocolUser], sampler: RssSampler) -> None:
+    """Note the server's RSS as each remote user is served (the browser tabs note theirs in ``open_tabs``)."""
+    deadline = time.time() + TAB_TIMEOUT_S
+    while time.time() < deadline and any(p.rss_mb is None and not p.error for p in people):
+        for person in people:
+            if person.wait_s is not None and person.rss_mb is None:
+                person.rss_mb = sampler.rss_mb()
+        time.sleep(0.05)
+
+
+def warm_up_remote(origin: str) -> None:
+    """Load the model with a short text, as ``warm_up`` does, through the protocol."""
+    person = run_users([ProtocolUser(origin, "heatmaps", page_query(text_of(12, 37, MODEL)))], TAB_TIMEOUT_S)[0]
+    if person.wait_s is None:
+        raise RuntimeError(f"the warm-up page was not served: {person.error}")
+
+
 def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: int, log_dir: Path,
              fresh_contexts: bool = False, served: bool = False) -> dict:
     """One fresh server with AE_MAX_RUNS=``max_runs``: warm it up, then ``users`` tabs at once.
@@ -204,22 +249,29 @@ def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: i
     The tabs share one browser context, warmed by the warm-up page, so each loads Streamlit's JavaScript from its
     cache, as a returning user's browser does (the scripts are ~10 MB, which a tab otherwise fetches, parses and
     compiles on the server's own cores); ``fresh_contexts`` gives each tab an empty context of its own instead.
+    With ``browser`` None the users are remote (``open_remote``): no browser shares the server's cores.
     """
     server = AppServer(log_dir / f"server_max_runs_{max_runs}.log", extra_env={"AE_MAX_RUNS": str(max_runs)})
-    shared = None if fresh_contexts else new_context(browser)
+    shared = None if fresh_contexts or browser is None else new_context(browser)
     try:
-        warm_up(shared or new_context(browser), server.origin)
+        if browser is None:
+            warm_up_remote(server.origin)
+        else:
+            warm_up(shared or new_context(browser), server.origin)
         time.sleep(2.0)  # the warm-up's garbage collected (ui.loaders.collect_after_run)
         sampler = RssSampler(server.proc.pid)
         idle_mb = sampler.rss_mb()
         t0 = time.perf_counter()
-        tabs = open_tabs(browser, server.origin, users, n_tokens, first_variant, sampler, shared, served)
+        if browser is None:
+            tabs = open_remote(server.origin, users, n_tokens, first_variant, sampler)
+        else:
+            tabs = open_tabs(browser, server.origin, users, n_tokens, first_variant, sampler, shared, served)
         total_s = max(t.opened + t.wait_s for t in tabs if t.wait_s is not None) - tabs[0].opened if any(
             t.wait_s is not None for t in tabs) else time.perf_counter() - t0
         time.sleep(3.0)  # ui.loaders.collect_after_run's collection, a moment after the last run
         settled_mb = sampler.rss_mb()
         peak_mb = sampler.stop()
-        for context in {id(tab.page.context): tab.page.context for tab in tabs}.values():
+        for context in {id(tab.page.context): tab.page.context for tab in tabs if tab.page is not None}.values():
             context.close()
     finally:
         server.stop()
@@ -227,7 +279,8 @@ def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: i
     median = statistics.median(waits) if waits else float("nan")
     slowest = max(waits) if waits else float("nan")
     served = [t.served_s() for t in tabs if t.wait_s is not None and t.frames]
-    return {"max_runs": max_runs, "users": users, "tokens": n_tokens, "every_tab_drew": len(waits) == users,
+    return {"clients": "browser tabs" if browser is not None else "remote users (websocket protocol, no browser here)",
+            "max_runs": max_runs, "users": users, "tokens": n_tokens, "every_tab_drew": len(waits) == users,
             "drew": len(waits), "waits_s": [round(t.wait_s, 2) if t.wait_s is not None else None for t in tabs],
             "errors": [t.error for t in tabs if t.wait_s is None],
             "median_s": round(median, 2), "slowest_s": round(slowest, 2),
@@ -242,8 +295,9 @@ def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: i
 
 def report(row: dict) -> str:
     ok_ratio = row["median_over_slowest"] is not None and row["median_over_slowest"] <= TARGET_RATIO
-    return (f"AE_MAX_RUNS={row['max_runs']}: {row['users']} tabs × {row['tokens']} tokens (SmolLM2)\n"
-            f"  every tab drew: {'yes' if row['every_tab_drew'] else 'NO'} ({row['drew']}/{row['users']})"
+    return (f"AE_MAX_RUNS={row['max_runs']}: {row['users']} {row['clients']} × {row['tokens']} tokens (SmolLM2)\n"
+            f"  every {'tab drew' if row['clients'] == 'browser tabs' else 'user was served its page'}: "
+            f"{'yes' if row['every_tab_drew'] else 'NO'} ({row['drew']}/{row['users']})"
             f"{'  ' + '; '.join(row['errors']) if row['errors'] else ''}\n"
             f"  waits (tab order): {', '.join('-' if w is None else f'{w:.1f}' for w in row['waits_s'])} s\n"
             f"  median wait {row['median_s']:.1f} s, slowest {row['slowest_s']:.1f} s, median/slowest "
@@ -284,6 +338,10 @@ def main() -> None:
     parser.add_argument("--fresh-contexts", action="store_true",
                         help="give each tab an empty browser context (no cached JavaScript) instead of one shared, "
                              "warmed context")
+    parser.add_argument("--remote", action="store_true",
+                        help="users whose browsers are elsewhere: each speaks Streamlit's websocket protocol from this "
+                             "process (harness/protocol.py), so no browser shares the server's cores; a user's "
+                             "wait ends when its page's run has finished with the page's figures")
     parser.add_argument("--browser-nice", type=int, default=0,
                         help="run Chromium at this niceness (19: the server's passes go first, as when the users' "
                              "browsers run on their own machines; default 0: browser and server share the cores)")
@@ -292,8 +350,8 @@ def main() -> None:
     print(f"server logs in {log_dir}; load average {psutil.getloadavg()[0]:.1f} on {psutil.cpu_count()} cores",
           flush=True)
     rows = []
-    with open_chromium() as browser:
-        if args.browser_nice:
+    with (contextlib.nullcontext() if args.remote else open_chromium()) as browser:
+        if args.browser_nice and browser is not None:
             niced = _nice_browser(args.browser_nice)
             print(f"Chromium ({niced} processes) runs at niceness {args.browser_nice}", flush=True)
         for k, max_runs in enumerate(args.max_runs):

@@ -1,0 +1,67 @@
+"""The gate as remote users meet it: the real app (AE_MAX_RUNS=1, SmolLM2) and three users that speak Streamlit's
+websocket protocol (``harness.protocol``, what ``bench/bench_users.py --remote`` times), no browser on this machine.
+
+Each opens its link a moment after the one before, with a 400-token text of its own: all three are served their page
+(its three figures and the sidebar's token count), in the order they came, the later ones after the queue's note.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from harness.protocol import ProtocolUser, run_users
+from harness.texts import text_of
+from model_core.settings import BUNDLED_DECODER_ID
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M decoder 30x9"
+N_FIGURES = 3  # the heatmaps page: overview, focused head, the per-head summary
+STAGGER_S = 1.5  # a 400-token pass takes longer than this on 2 cores, so the first still runs when the next come
+
+
+def _user(origin: str, n_tokens: int, variant: int) -> ProtocolUser:
+    query = {"model": "pretrained", "model_id": BUNDLED_DECODER_ID, "text_b": "", "text_a": text_of(n_tokens, variant,
+                                                                                                     MODEL)}
+    return ProtocolUser(origin, "heatmaps", query)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from harness.browser import AppServer
+
+    server = AppServer(tmp_path_factory.mktemp("gate_remote") / "server.log", extra_env={"AE_MAX_RUNS": "1"})
+    try:
+        warm = run_users([_user(server.origin, 12, 1)], timeout_s=300)[0]  # loads the model
+        assert warm.wait_s is not None, (warm.error, server.log_tail())
+        users = [_user(server.origin, 400, 10 + i) for i in range(3)]
+        threads = []
+        for user in users:  # each in its own event loop, a moment after the one before
+            threads.append(threading.Thread(target=run_users, args=([user], 300)))
+            threads[-1].start()
+            time.sleep(STAGGER_S)
+        for thread in threads:
+            thread.join()
+        yield users
+    finally:
+        server.stop()
+
+
+def test_every_remote_user_is_served_its_page(served):
+    for user in served:
+        assert user.error == "" and user.wait_s is not None, user.error
+        assert user.figures == N_FIGURES
+        assert any("· 400 tokens" in text for text in user.texts), user.texts[:5]
+
+
+def test_remote_users_are_served_in_the_order_they_came(served):
+    finished = [user.opened + user.wait_s for user in served]
+    assert finished == sorted(finished), finished
+
+
+def test_a_later_user_hears_its_place_in_the_queue(served):
+    for user in served[1:]:
+        assert any(text.startswith("Waiting for the model") for text in user.texts), user.texts[:8]
