@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
@@ -52,6 +53,45 @@ def test_waiters_are_served_first_in_first_out():
     for t in [holder, *threads]:
         t.join(5)
     assert order == list(range(6))
+
+
+def test_the_wait_estimate_reads_the_median_of_the_last_turns(monkeypatch):
+    import model_core.trace.gate as gate_module
+
+    clock = [100.0]
+    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
+    gate = Gate(1)
+    assert gate.wait_estimate_s(3, 1) is None  # no turn has ended yet: nothing to go by
+    for seconds in (2.0, 9.0, 4.0):  # the median is 4 s
+        with gate.turn():
+            clock[0] += seconds
+    assert gate.wait_estimate_s(1, 1) == pytest.approx(2.0)  # next: half of the running pass
+    assert gate.wait_estimate_s(3, 1) == pytest.approx(10.0)  # two passes ahead and half the running one
+    assert gate.wait_estimate_s(1, 0) == pytest.approx(0.0)
+
+
+def test_the_wait_estimate_shares_the_passes_among_the_slots(monkeypatch):
+    import model_core.trace.gate as gate_module
+
+    clock = [0.0]
+    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
+    gate = Gate(2)
+    with gate.turn():
+        clock[0] += 6.0
+    assert gate.wait_estimate_s(5, 2) == pytest.approx((4 + 1) * 6.0 / 2)
+
+
+def test_a_nested_turn_is_not_counted_as_a_turn_of_its_own(monkeypatch):
+    import model_core.trace.gate as gate_module
+
+    clock = [0.0]
+    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
+    gate = Gate(1)
+    with gate.turn():
+        with gate.turn():  # the route's own turn inside the page's
+            clock[0] += 1.0
+        clock[0] += 1.0
+    assert gate.wait_estimate_s(2, 0) == pytest.approx(2.0)
 
 
 def test_never_more_passes_than_max_runs():

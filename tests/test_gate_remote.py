@@ -2,11 +2,12 @@
 websocket protocol (``harness.protocol``, what ``bench/bench_users.py --remote`` times), no browser on this machine.
 
 Each opens its link a moment after the one before, with a 400-token text of its own: all three are served their page
-(its three figures and the sidebar's token count), in the order they came, the later ones after the queue's note.
+(its three figures and the sidebar's token count), in the order they came, the later ones after the queue's note with about how long is left.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -62,6 +63,8 @@ def test_remote_users_are_served_in_the_order_they_came(served):
     assert finished == sorted(finished), finished
 
 
-def test_a_later_user_hears_its_place_in_the_queue(served):
+def test_a_later_user_hears_its_place_in_the_queue_and_about_how_long_is_left(served):
     for user in served[1:]:
-        assert any(text.startswith("Waiting for the model") for text in user.texts), user.texts[:8]
+        notes = [text for text in user.texts if text.startswith("Waiting for the model")]
+        assert notes, user.texts[:8]
+        assert all(re.search(r"About \d+ s to go\.$", note) for note in notes), notes  # the warm-up's turn ended

@@ -23,6 +23,12 @@ def test_queue_message_counts_the_passes_ahead():
     assert queue_message(2, 1) == "Waiting for the model: 1 pass ahead of you in the queue, 1 running."
 
 
+def test_queue_message_says_about_how_long_is_left():
+    assert queue_message(3, 1, 7.4) == ("Waiting for the model: 2 passes ahead of you in the queue, 1 running. "
+                                        "About 7 s to go.")
+    assert queue_message(1, 1, 0.2).endswith("(1 running). About 1 s to go.")  # never "0 s"
+
+
 def _script():
     import streamlit as st
 

@@ -11,7 +11,7 @@ from model_core import TraceRequest
 from model_core.compact.trace import CompactTrace
 from model_core.compact.views import TraceForm, full_trace_bytes
 from ui.loaders import get_compact
-from ui.waiting import queue_message
+from ui.waiting import queue_text
 
 CANCELLED_KEY = "compact_cancelled"
 COMPACT_PAGES = (("pages/heatmaps.py", "Attention heatmaps", ":material/grid_view:"),
@@ -39,7 +39,7 @@ class _QueueInBar:
 
     def show(self, place: int, running: int) -> None:
         _ = CANCELLED_KEY in st.session_state  # a point where Streamlit ends the run (Cancel, new text, tab closed)
-        text = f"{queue_message(place, running)} Cancel leaves the queue."
+        text = f"{queue_text(place, running)} Cancel leaves the queue."
         if text != self.shown:
             self.bar.progress(0.0, text=text)
             self.shown = text

@@ -23,7 +23,7 @@ from model_core.trace.gate import waiting_with
 from ui.loaders import CACHED_MODELS, device
 from ui.fields import control_key, request_params, request_state
 from ui.focus import set_focus
-from ui.waiting import queue_message
+from ui.waiting import queue_text
 
 
 RUNNING = "_corpus_running"  # the folder of a run this session started and has not seen finish
@@ -60,7 +60,7 @@ def run_with_progress(corpus, model: CorpusModel, folder: Path, options: RunOpti
         with st.spinner("Loading the model…"):
             loaded = loaded_model(model)
         # Each batch takes its turn at the gate; while it waits, the bar says its place (Cancel leaves the queue).
-        with waiting_with(lambda place, running: bar.progress(done[0], text=queue_message(place, running))):
+        with waiting_with(lambda place, running: bar.progress(done[0], text=queue_text(place, running))):
             run_corpus(corpus, model, folder, options=options, loaded=loaded, resume=resume, progress=progress)
     except (CorpusRunError, ValueError) as exc:
         st.session_state.pop(RUNNING, None)

@@ -22,7 +22,7 @@ from model_core.roles import (
 )
 from model_core.roles.long_text import compact_role_scores
 from ui.trace_cache import per_trace
-from ui.waiting import queue_message, waiting_with
+from ui.waiting import queue_text, waiting_with
 from ui.fields import request_params
 
 ROLES_TTL_S = 6 * 3600
@@ -39,7 +39,7 @@ def probe_scores(model: TraceRequest, seed: int) -> RoleScores:
     from ui.loaders import CACHED_MODELS, device
 
     bar = st.progress(0.0, text="Scoring every head on the repeated random sequences…")
-    with waiting_with(lambda place, running: bar.progress(0.0, text=queue_message(place, running))):
+    with waiting_with(lambda place, running: bar.progress(0.0, text=queue_text(place, running))):
         scores = score_roles(model, seed, models=CACHED_MODELS, device=device())
     bar.empty()
     return scores
@@ -55,7 +55,7 @@ def retrieval(model: TraceRequest, seed: int) -> RetrievalResult:
     def step(done: int, total: int) -> None:
         bar.progress(done / total, text=f"Decoding the needle-in-a-haystack prompts… step {done} of {total}")
 
-    with waiting_with(lambda place, running: bar.progress(0.0, text=queue_message(place, running))):
+    with waiting_with(lambda place, running: bar.progress(0.0, text=queue_text(place, running))):
         result = retrieval_scores(model, seed, models=CACHED_MODELS, device=device(), on_step=step)
     bar.empty()
     return result

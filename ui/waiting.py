@@ -23,18 +23,27 @@ RUNNING = "Running the model…"
 """The spinner of a pass once its turn came (while it waits, the queue's note is the only thing shown)."""
 
 
-def queue_message(place: int, running: int) -> str:
-    """What a waiting page says: ``place`` in the queue (1 = next) and how many passes are ``running``.
+def queue_message(place: int, running: int, estimate_s: float | None = None) -> str:
+    """What a waiting page says: ``place`` in the queue (1 = next), how many passes are ``running``, and about how
+    long it still waits (``estimate_s``, from ``Gate.wait_estimate_s``; left out when None).
 
     >>> queue_message(3, 1)
     'Waiting for the model: 2 passes ahead of you in the queue, 1 running.'
+    >>> queue_message(3, 1, 7.4)
+    'Waiting for the model: 2 passes ahead of you in the queue, 1 running. About 7 s to go.'
     """
     ahead = max(0, place - 1)
     runs = f"{running} running" if running else "none running yet"
+    eta = "" if estimate_s is None else f" About {max(1, round(estimate_s))} s to go."
     if ahead == 0:
-        return f"Waiting for the model: you are next in the queue ({runs})."
+        return f"Waiting for the model: you are next in the queue ({runs}).{eta}"
     passes = "1 pass" if ahead == 1 else f"{ahead} passes"
-    return f"Waiting for the model: {passes} ahead of you in the queue, {runs}."
+    return f"Waiting for the model: {passes} ahead of you in the queue, {runs}.{eta}"
+
+
+def queue_text(place: int, running: int) -> str:
+    """``queue_message`` with the gate's estimate of the wait (the waiting callbacks' text)."""
+    return queue_message(place, running, GATE.wait_estimate_s(place, running))
 
 
 def _leave(key: str) -> None:
@@ -77,7 +86,7 @@ class WaitingNote:
                 self._note = st.empty()
                 st.button("Leave the queue", key=_widget_key("gate_leave", self.key), on_click=_leave,
                           args=(self.key,), icon=":material/logout:")
-        message = queue_message(place, running)
+        message = queue_text(place, running)
         if message != self._shown:
             self._note.info(message, icon=":material/hourglass_top:")
             self._shown = message

@@ -19,6 +19,8 @@ from model_core.settings import load_settings
 
 WAIT_TICK_S = 0.25
 """How often a waiting thread's callback is called (and the limit read again)."""
+RECENT_TURNS = 8
+"""How many of the last turns' lengths the wait estimate reads (``Gate.wait_estimate_s``)."""
 
 Waiting = Callable[[int, int], None]
 """Called while waiting with (place, running): place 1 means next; running is how many passes hold a turn."""
@@ -40,6 +42,7 @@ class Gate:
         self._queue: deque[object] = deque()  # tickets of the waiting threads, first in front
         self._running = 0
         self._held = threading.local()  # how deep this thread is in turns it holds (re-entrance)
+        self._recent: deque[float] = deque(maxlen=RECENT_TURNS)  # seconds each of the last turns was held
 
     @property
     def max_runs(self) -> int:
@@ -64,11 +67,13 @@ class Gate:
             return
         self._wait()
         self._held.depth = 1
+        started = time.monotonic()
         try:
             yield
         finally:
             self._held.depth = 0
             with self._cond:
+                self._recent.append(time.monotonic() - started)
                 self._running -= 1
                 self._cond.notify_all()
 
@@ -103,6 +108,17 @@ class Gate:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
                 raise
+
+    def wait_estimate_s(self, place: int, running: int) -> float | None:
+        """About how long a waiter at ``place`` (1 = next) still waits while ``running`` passes hold a turn: the
+        passes ahead of it, and half of each running one, at the median length of the last turns, shared among
+        max_runs slots. None before any turn has ended (nothing to go by)."""
+        with self._cond:
+            recent = sorted(self._recent)
+        if not recent:
+            return None
+        typical = recent[len(recent) // 2]
+        return (max(0, place - 1) + 0.5 * running) * typical / self.max_runs
 
     def snapshot(self) -> dict:
         """{"running": passes holding a turn, "waiting": tickets in the queue, "max_runs": the limit now}."""
