@@ -3,10 +3,12 @@ exception or error, and draws a figure or says plainly why it does not apply to 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from harness.browser import CHROMIUM, CHROMIUM_MISSING, app_pages, wait_for_run
 from model_core.settings import BUNDLED_DECODER_ID
@@ -20,6 +22,7 @@ PAGES = app_pages()
 PAGE_TIMEOUT_S = 600  # the first page converts the bundled decoder once (~20-60 s) and a corpus page runs a corpus
 FIGURES = ('[data-testid="stMain"] .main-svg, [data-testid="stMain"] iframe, '
            '[data-testid="stMain"] img, [data-testid="stMain"] canvas')
+DRAW_S = 30  # after the run, for the browser to draw what it received
 LINK = urlencode({"model": "pretrained", "model_id": BUNDLED_DECODER_ID})
 
 
@@ -45,6 +48,10 @@ def test_page_works_with_the_bundled_decoder(page_file, title, app_url, browser,
         assert exceptions.count() == 0, exceptions.all_inner_texts()
         errors = page.locator('[data-testid="stAlertContentError"]')
         assert errors.count() == 0, errors.all_inner_texts()
+        # The run has ended, but the browser may still be drawing its charts (Plotly, a corpus page's grids): give
+        # it DRAW_S to show a figure or a note before counting them.
+        with contextlib.suppress(PlaywrightTimeout):
+            page.locator(f'{FIGURES}, [data-testid="stAlertContentInfo"]').first.wait_for(timeout=DRAW_S * 1000)
         body = page.locator('[data-testid="stMain"]').inner_text()
         drew = page.locator(FIGURES).count() > 0
         said = page.locator('[data-testid="stAlertContentInfo"]').count() > 0

@@ -70,13 +70,16 @@ def _clean(at: AppTest) -> None:
 
 
 def _text(at: AppTest) -> str:
-    """Everything the page (not the sidebar) wrote: markdown, captions, infos, labels, and the charts' titles and
-    legends."""
+    """Everything the page (not the sidebar) wrote: markdown, captions, infos, labels, and the charts' titles (a
+    grid's title in a figure of grids too) and legends."""
     parts = [e.value for kind in ("markdown", "caption", "info", "subheader", "header", "title", "warning")
              for e in at.main.get(kind)]
     parts += [w.label for kind in ("toggle", "selectbox", "radio", "metric", "download_button", "expander")
               for w in at.main.get(kind)]
     parts += [json.dumps(json.loads(c.proto.spec).get("layout", {}).get("title", {})) for c in at.get("plotly_chart")]
+    # A figure of several grids titles each with an annotation (attention_explorer.head_grids), wrapped with <br>.
+    parts += [a.get("text", "").replace("<br>", " ") for c in at.get("plotly_chart")
+              for a in json.loads(c.proto.spec).get("layout", {}).get("annotations", [])]
     parts += [json.dumps([d.get("name") for d in json.loads(c.proto.spec).get("data", [])])
               for c in at.get("plotly_chart")]
     return "\n".join(str(p) for p in parts)
