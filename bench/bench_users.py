@@ -1,6 +1,7 @@
 """Many users at once: N browser tabs open the heatmaps page together, each with its own text, on one server.
 
-Run: ``.venv/bin/python bench/bench_users.py [--users 8] [--tokens 400] [--max-runs 1 8] [--served] [--remote]``
+Run: ``.venv/bin/python bench/bench_users.py [--users 8] [--tokens 400] [--max-runs 1 8] [--served] [--remote]
+[--profile]``
 
 For each ``--max-runs`` value (passed to a fresh server as AE_MAX_RUNS) the bench starts the app (``harness.browser``),
 loads SmolLM2 with one short text, then opens ``--users`` tabs (one browser context, warmed by that first page, as a
@@ -12,7 +13,8 @@ the median and the slowest wait and their ratio, and the server's RSS (its proce
 browser runs on the server's 2 cores here, so the drawn waits include its own queue of 8 pages to draw, which a
 remote user's browser does not add; ``--remote`` times such users (``harness.protocol``: each speaks Streamlit's
 websocket protocol from this process and counts as drawn when its page's run has delivered the page), with no browser
-on the server's cores at all. Issue 32's targets at 8 users: every tab draws, peak RSS <= 3 GB, median wait
+on the server's cores at all. ``--profile``: the tabs share a persistent profile, as a returning user's browser
+does, whose disk cache also keeps V8's compiled code (a tab then boots in about half the CPU). Issue 32's targets at 8 users: every tab draws, peak RSS <= 3 GB, median wait
 <= 0.7x the slowest.
 """
 
@@ -38,7 +40,7 @@ import psutil  # noqa: E402
 
 from app_common import MODEL_PARAMS, N_FIGURES  # noqa: E402
 from app_session import wait_redrawn_js  # noqa: E402
-from harness.browser import AppServer, open_chromium  # noqa: E402
+from harness.browser import AppServer, open_chromium, open_chromium_profile  # noqa: E402
 from harness.protocol import ProtocolUser, run_users  # noqa: E402
 from harness.texts import text_of  # noqa: E402
 
@@ -243,16 +245,18 @@ def warm_up_remote(origin: str) -> None:
 
 
 def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: int, log_dir: Path,
-             fresh_contexts: bool = False, served: bool = False) -> dict:
+             fresh_contexts: bool = False, served: bool = False, profile=None) -> dict:
     """One fresh server with AE_MAX_RUNS=``max_runs``: warm it up, then ``users`` tabs at once.
 
     The tabs share one browser context, warmed by the warm-up page, so each loads Streamlit's JavaScript from its
     cache, as a returning user's browser does (the scripts are ~10 MB, which a tab otherwise fetches, parses and
     compiles on the server's own cores); ``fresh_contexts`` gives each tab an empty context of its own instead.
-    With ``browser`` None the users are remote (``open_remote``): no browser shares the server's cores.
+    With ``browser`` None the users are remote (``open_remote``): no browser shares the server's cores. ``profile``
+    (a persistent context, ``open_chromium_profile``) is the tabs' one context instead: a returning user's browser,
+    whose disk cache keeps V8's compiled code as well as the scripts.
     """
     server = AppServer(log_dir / f"server_max_runs_{max_runs}.log", extra_env={"AE_MAX_RUNS": str(max_runs)})
-    shared = None if fresh_contexts or browser is None else new_context(browser)
+    shared = profile or (None if fresh_contexts or browser is None else new_context(browser))
     try:
         if browser is None:
             warm_up_remote(server.origin)
@@ -272,7 +276,11 @@ def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: i
         settled_mb = sampler.rss_mb()
         peak_mb = sampler.stop()
         for context in {id(tab.page.context): tab.page.context for tab in tabs if tab.page is not None}.values():
-            context.close()
+            if context is profile:  # the profile outlives the run: its pages go
+                for tab_page in context.pages:
+                    tab_page.close()
+            else:
+                context.close()
     finally:
         server.stop()
     waits = [t.wait_s for t in tabs if t.wait_s is not None]
@@ -280,6 +288,8 @@ def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: i
     slowest = max(waits) if waits else float("nan")
     served = [t.served_s() for t in tabs if t.wait_s is not None and t.frames]
     return {"clients": "browser tabs" if browser is not None else "remote users (websocket protocol, no browser here)",
+            "browser_profile": None if browser is None else "persistent (returning user)" if profile is not None else
+            "fresh context, scripts cached" if shared is not None else "fresh context each",
             "max_runs": max_runs, "users": users, "tokens": n_tokens, "every_tab_drew": len(waits) == users,
             "drew": len(waits), "waits_s": [round(t.wait_s, 2) if t.wait_s is not None else None for t in tabs],
             "errors": [t.error for t in tabs if t.wait_s is None],
@@ -295,7 +305,9 @@ def run_once(browser, users: int, n_tokens: int, max_runs: int, first_variant: i
 
 def report(row: dict) -> str:
     ok_ratio = row["median_over_slowest"] is not None and row["median_over_slowest"] <= TARGET_RATIO
-    return (f"AE_MAX_RUNS={row['max_runs']}: {row['users']} {row['clients']} × {row['tokens']} tokens (SmolLM2)\n"
+    profile = f" ({row['browser_profile']})" if row["browser_profile"] else ""
+    return (f"AE_MAX_RUNS={row['max_runs']}: {row['users']} {row['clients']}{profile} × {row['tokens']} tokens "
+            f"(SmolLM2)\n"
             f"  every {'tab drew' if row['clients'] == 'browser tabs' else 'user was served its page'}: "
             f"{'yes' if row['every_tab_drew'] else 'NO'} ({row['drew']}/{row['users']})"
             f"{'  ' + '; '.join(row['errors']) if row['errors'] else ''}\n"
@@ -342,6 +354,9 @@ def main() -> None:
                         help="users whose browsers are elsewhere: each speaks Streamlit's websocket protocol from this "
                              "process (harness/protocol.py), so no browser shares the server's cores; a user's "
                              "wait ends when its page's run has finished with the page's figures")
+    parser.add_argument("--profile", action="store_true",
+                        help="the tabs share one persistent Chromium profile (a folder), as a returning user's "
+                             "browser: its disk cache keeps V8's compiled code, which a fresh context recompiles")
     parser.add_argument("--browser-nice", type=int, default=0,
                         help="run Chromium at this niceness (19: the server's passes go first, as when the users' "
                              "browsers run on their own machines; default 0: browser and server share the cores)")
@@ -350,13 +365,21 @@ def main() -> None:
     print(f"server logs in {log_dir}; load average {psutil.getloadavg()[0]:.1f} on {psutil.cpu_count()} cores",
           flush=True)
     rows = []
-    with (contextlib.nullcontext() if args.remote else open_chromium()) as browser:
+    if args.remote:
+        launcher = contextlib.nullcontext()
+    elif args.profile:
+        launcher = open_chromium_profile(tempfile.mkdtemp(prefix="bench_users_profile_"),
+                                         viewport={"width": 1400, "height": 1000})
+    else:
+        launcher = open_chromium()
+    with launcher as browser:
+        profile = browser if args.profile else None
         if args.browser_nice and browser is not None:
             niced = _nice_browser(args.browser_nice)
             print(f"Chromium ({niced} processes) runs at niceness {args.browser_nice}", flush=True)
         for k, max_runs in enumerate(args.max_runs):
             row = run_once(browser, args.users, args.tokens, max_runs, first_variant=k * args.users, log_dir=log_dir,
-                           fresh_contexts=args.fresh_contexts, served=args.served)
+                           fresh_contexts=args.fresh_contexts, served=args.served, profile=profile)
             rows.append(row)
             print(report(row), flush=True)
     if args.json:
