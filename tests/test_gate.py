@@ -81,6 +81,56 @@ def test_the_wait_estimate_shares_the_passes_among_the_slots(monkeypatch):
     assert gate.wait_estimate_s(5, 2) == pytest.approx((4 + 1) * 6.0 / 2)
 
 
+def _hold_a_turn(gate: Gate) -> tuple[threading.Thread, threading.Event]:
+    """A thread that takes a turn of ``gate`` and holds it until the returned event is set."""
+    release = threading.Event()
+    holder = threading.Thread(target=lambda: _hold(gate, release))
+    holder.start()
+    _wait_until(lambda: gate.snapshot()["running"] == 1)
+    return holder, release
+
+
+def _hold(gate: Gate, release: threading.Event) -> None:
+    with gate.turn():
+        release.wait(5)
+
+
+def test_the_wait_estimate_counts_what_is_left_of_the_running_pass(monkeypatch):
+    import model_core.trace.gate as gate_module
+
+    clock = [0.0]
+    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
+    gate = Gate(1)
+    with gate.turn():
+        clock[0] += 4.0  # the median is 4 s
+    holder, release = _hold_a_turn(gate)
+    clock[0] += 1.0  # the running pass has run 1 s of its usual 4
+    try:
+        assert gate.wait_estimate_s(1, 1) == pytest.approx(3.0)
+        assert gate.wait_estimate_s(3, 1) == pytest.approx(2 * 4.0 + 3.0)
+    finally:
+        release.set()
+        holder.join(5)
+
+
+def test_the_wait_estimate_says_nothing_once_the_running_pass_outlasts_the_usual(monkeypatch):
+    import model_core.trace.gate as gate_module
+
+    clock = [0.0]
+    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
+    gate = Gate(1)
+    with gate.turn():
+        clock[0] += 2.0  # short turns so far: the median is 2 s
+    holder, release = _hold_a_turn(gate)  # a long pass (a 4,096-token trace, say)
+    clock[0] += 2.5
+    try:
+        assert gate.wait_estimate_s(1, 1) is None  # "about 0 s" would be wrong for as long as it runs
+    finally:
+        release.set()
+        holder.join(5)
+    assert gate.wait_estimate_s(2, 0) == pytest.approx(2.5)  # turns of 2 and 2.5 s: the upper median
+
+
 def test_a_nested_turn_is_not_counted_as_a_turn_of_its_own(monkeypatch):
     import model_core.trace.gate as gate_module
 

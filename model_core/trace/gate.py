@@ -43,6 +43,7 @@ class Gate:
         self._running = 0
         self._held = threading.local()  # how deep this thread is in turns it holds (re-entrance)
         self._recent: deque[float] = deque(maxlen=RECENT_TURNS)  # seconds each of the last turns was held
+        self._started: dict[object, float] = {}  # when each turn held now began (time.monotonic)
 
     @property
     def max_runs(self) -> int:
@@ -67,12 +68,15 @@ class Gate:
             return
         self._wait()
         self._held.depth = 1
-        started = time.monotonic()
+        mark = object()
+        with self._cond:
+            started = self._started[mark] = time.monotonic()
         try:
             yield
         finally:
             self._held.depth = 0
             with self._cond:
+                del self._started[mark]
                 self._recent.append(time.monotonic() - started)
                 self._running -= 1
                 self._cond.notify_all()
@@ -111,14 +115,24 @@ class Gate:
 
     def wait_estimate_s(self, place: int, running: int) -> float | None:
         """About how long a waiter at ``place`` (1 = next) still waits while ``running`` passes hold a turn: the
-        passes ahead of it, and half of each running one, at the median length of the last turns, shared among
-        max_runs slots. None before any turn has ended (nothing to go by)."""
+        passes ahead of it at the median length of the last turns, and what is left of each running one (the median
+        less the time it has run; half the median for one whose start this gate does not hold), shared among
+        max_runs slots.
+
+        None when there is nothing honest to say: before any turn has ended, or while a running pass has already run
+        longer than the median (a 4,096-token pass after short ones: "about 1 s" would be wrong for its whole length).
+        """
+        now = time.monotonic()
         with self._cond:
             recent = sorted(self._recent)
+            elapsed = [now - started for started in self._started.values()]
         if not recent:
             return None
         typical = recent[len(recent) // 2]
-        return (max(0, place - 1) + 0.5 * running) * typical / self.max_runs
+        if any(e > typical for e in elapsed):
+            return None
+        left = sum(typical - e for e in elapsed) + 0.5 * typical * max(0, running - len(elapsed))
+        return (max(0, place - 1) * typical + left) / self.max_runs
 
     def snapshot(self) -> dict:
         """{"running": passes holding a turn, "waiting": tickets in the queue, "max_runs": the limit now}."""
