@@ -3,6 +3,7 @@ pass it left never runs; re-entrant; and the builders' passes go through it."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,88 +56,74 @@ def test_waiters_are_served_first_in_first_out():
     assert order == list(range(6))
 
 
-def test_the_wait_estimate_reads_the_median_of_the_last_turns(monkeypatch):
+def _clocked_gate(monkeypatch, max_runs: int, start: float = 0.0) -> tuple[Gate, list[float]]:
+    """A gate whose module reads a clock the test moves (``clock[0]``)."""
     import model_core.trace.gate as gate_module
 
-    clock = [100.0]
+    clock = [start]
     monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
-    gate = Gate(1)
+    return Gate(max_runs), clock
+
+
+@contextlib.contextmanager
+def _held_elsewhere(gate: Gate):
+    """Another thread holds a turn of ``gate`` for the block."""
+    release = threading.Event()
+
+    def hold() -> None:
+        with gate.turn():
+            release.wait(5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    _wait_until(lambda: gate.snapshot()["running"] == 1)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(5)
+
+
+def test_the_wait_estimate_reads_the_median_of_the_last_turns(monkeypatch):
+    gate, clock = _clocked_gate(monkeypatch, 1, start=100.0)
     assert gate.wait_estimate_s(3, 1) is None  # no turn has ended yet: nothing to go by
     for seconds in (2.0, 9.0, 4.0):  # the median is 4 s
         with gate.turn():
             clock[0] += seconds
-    assert gate.wait_estimate_s(1, 1) == pytest.approx(2.0)  # next: half of the running pass
+    assert gate.wait_estimate_s(1, 1) == pytest.approx(2.0)  # next: half of a running pass it has no start of
     assert gate.wait_estimate_s(3, 1) == pytest.approx(10.0)  # two passes ahead and half the running one
     assert gate.wait_estimate_s(1, 0) == pytest.approx(0.0)
 
 
 def test_the_wait_estimate_shares_the_passes_among_the_slots(monkeypatch):
-    import model_core.trace.gate as gate_module
-
-    clock = [0.0]
-    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
-    gate = Gate(2)
+    gate, clock = _clocked_gate(monkeypatch, 2)
     with gate.turn():
         clock[0] += 6.0
     assert gate.wait_estimate_s(5, 2) == pytest.approx((4 + 1) * 6.0 / 2)
 
 
-def _hold_a_turn(gate: Gate) -> tuple[threading.Thread, threading.Event]:
-    """A thread that takes a turn of ``gate`` and holds it until the returned event is set."""
-    release = threading.Event()
-    holder = threading.Thread(target=lambda: _hold(gate, release))
-    holder.start()
-    _wait_until(lambda: gate.snapshot()["running"] == 1)
-    return holder, release
-
-
-def _hold(gate: Gate, release: threading.Event) -> None:
-    with gate.turn():
-        release.wait(5)
-
-
 def test_the_wait_estimate_counts_what_is_left_of_the_running_pass(monkeypatch):
-    import model_core.trace.gate as gate_module
-
-    clock = [0.0]
-    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
-    gate = Gate(1)
+    gate, clock = _clocked_gate(monkeypatch, 1)
     with gate.turn():
         clock[0] += 4.0  # the median is 4 s
-    holder, release = _hold_a_turn(gate)
-    clock[0] += 1.0  # the running pass has run 1 s of its usual 4
-    try:
+    with _held_elsewhere(gate):
+        clock[0] += 1.0  # the running pass has run 1 s of its usual 4
         assert gate.wait_estimate_s(1, 1) == pytest.approx(3.0)
         assert gate.wait_estimate_s(3, 1) == pytest.approx(2 * 4.0 + 3.0)
-    finally:
-        release.set()
-        holder.join(5)
 
 
 def test_the_wait_estimate_says_nothing_once_the_running_pass_outlasts_the_usual(monkeypatch):
-    import model_core.trace.gate as gate_module
-
-    clock = [0.0]
-    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
-    gate = Gate(1)
+    gate, clock = _clocked_gate(monkeypatch, 1)
     with gate.turn():
         clock[0] += 2.0  # short turns so far: the median is 2 s
-    holder, release = _hold_a_turn(gate)  # a long pass (a 4,096-token trace, say)
-    clock[0] += 2.5
-    try:
+    with _held_elsewhere(gate):  # a long pass (a 4,096-token trace, say)
+        clock[0] += 2.5
         assert gate.wait_estimate_s(1, 1) is None  # "about 0 s" would be wrong for as long as it runs
-    finally:
-        release.set()
-        holder.join(5)
     assert gate.wait_estimate_s(2, 0) == pytest.approx(2.5)  # turns of 2 and 2.5 s: the upper median
 
 
 def test_a_nested_turn_is_not_counted_as_a_turn_of_its_own(monkeypatch):
-    import model_core.trace.gate as gate_module
-
-    clock = [0.0]
-    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock
-    gate = Gate(1)
+    gate, clock = _clocked_gate(monkeypatch, 1)
     with gate.turn():
         with gate.turn():  # the route's own turn inside the page's
             clock[0] += 1.0
