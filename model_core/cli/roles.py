@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options
-from model_core.roles.probes import ENCODER_NOTES, ROLE_TITLES, RoleScores
+
+if TYPE_CHECKING:  # the probes import torch: loaded when the verb runs, not for --help
+    from model_core.roles.probes import RoleScores
 
 
 def add_roles_parser(sub: Any) -> None:
@@ -31,7 +33,7 @@ def add_roles_parser(sub: Any) -> None:
 
 def run_roles(args: argparse.Namespace) -> tuple[RoleScores, dict[str, Any]]:
     """Score the model of ``args``: the four probes, then retrieval where the model is a decoder."""
-    from model_core.roles.probes import score_roles
+    from model_core.roles.probes import ENCODER_NOTES, score_roles
     from model_core.roles.retrieval import retrieval_scores
     from model_core.trace.request import TraceRequest
 
@@ -58,6 +60,8 @@ def roles_main(args: argparse.Namespace) -> int:
     if args.model == "custom" and args.model_id and args.weights != "pretrained":
         print("error: --model-id applies to --model custom only with --weights pretrained", file=sys.stderr)
         return 2
+    from model_core.roles.probes import ROLE_TITLES
+
     try:
         scores, extra = run_roles(args)
     except (ValueError, OSError) as exc:  # InputError and ModelLoadError are ValueErrors
