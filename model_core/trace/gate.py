@@ -66,23 +66,22 @@ class Gate:
             finally:
                 self._held.depth = depth
             return
-        self._wait()
+        ticket = self._wait()
         self._held.depth = 1
-        mark = object()
-        with self._cond:
-            started = self._started[mark] = time.monotonic()
+        started = self._started[ticket]
         try:
             yield
         finally:
             self._held.depth = 0
             with self._cond:
-                del self._started[mark]
+                del self._started[ticket]
                 self._recent.append(time.monotonic() - started)
                 self._running -= 1
                 self._cond.notify_all()
 
-    def _wait(self) -> None:
-        """Queue a ticket and return holding a slot; on any exception the ticket leaves and the next is woken."""
+    def _wait(self) -> object:
+        """Queue a ticket and return it holding a slot, its start noted; on any exception the ticket leaves and the
+        next is woken."""
         ticket = object()
         callback: Waiting | None = getattr(_LOCAL, "callback", None)
         with self._cond:
@@ -94,8 +93,9 @@ class Gate:
                     if self._queue[0] is ticket and self._running < self.max_runs:
                         self._queue.popleft()
                         self._running += 1
+                        self._started[ticket] = time.monotonic()
                         self._cond.notify_all()  # with max_runs > 1 the next in line may go too
-                        return
+                        return ticket
                     if callback is not None:
                         now = time.monotonic()
                         state = (self._queue.index(ticket) + 1, self._running)
