@@ -11,6 +11,7 @@ look for the sidebar's ``· N tokens``.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 FINISHED_OK = ForwardMsg.ScriptFinishedStatus.Value("FINISHED_SUCCESSFULLY")
 FOR_RERUN = ForwardMsg.ScriptFinishedStatus.Value("FINISHED_EARLY_FOR_RERUN")
+RUNNING = "Running the model…"  # ui.waiting.RUNNING: the spinner while a page's pass runs
+QUEUE_PREFIX = "Waiting for the model"  # ui.waiting.queue_message: the note while a pass waits for its turn
 
 
 @dataclass
@@ -36,6 +39,8 @@ class ProtocolUser:
     texts: list[str] = field(default_factory=list)
     error: str = ""
     rss_mb: float | None = None  # the server's RSS when this user was served, where a caller notes it
+    # Set once the page says this user's pass runs or waits in the queue: the user is in line at the gate.
+    in_line: threading.Event = field(default_factory=threading.Event)
 
     def ws_url(self) -> str:
         return self.origin.replace("http", "ws", 1) + "/_stcore/stream"
@@ -62,6 +67,10 @@ class ProtocolUser:
                 self.texts.append(element.markdown.body)
             elif kind == "alert":
                 self.texts.append(element.alert.body)
+            elif kind == "spinner" and element.spinner.text == RUNNING:
+                self.in_line.set()
+            if self.texts and self.texts[-1].startswith(QUEUE_PREFIX):
+                self.in_line.set()
         if msg.HasField("script_finished"):
             status = msg.script_finished
             if status == FOR_RERUN:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -38,7 +37,8 @@ def test_the_budget_is_read_at_each_insert_and_entries_are_bounded_too():
 
 
 def test_a_failed_build_stores_nothing_and_unused_entries_expire():
-    cache = BoundedCache(lambda: 1e9, ttl_s=0.05)
+    now = [0.0]  # a fake clock: the entry expires without the test waiting for it
+    cache = BoundedCache(lambda: 1e9, ttl_s=0.05, clock=lambda: now[0])
 
     def fail():
         raise ValueError("no")
@@ -47,29 +47,46 @@ def test_a_failed_build_stores_nothing_and_unused_entries_expire():
         cache.get("x", fail)
     assert "x" not in cache and not cache._building
     cache.get("x", lambda: _array(1))
-    time.sleep(0.1)
+    now[0] = 0.04
+    cache.get("w", lambda: _array(1))  # within the ttl: "x" stays
+    assert "x" in cache
+    now[0] = 0.08
     cache.get("y", lambda: _array(1))  # any access drops what was unused for longer than the ttl
-    assert "x" not in cache and "y" in cache
+    assert "x" not in cache and "w" in cache and "y" in cache
+
+
+def _waiting_hook(waiting: set, everyone_waits: threading.Event, n: int):
+    """A ``wait`` hook that notes its thread and sets ``everyone_waits`` once ``n`` threads are waiting."""
+    lock = threading.Lock()
+
+    def hook() -> None:
+        with lock:
+            waiting.add(threading.get_ident())
+            if len(waiting) >= n:
+                everyone_waits.set()
+
+    return hook
 
 
 def test_two_threads_asking_for_the_same_key_build_it_once():
     cache = BoundedCache(lambda: 1e9)
-    calls = []
-    started = threading.Event()
+    calls, waiting, everyone_waits = [], set(), threading.Event()
+    hook = _waiting_hook(waiting, everyone_waits, 2)
 
     def slow():
         calls.append(1)
-        started.set()
-        time.sleep(0.2)
+        # The build ends only once the two other threads are waiting for it (the timeout is a failsafe only).
+        assert everyone_waits.wait(30), "the other threads never waited for the build"
         return _array(1)
 
     results = []
-    threads = [threading.Thread(target=lambda: results.append(cache.get("k", slow))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(cache.get("k", slow, wait=hook))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(calls) == 1 and len(results) == 3 and all(r is results[0] for r in results)
+    assert len(waiting) == 2  # the builder never waited; the other two did, and got its result
 
 
 def test_sizes_come_from_nbytes_an_attribute_or_a_method():
@@ -107,32 +124,36 @@ def test_an_entry_that_went_out_while_still_held_comes_back_instead_of_being_bui
 
 def test_after_a_stopped_build_the_key_is_built_once_and_a_waiter_can_be_stopped():
     cache = BoundedCache(lambda: 1e9)
-    release = threading.Event()
+    release, waiting, everyone_waits = threading.Event(), set(), threading.Event()
+    hook = _waiting_hook(waiting, everyone_waits, 2)
     builds = []
 
     def stopped():
         builds.append("stopped")
-        release.wait(2)
+        assert release.wait(30)
         raise RuntimeError("the run was stopped")
 
     def good():
         builds.append("good")
-        time.sleep(0.3)
         return _Result(1)
 
     first = threading.Thread(target=lambda: pytest.raises(RuntimeError, cache.get, "k", stopped))
     first.start()
-    time.sleep(0.1)
     results = []
-    waiters = [threading.Thread(target=lambda: results.append(cache.get("k", good))) for _ in range(2)]
+    waiters = [threading.Thread(target=lambda: results.append(cache.get("k", good, wait=hook))) for _ in range(2)]
     for t in waiters:
         t.start()
-    time.sleep(0.1)
+    assert everyone_waits.wait(30)  # both wait for the first build
     release.set()  # the first build fails; one waiter builds, the other gets its result
     first.join()
     for t in waiters:
         t.join()
     assert builds == ["stopped", "good"] and results[0] is results[1] and not cache._building
+
+
+def test_a_waiter_is_stopped_by_its_hook_while_the_build_goes_on():
+    cache = BoundedCache(lambda: 1e9)
+    started, finish = threading.Event(), threading.Event()
 
     class Stop(Exception):
         pass
@@ -140,12 +161,17 @@ def test_after_a_stopped_build_the_key_is_built_once_and_a_waiter_can_be_stopped
     def stop():
         raise Stop
 
-    slow = threading.Thread(target=lambda: cache.get("s", lambda: (time.sleep(1.0), _Result(1))[1]))
-    slow.start()
-    time.sleep(0.1)
-    started = time.monotonic()
+    def slow():
+        started.set()
+        assert finish.wait(30)  # a failsafe only: the test sets it once the waiter has been stopped
+        return _Result(1)
+
+    builder = threading.Thread(target=lambda: cache.get("s", slow))
+    builder.start()
+    assert started.wait(30)
     with pytest.raises(Stop):
         cache.get("s", lambda: _Result(1), wait=stop)  # Streamlit stops a waiting run through its hook
-    assert time.monotonic() - started < 0.6
-    slow.join()
+    assert not finish.is_set() and builder.is_alive()  # stopped while the build still ran: it did not wait it out
+    finish.set()
+    builder.join()
     assert "s" in cache and not cache._building

@@ -189,7 +189,8 @@ def test_cli_says_what_is_wrong(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     import signal
-    import time
+
+    from harness.waits import wait_until
 
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(f"text number {i} talks about banks, rivers and money." for i in range(3000)))
@@ -198,9 +199,7 @@ def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
             "--shard-size", "100", "--batch-size", "16", "--out", str(out)]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + 120
-    while not list((out / "texts.parquet").glob("part-*.parquet")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: list((out / "texts.parquet").glob("part-*.parquet")), 120, "the run's first shard")
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr

@@ -37,8 +37,9 @@ def test_derived_results_equal_the_model_core_functions_and_are_read_only():
 def test_derived_results_go_with_their_trace():
     """Nothing derived keeps a trace alive, and what was derived from a trace is freed with it."""
     import gc
-    import time
     import weakref
+
+    from harness.waits import wait_until
 
     trace = synthetic_trace(30, 2, 3, seed=4)
     results = [derived.cached_head_stats(trace), derived.word_attentions(trace),
@@ -50,10 +51,8 @@ def test_derived_results_go_with_their_trace():
     del trace, results
     gc.collect()
     assert gone() is None
-    for _ in range(100):  # the freed trace's results are dropped by a thread of their own (ui.trace_cache._forget)
-        if trace_cache.DERIVED.entries_of(key) == 0:
-            break
-        time.sleep(0.02)
+    # The freed trace's results are dropped by a thread of their own (ui.trace_cache._forget).
+    wait_until(lambda: trace_cache.DERIVED.entries_of(key) == 0, 10, "the freed trace's results dropped")
     gc.collect()
     assert kept() is None
     assert trace_cache.DERIVED.entries_of(key) == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -13,6 +12,7 @@ import pytest
 
 from model_core import TraceRequest, build_trace
 from model_core.families.hf import TransformersFamily
+from harness.waits import wait_until
 from model_core.trace.gate import GATE, Gate, waiting_with
 
 
@@ -20,12 +20,8 @@ class Left(Exception):
     """The user left the page."""
 
 
-def _wait_until(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.005)
+def _wait_until(condition, timeout: float = 30.0) -> None:
+    wait_until(condition, timeout, "the gate's state")
 
 
 def _queue_in_order(gate: Gate, n: int, work) -> list[threading.Thread]:
@@ -133,12 +129,13 @@ def test_a_nested_turn_is_not_counted_as_a_turn_of_its_own(monkeypatch):
 
 def test_never_more_passes_than_max_runs():
     gate, lock, now, peak = Gate(2), threading.Lock(), [0], [0]
+    both_in = threading.Barrier(2, timeout=30)  # a turn ends only when the other slot's turn is in too
 
     def work(_):
         with lock:
             now[0] += 1
             peak[0] = max(peak[0], now[0])
-        time.sleep(0.01)
+        both_in.wait()  # meanwhile six more threads press at the gate: a third turn would show in the peak
         with lock:
             now[0] -= 1
 
@@ -261,7 +258,8 @@ def test_build_trace_from_three_threads_never_overlaps_forward_passes(tiny_decod
             passes[0] += 1
             peak[0] = max(peak[0], now[0])
         try:
-            time.sleep(0.05)  # give another thread every chance to start its pass
+            # Hold this pass until every other thread is queued at the gate (or, were the gate broken, in a pass).
+            _wait_until(lambda: peak[0] > 1 or GATE.snapshot()["waiting"] == 3 - passes[0])
             return forward(self, *args, **kwargs)
         finally:
             with lock:

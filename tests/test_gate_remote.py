@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 
 import pytest
 
@@ -24,7 +23,6 @@ MODEL = "SmolLM2-135M decoder 30x9"
 N_FIGURES = 3  # the heatmaps page: overview, focused head, the per-head summary
 QUEUE_NOTE = re.compile(r"Waiting for the model: (you are next in the queue|\d+ pass(es)? ahead of you in the queue)"
                         r"[^.]*\.( About \d+ s to go\.)?")
-STAGGER_S = 1.5  # a 400-token pass takes longer than this on 2 cores, so the first still runs when the next come
 
 
 def _user(origin: str, n_tokens: int, variant: int) -> ProtocolUser:
@@ -43,10 +41,10 @@ def served(tmp_path_factory):
         assert warm.wait_s is not None, (warm.error, server.log_tail())
         users = [_user(server.origin, 400, 10 + i) for i in range(3)]
         threads = []
-        for user in users:  # each in its own event loop, a moment after the one before
+        for user in users:  # each in its own event loop, once the one before is in line (running or queued)
             threads.append(threading.Thread(target=run_users, args=([user], 300)))
             threads[-1].start()
-            time.sleep(STAGGER_S)
+            assert user.in_line.wait(300), (user.error, user.texts[:5], server.log_tail())
         for thread in threads:
             thread.join()
         yield users

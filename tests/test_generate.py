@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import time
 from functools import cache
 from pathlib import Path
 
@@ -75,16 +74,21 @@ def test_greedy_equals_transformers_generate(chat_decoders, family, chat):
 
 def test_a_generation_is_timed_from_its_own_steps(chat_decoders):
     loaded = load_pretrained(str(chat_decoders["llama"]), device="cpu")
+    now = [100.0]
+
+    def clock() -> float:  # a fake clock: each reading is 0.01 s after the one before (a pass takes time)
+        now[0] += 0.01
+        return now[0]
+
     stream = GenerationStream(loaded.family, loaded.model, loaded.tokenizer, prompt_ids(loaded.tokenizer, PROMPT,
-                              False), DecodingOptions(max_new_tokens=4))
+                              False), DecodingOptions(max_new_tokens=4), clock=clock)
     for step in stream:
-        time.sleep(0.05)  # a slow reader: its time between tokens counts
+        now[0] += 0.05  # a slow reader: its time between tokens counts
     result = stream.result()
     times = [step.seconds for step in stream.steps]
-    assert len(times) == 4 and times == sorted(times) and times[0] > 0
+    assert times == pytest.approx([0.01, 0.07, 0.13, 0.19])  # one clock reading a step, and the reader's 0.05 s
     assert result.first_token_s == times[0]
-    assert result.tokens_per_s == pytest.approx(3 / (times[-1] - times[0]))
-    assert result.tokens_per_s < 1 / 0.05  # the reader's sleeps are in it
+    assert result.tokens_per_s == pytest.approx(3 / 0.18)  # the reader's time is in it
     untimed = [dataclasses.replace(step, seconds=float("nan")) for step in stream.steps]
     bare = assemble(loaded.tokenizer, result.prompt_ids, untimed, "length")
     assert bare.first_token_s is None and bare.tokens_per_s is None

@@ -291,8 +291,9 @@ def test_a_new_text_frees_the_old_trace_when_the_cache_is_full(monkeypatch):
     next full collection. Fails if Streamlit's private widget state changes shape (``drop_stale_widget_callbacks``
     then does nothing)."""
     import gc
-    import time
     import weakref
+
+    from harness.waits import wait_until
 
     import ui.loaders
 
@@ -311,9 +312,6 @@ def test_a_new_text_frees_the_old_trace_when_the_cache_is_full(monkeypatch):
         _clean(at)
         new = at.session_state["_app_context"].trace
         assert new.tokens[1:3] == ("a", "dog") and len(ui.loaders.TRACES) == 1
-        deadline = time.monotonic() + 10
-        while old() is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert old() is None
+        wait_until(lambda: old() is None, 10, "the old trace freed")
     finally:
         gc.enable()

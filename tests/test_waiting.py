@@ -4,15 +4,11 @@ left is not run. The real queue in a browser is tests/test_gate_browser.py."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from ui.waiting import LEFT_KEY, LEFT_MESSAGE, queue_message
-
-HOLD_S = 1.0
-
 
 def test_queue_message_next_in_line():
     assert queue_message(1, 1) == "Waiting for the model: you are next in the queue (1 running)."
@@ -43,8 +39,8 @@ def one_run(monkeypatch):
     monkeypatch.setenv("AE_MAX_RUNS", "1")
 
 
-def _hold_gate(seconds: float) -> threading.Thread:
-    """Another session's pass: holds the gate's one turn for ``seconds``."""
+def _hold_gate(release: threading.Event, order: list) -> threading.Thread:
+    """Another session's pass: holds the gate's one turn until ``release`` is set, then notes that it let go."""
     from model_core.trace.gate import GATE
 
     held = threading.Event()
@@ -52,32 +48,45 @@ def _hold_gate(seconds: float) -> threading.Thread:
     def hold() -> None:
         with GATE.turn():
             held.set()
-            time.sleep(seconds)
+            assert release.wait(30)  # a failsafe only: the waiting page's note sets it
+            order.append("released")
 
     thread = threading.Thread(target=hold, daemon=True)
     thread.start()
-    held.wait(5)
+    assert held.wait(30)
     return thread
+
+
+def _built_script():
+    import streamlit as st
+
+    from ui.waiting import in_turn
+
+    order = st.session_state["order"]
+    built = in_turn("the pass", lambda: order.append("built") or "built")
+    st.write(f"result: {built}")
 
 
 def test_the_note_goes_when_the_turn_comes(one_run, monkeypatch):
     from ui.waiting import WaitingNote
 
-    shown = []
+    shown, order, release = [], [], threading.Event()
     show = WaitingNote.show
 
     def recorded(self, place, running):
         shown.append((place, running))
-        return show(self, place, running)
+        order.append("noted")
+        show(self, place, running)
+        release.set()  # the other pass ends only once this page has said it waits
 
     monkeypatch.setattr(WaitingNote, "show", recorded)
-    at = AppTest.from_function(_script)
-    holder = _hold_gate(HOLD_S)
-    started = time.monotonic()
+    at = AppTest.from_function(_built_script)
+    at.session_state["order"] = order
+    holder = _hold_gate(release, order)
     at.run(timeout=30)
     holder.join()
-    assert time.monotonic() - started >= HOLD_S * 0.9  # it did wait for the other pass
-    assert shown and shown[0] == (1, 1)  # while it waited, the note said: next in the queue, 1 running
+    assert order[:3] == ["noted", "released", "built"]  # it waited for the other pass, then ran its own
+    assert shown[0] == (1, 1)  # while it waited, the note said: next in the queue, 1 running
     assert [m.value for m in at.markdown] == ["result: built"]
     assert not at.info and not at.button  # the note and its button are cleared once the pass runs
 

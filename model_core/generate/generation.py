@@ -247,7 +247,8 @@ class GenerationStream:
 
     def __init__(self, family: Any, model: Any, tokenizer: Any, prompt: list[int], options: DecodingOptions, *,
                  stop: Callable[[], bool] | None = None, limit: int | None = None, limit_hint: str = "",
-                 chat: bool = False, top_k: int = TOP_CANDIDATES) -> None:
+                 chat: bool = False, top_k: int = TOP_CANDIDATES,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if not family.is_decoder:
             raise ValueError(f"A {family.label} does not generate text: it reads a whole text at once. Pick a decoder "
                              "language model (the bundled SmolLM2-135M-Instruct, GPT-2, a Llama-like model).")
@@ -257,7 +258,8 @@ class GenerationStream:
         limit = family.max_positions(model.config) if limit is None else limit
         check_room(len(self.prompt), options.max_new_tokens, limit, limit_hint)
         self.steps: list[Step] = []
-        self._started = time.perf_counter()
+        self._clock = clock  # a test passes a fake one: the step times are then exact
+        self._started = clock()
         self.reason: StopReason | None = None
         self.eos = eos_ids(model, tokenizer)
         self._printed = 0
@@ -269,7 +271,7 @@ class GenerationStream:
         device = next(model.parameters()).device
         cache = DynamicCache(config=model.config)
         generator = torch.Generator().manual_seed(int(options.seed)) if options.sample else None
-        self._started = time.perf_counter()
+        self._started = self._clock()
         logits = self._pass(torch.tensor([self.prompt], device=device), cache, prefill=True)
         position = len(self.prompt)
         while True:
@@ -339,7 +341,7 @@ class GenerationStream:
             chunk, self._printed = text[self._printed:], len(text)
         return Step(position=position, token_id=token, piece=self.tokenizer.convert_ids_to_tokens(token), text=chunk,
                     candidate_ids=ids, candidate_probs=values.astype(np.float32), candidate_strings=strings,
-                    seconds=time.perf_counter() - self._started)
+                    seconds=self._clock() - self._started)
 
 
 def choose_token(logits: torch.Tensor, options: DecodingOptions, generator: torch.Generator | None = None) -> int:

@@ -74,8 +74,10 @@ class BoundedCache(Generic[K, V]):
     """
 
     def __init__(self, budget_bytes: Callable[[], float], *, max_entries: int = 64, ttl_s: float | None = None,
-                 size: Callable[[Any], int] = nbytes_of, on_evict: Callable[[], None] | None = None) -> None:
+                 size: Callable[[Any], int] = nbytes_of, on_evict: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._budget = budget_bytes
+        self._clock = clock  # a test passes a fake one to expire entries without waiting
         self._max_entries = max_entries
         self._ttl_s = ttl_s
         self._size = size
@@ -99,7 +101,7 @@ class BoundedCache(Generic[K, V]):
     def _hit(self, key: K) -> tuple[bool, V | None]:
         """Under the lock: drop expired entries; (True, value) and mark it the most recently used, or (False, None).
         An evicted value that is still alive is taken back in."""
-        now = time.monotonic()
+        now = self._clock()
         evicted = False
         if self._ttl_s is not None:
             for old in [k for k, (_, _, used) in self._items.items() if now - used > self._ttl_s]:
@@ -136,7 +138,7 @@ class BoundedCache(Generic[K, V]):
                     value = build()
                     built = True
                     with self._lock:
-                        self._notify(self._put(key, value, self._size(value), time.monotonic()))
+                        self._notify(self._put(key, value, self._size(value), self._clock()))
             finally:
                 building.lock.release()
         finally:
