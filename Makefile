@@ -37,13 +37,17 @@ dev: setup
 wheel: assets
 	$(PY) -m pip wheel --no-deps --wheel-dir dist .
 
+# Two phases (scripts/run_tests.py): the tests over the cores with pytest-xdist, then the `serial` ones alone; the 25
+# slowest are listed at the end. AE_TEST_WORKERS=1 runs the first phase in one process.
 test: setup
 	@command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || \
 		echo "NOTE: Chromium is not installed, so the browser tests will be SKIPPED (apt-get install chromium)."
-	$(PY) -m pytest -ra $(PYTEST_ARGS)
+	$(PY) scripts/run_tests.py -ra $(PYTEST_ARGS)
 
 # Build the Dockerfile with buildah and check the running image (root; apt-get install buildah debootstrap).
-image-test: setup
+image-# Two phases (scripts/run_tests.py): the tests over the cores with pytest-xdist, then the `serial` ones alone; the 25
+# slowest are listed at the end. AE_TEST_WORKERS=1 runs the first phase in one process.
+test: setup
 	$(PY) scripts/image_test.py $(IMAGE_TEST_ARGS)
 
 # The inner loop: everything but the slow and browser tests.

@@ -23,8 +23,10 @@ Steps, each printed as PASS or FAIL (the exit status is 1 if any failed):
    outside the app.
 9. bertviz: the head view draws its SVG (require.js, d3 and jQuery came from the node stage's static/vendor).
 10. memory: the server's RSS at rest and after a 512-token heatmaps page.
-11. preload: a second build with ``PRELOAD_MODEL=docker/models/<tiny BERT>`` (a folder made here): the
-    container runs offline (``HF_HUB_OFFLINE=1``) with that folder as its default model.
+11. preload, only with ``--with-preload``: a second build with ``PRELOAD_MODEL=docker/models/<tiny BERT>`` (a folder
+    made here): the container runs offline (``HF_HUB_OFFLINE=1``) with that folder as its default model. CI builds
+    once, the image that ships; ``tests/test_deploy.py`` runs the preload step and the app it configures without a
+    build (the Dockerfile's ENV for that PRELOAD_MODEL, ``docker/preload_model.py`` on the folder, the app's default).
 
 Containers are removed at the end, whatever happened. Needs root, buildah and debootstrap
 (``apt-get install buildah debootstrap``), and Chromium for steps 8-10.
@@ -199,22 +201,9 @@ def check_config(report: Report, config: dict) -> None:
 
 
 # -- 11. a preloaded folder model -------------------------------------------------------------------------
-def make_tiny_bert(folder: Path) -> None:
-    """A tiny random BERT with the bundled model's tokenizer: a real model folder, made offline."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from model_core.models.loading import bundled_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(str(bundled_model_path()), local_files_only=True)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512)
-    shutil.rmtree(folder, ignore_errors=True)
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
 def check_preload(report: Report, args: dict[str, str], browser) -> None:
     from harness.browser import wait_for_run
+    from harness.models import make_tiny_bert
 
     folder = ROOT / PRELOAD_DIR
     make_tiny_bert(folder)
@@ -244,7 +233,9 @@ def check_preload(report: Report, args: dict[str, str], browser) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Build the Dockerfile with buildah and check the running image.")
-    parser.add_argument("--skip-preload", action="store_true", help="leave out step 11 (a second build)")
+    parser.add_argument("--with-preload", action="store_true",
+                        help="also step 11, a second build with PRELOAD_MODEL (about 3-6 min); CI builds the one "
+                             "image that ships, and tests/test_deploy.py checks the preload step without a build")
     args = parser.parse_args()
     report = Report()
     if os.geteuid() != 0 or shutil.which("buildah") is None:
@@ -273,7 +264,7 @@ def main() -> int:
                     check_pages(report, box, browser)
                     check_bertviz(report, box, browser)
                     box.stop()
-                    if not args.skip_preload:
+                    if args.with_preload:
                         check_preload(report, build_args, browser)
     print(json.dumps({"figures": report.figures, "total_s": round(time.perf_counter() - started, 1)}), flush=True)
     if report.failed:

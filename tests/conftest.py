@@ -38,10 +38,25 @@ def tiny_bert():
     return BertModel(config).eval()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--order", choices=("file", "reverse"), default="file",
+                     help="reverse: run the tests in reverse order, to show none depends on another having run first")
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Two workers share the 2 cores: one torch thread each, not two spinning OpenMP threads apiece.
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` skip cleanly, with the reason, on a machine without a CUDA GPU."""
+    """Tests marked `cuda` skip cleanly, with the reason, on a machine without a CUDA GPU; ``--order reverse``."""
     import torch
 
+    if config.getoption("--order") == "reverse":
+        items.reverse()
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible); runs on a GPU host")
@@ -50,9 +65,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def app_server(tmp_path_factory):
-    """The real app, started as `make run` starts it, once per browser-test module."""
+    """The real app, started as `make run` starts it, once per test process: the browser-test modules share it
+    (each opens its own pages, so its own sessions). A module that needs other settings starts its own."""
     from harness.browser import AppServer
 
     folder = tmp_path_factory.mktemp("app")

@@ -327,3 +327,28 @@ def test_preload_accepts_a_folder_under_docker_models_and_the_bundled_model(tmp_
                              timeout=300, cwd=REPO)
     assert bundled.returncode == 0, bundled.stderr
     assert "loads offline" in bundled.stdout
+
+
+@pytest.mark.slow
+def test_a_preloaded_folder_is_the_offline_default_of_the_public_app(tmp_path, monkeypatch):
+    """What a second image build with PRELOAD_MODEL showed, without the build: the Dockerfile's ENV for a folder
+    under docker/models/, its preload step run on the folder as in the image (relative to the app's folder), and the
+    app under that ENV tracing the folder's model as its default, offline."""
+    from app_runs import run_app
+    from harness.models import make_tiny_bert
+
+    relative = "docker/models/tiny-bert"
+    make_tiny_bert(tmp_path / relative)
+    preloaded = subprocess.run([sys.executable, str(REPO / "docker" / "preload_model.py"), relative],
+                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert preloaded.returncode == 0, preloaded.stderr
+    assert "loads offline; it is the default model" in preloaded.stdout
+    env = image_env({"PRELOAD_MODEL": relative})
+    assert env["HF_HUB_OFFLINE"] == "1" and env["AE_DEFAULT_MODEL"] == relative
+    for key in ("AE_DEFAULT_MODEL", "AE_ALLOWED_MODELS", "AE_ALLOW_LOCAL_MODELS", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.chdir(tmp_path)  # the image's WORKDIR, where the relative folder is
+    at = run_app()
+    assert at.session_state["ctl_model_id"] == relative and not at.sidebar.error
+    trace = at.session_state["_app_context"].trace
+    assert trace is not None and (trace.n_layers, trace.n_heads) == (2, 2) and trace.tokens[0] == "[CLS]"

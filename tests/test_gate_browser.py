@@ -17,7 +17,7 @@ from harness.browser import CHROMIUM, CHROMIUM_MISSING
 from harness.texts import text_of
 from model_core.settings import BUNDLED_DECODER_ID
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.serial]  # it times a queue: alone on the cores
 
 if not CHROMIUM.exists():
     pytest.skip(CHROMIUM_MISSING, allow_module_level=True)

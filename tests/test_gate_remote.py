@@ -17,7 +17,7 @@ from harness.protocol import ProtocolUser, run_users
 from harness.texts import text_of
 from model_core.settings import BUNDLED_DECODER_ID
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # it times a queue: alone on the cores
 
 MODEL = "SmolLM2-135M decoder 30x9"
 N_FIGURES = 3  # the heatmaps page: overview, focused head, the per-head summary

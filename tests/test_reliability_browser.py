@@ -13,7 +13,7 @@ from urllib.parse import urlencode, urlparse
 
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.serial]  # ten sessions at once load the machine
 
 from harness.browser import CHROMIUM, CHROMIUM_MISSING, app_pages, wait_for_run
 

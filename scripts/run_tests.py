@@ -1,0 +1,100 @@
+"""`make test`: the whole suite, in two phases, then the slowest tests of both.
+
+1. Every test not marked ``serial``, over ``--workers`` pytest-xdist processes (``--dist loadfile``: a module's tests
+   and its module-scoped fixtures, such as an app server, stay in one worker).
+2. The ``serial`` tests alone, in this process's pytest: the tests that time a queue or load the machine on purpose
+   (the gate in a browser and over the websocket, ten concurrent browser sessions) and cannot share the cores.
+
+Both phases always run; the exit status is the first failing phase's (pytest's 5, "no tests collected", counts as
+passing, for a selection that has no serial test). Any other arguments go to both phases' pytest, and a ``-m``
+expression is combined with each phase's own. ``--order reverse`` runs the tests in reverse order (tests/conftest.py),
+to show that no test depends on another having run first.
+
+Usage: python scripts/run_tests.py [--workers N] [--slowest K] [pytest arguments ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_TESTS = 5  # pytest's exit status when the selection holds no test
+
+
+def split_marker(args: list[str]) -> tuple[str | None, list[str]]:
+    """The ``-m`` expression in ``args`` (or None), and the other arguments."""
+    marker, rest, i = None, [], 0
+    while i < len(args):
+        if args[i] == "-m" and i + 1 < len(args):
+            marker, i = args[i + 1], i + 2
+            continue
+        if args[i].startswith("-m") and len(args[i]) > 2:
+            marker = args[i][2:]
+        else:
+            rest.append(args[i])
+        i += 1
+    return marker, rest
+
+
+def phase_marker(own: str, user: str | None) -> str:
+    return own if user is None else f"({user}) and ({own})"
+
+
+def slowest(reports: list[Path], k: int) -> list[tuple[float, str]]:
+    """The ``k`` longest tests (setup, call and teardown) in pytest's JUnit XML reports."""
+    times = []
+    for report in reports:
+        if not report.exists() or report.stat().st_size == 0:
+            continue
+        for case in ET.parse(report).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+            times.append((float(case.get("time") or 0.0), name))
+    return sorted(times, reverse=True)[:k]
+
+
+def run_phase(label: str, args: list[str]) -> tuple[int, float]:
+    print(f"\n=== {label}: pytest {' '.join(args)}", flush=True)
+    start = time.monotonic()
+    status = subprocess.call([sys.executable, "-m", "pytest", *args], cwd=ROOT)
+    seconds = time.monotonic() - start
+    print(f"=== {label}: exit status {status} in {seconds:.0f} s", flush=True)
+    return status, seconds
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="Run the whole suite: the parallel phase, then the serial one.")
+    parser.add_argument("--workers", default=os.environ.get("AE_TEST_WORKERS", "2"),
+                        help="pytest-xdist workers for the first phase (default 2, or AE_TEST_WORKERS; 0 runs it in "
+                             "one process)")
+    parser.add_argument("--slowest", type=int, default=25, help="how many of the slowest tests to list at the end")
+    ours, rest = parser.parse_known_args(argv)
+    marker, rest = split_marker(rest)
+    with tempfile.TemporaryDirectory(prefix="ae-tests-") as folder:
+        reports = [Path(folder) / "parallel.xml", Path(folder) / "serial.xml"]
+        workers = [] if ours.workers in ("0", "1") else ["-n", ours.workers, "--dist", "loadfile"]
+        phases = [("parallel phase", [*workers, "-m", phase_marker("not serial", marker),
+                                      f"--junitxml={reports[0]}", *rest]),
+                  ("serial phase", ["-m", phase_marker("serial", marker), f"--junitxml={reports[1]}", *rest])]
+        results = [run_phase(label, args) for label, args in phases]
+        print(f"\n=== the {ours.slowest} slowest tests (setup, call and teardown; both phases)")
+        for seconds, name in slowest(reports, ours.slowest):
+            print(f"{seconds:8.1f} s  {name}")
+    print("\n=== " + "; ".join(f"{label}: exit {status}, {seconds:.0f} s"
+                                for (label, _), (status, seconds) in zip(phases, results)))
+    for status, _ in results:
+        if status not in (0, NO_TESTS):
+            return status
+    if all(status == NO_TESTS for status, _ in results):
+        return NO_TESTS
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
