@@ -45,9 +45,8 @@ test: setup
 	$(PY) scripts/run_tests.py -ra $(PYTEST_ARGS)
 
 # Build the Dockerfile with buildah and check the running image (root; apt-get install buildah debootstrap).
-image-# Two phases (scripts/run_tests.py): the tests over the cores with pytest-xdist, then the `serial` ones alone; the 25
-# slowest are listed at the end. AE_TEST_WORKERS=1 runs the first phase in one process.
-test: setup
+# It builds once, the image that ships; IMAGE_TEST_ARGS=--with-preload adds a second build with PRELOAD_MODEL.
+image-test: setup
 	$(PY) scripts/image_test.py $(IMAGE_TEST_ARGS)
 
 # The inner loop: everything but the slow and browser tests.

@@ -8,7 +8,8 @@
 Both phases always run; the exit status is the first failing phase's (pytest's 5, "no tests collected", counts as
 passing, for a selection that has no serial test). Any other arguments go to both phases' pytest, and a ``-m``
 expression is combined with each phase's own. ``--order reverse`` runs the tests in reverse order (tests/conftest.py),
-to show that no test depends on another having run first.
+to show that no test depends on another having run first. ``AE_TEST_REPORTS=DIR`` keeps both phases' JUnit XML
+reports in DIR.
 
 Usage: python scripts/run_tests.py [--workers N] [--slowest K] [pytest arguments ...]
 """
@@ -76,8 +77,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--slowest", type=int, default=25, help="how many of the slowest tests to list at the end")
     ours, rest = parser.parse_known_args(argv)
     marker, rest = split_marker(rest)
+    kept = os.environ.get("AE_TEST_REPORTS")  # a folder that keeps both phases' JUnit XML reports
     with tempfile.TemporaryDirectory(prefix="ae-tests-") as folder:
-        reports = [Path(folder) / "parallel.xml", Path(folder) / "serial.xml"]
+        if kept:
+            Path(kept).mkdir(parents=True, exist_ok=True)
+        reports = [Path(kept or folder) / "parallel.xml", Path(kept or folder) / "serial.xml"]
         workers = [] if ours.workers in ("0", "1") else ["-n", ours.workers, "--dist", "loadfile"]
         phases = [("parallel phase", [*workers, "-m", phase_marker("not serial", marker),
                                       f"--junitxml={reports[0]}", *rest]),
