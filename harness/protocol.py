@@ -41,6 +41,7 @@ class ProtocolUser:
     rss_mb: float | None = None  # the server's RSS when this user was served, where a caller notes it
     # Set once the page says this user's pass runs or waits in the queue: the user is in line at the gate.
     in_line: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)  # set when ``run`` returns, served or not
 
     def ws_url(self) -> str:
         return self.origin.replace("http", "ws", 1) + "/_stcore/stream"
@@ -67,9 +68,11 @@ class ProtocolUser:
                 self.texts.append(element.markdown.body)
             elif kind == "alert":
                 self.texts.append(element.alert.body)
-            elif kind == "spinner" and element.spinner.text == RUNNING:
-                self.in_line.set()
             if self.texts and self.texts[-1].startswith(QUEUE_PREFIX):
+                self.in_line.set()
+        if msg.HasField("delta") and msg.delta.HasField("new_transient"):  # st.spinner's element is a transient one
+            if any(e.WhichOneof("type") == "spinner" and e.spinner.text == RUNNING
+                   for e in msg.delta.new_transient.elements):
                 self.in_line.set()
         if msg.HasField("script_finished"):
             status = msg.script_finished
@@ -100,6 +103,15 @@ class ProtocolUser:
             self.error = f"not served after {timeout_s:.0f} s"
         except (OSError, websockets.WebSocketException) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()
+
+    def wait_in_line(self, timeout_s: float) -> bool:
+        """Wait until this user is in line at the gate (True), or its run ended first or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        while not self.in_line.is_set() and not self.done.is_set() and time.monotonic() < deadline:
+            self.in_line.wait(0.1)
+        return self.in_line.is_set()
 
 
 async def _run_all(users: list[ProtocolUser], timeout_s: float) -> None:

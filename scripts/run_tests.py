@@ -37,11 +37,25 @@ def split_marker(args: list[str]) -> tuple[str | None, list[str]]:
             marker, i = args[i + 1], i + 2
             continue
         if args[i].startswith("-m") and len(args[i]) > 2:
-            marker = args[i][2:]
+            marker = args[i][2:].removeprefix("=")
         else:
             rest.append(args[i])
         i += 1
     return marker, rest
+
+
+def without_workers(args: list[str]) -> list[str]:
+    """``args`` less pytest-xdist's options: the serial phase runs in one process whatever the caller asked."""
+    rest, i = [], 0
+    while i < len(args):
+        if args[i] in ("-n", "--numprocesses", "--dist", "--maxprocesses") and i + 1 < len(args):
+            i += 2
+            continue
+        if not args[i].startswith(("-n=", "--numprocesses=", "--dist=", "--maxprocesses=")) and \
+                not (args[i].startswith("-n") and (args[i][2:].isdigit() or args[i][2:] in ("auto", "logical"))):
+            rest.append(args[i])
+        i += 1
+    return rest
 
 
 def phase_marker(own: str, user: str | None) -> str:
@@ -54,7 +68,12 @@ def slowest(reports: list[Path], k: int) -> list[tuple[float, str]]:
     for report in reports:
         if not report.exists() or report.stat().st_size == 0:
             continue
-        for case in ET.parse(report).getroot().iter("testcase"):
+        try:
+            root = ET.parse(report).getroot()
+        except ET.ParseError:  # a phase that crashed while writing it
+            print(f"(the report {report} cannot be read)")
+            continue
+        for case in root.iter("testcase"):
             name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
             times.append((float(case.get("time") or 0.0), name))
     return sorted(times, reverse=True)[:k]
@@ -85,7 +104,10 @@ def main(argv: list[str]) -> int:
         workers = [] if ours.workers in ("0", "1") else ["-n", ours.workers, "--dist", "loadfile"]
         phases = [("parallel phase", [*workers, "-m", phase_marker("not serial", marker),
                                       f"--junitxml={reports[0]}", *rest]),
-                  ("serial phase", ["-m", phase_marker("serial", marker), f"--junitxml={reports[1]}", *rest])]
+                  ("serial phase", ["-m", phase_marker("serial", marker), f"--junitxml={reports[1]}",
+                                    *without_workers(rest)])]
+        for report in reports:  # a phase that writes none must not leave an older run's figures
+            report.unlink(missing_ok=True)
         results = [run_phase(label, args) for label, args in phases]
         print(f"\n=== the {ours.slowest} slowest tests (setup, call and teardown; both phases)")
         for seconds, name in slowest(reports, ours.slowest):

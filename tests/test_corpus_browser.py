@@ -15,7 +15,16 @@ if not CHROMIUM.exists():
 TIMEOUT_S = 240
 
 
-# app_server (conftest) gives each module a fresh AE_CORPUS_DIR, so the demo corpus really runs.
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory):
+    """A server of this module's own, with a fresh AE_CORPUS_DIR, so the demo corpus really runs here (the shared
+    server of tests/conftest.py may have run it for another module's page already)."""
+    from harness.browser import AppServer
+
+    folder = tmp_path_factory.mktemp("corpus-app")
+    server = AppServer(folder / "server.log", extra_env={"AE_CORPUS_DIR": str(folder / "corpus-runs")})
+    yield server
+    server.stop()
 
 
 def test_demo_run_draws_and_a_text_opens_in_the_heatmaps_with_the_head(app_server, browser):

@@ -42,7 +42,7 @@ def _take_turn(gate: Gate, work, i: int) -> None:
 
 def test_waiters_are_served_first_in_first_out():
     gate, order, hold = Gate(1), [], threading.Event()
-    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(5), -1))
+    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(30), -1))
     holder.start()
     _wait_until(lambda: gate.snapshot()["running"] == 1)
     threads = _queue_in_order(gate, 6, order.append)
@@ -68,7 +68,7 @@ def _held_elsewhere(gate: Gate):
 
     def hold() -> None:
         with gate.turn():
-            release.wait(5)
+            release.wait(30)
 
     holder = threading.Thread(target=hold)
     holder.start()
@@ -148,7 +148,7 @@ def test_never_more_passes_than_max_runs():
 def test_max_runs_may_be_a_function_read_again_while_waiting():
     limit, hold = [1], threading.Event()
     gate = Gate(lambda: limit[0])
-    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(5), -1))
+    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(30), -1))
     holder.start()
     _wait_until(lambda: gate.snapshot()["running"] == 1)
     ran = threading.Event()
@@ -157,7 +157,7 @@ def test_max_runs_may_be_a_function_read_again_while_waiting():
     _wait_until(lambda: gate.snapshot()["waiting"] == 1)
     assert not ran.wait(0.3)
     limit[0] = 2  # a second slot opens: the waiter goes while the holder still runs
-    assert ran.wait(2)
+    assert ran.wait(30)
     hold.set()
     holder.join(5)
     waiter.join(5)
@@ -165,7 +165,7 @@ def test_max_runs_may_be_a_function_read_again_while_waiting():
 
 def test_a_waiter_hears_its_place_go_down_to_next():
     gate, hold = Gate(1), threading.Event()
-    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(5), -1))
+    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(30), -1))
     holder.start()
     _wait_until(lambda: gate.snapshot()["running"] == 1)
     heard = []
@@ -175,7 +175,7 @@ def test_a_waiter_hears_its_place_go_down_to_next():
             _take_turn(gate, lambda _: None, i)
 
     releases = [threading.Event() for _ in range(2)]
-    firsts = [threading.Thread(target=lambda e=e: _take_turn(gate, lambda _: e.wait(5), 0)) for e in releases]
+    firsts = [threading.Thread(target=lambda e=e: _take_turn(gate, lambda _: e.wait(30), 0)) for e in releases]
     for k, t in enumerate(firsts):
         t.start()
         _wait_until(lambda k=k: gate.snapshot()["waiting"] == k + 1)
@@ -197,7 +197,7 @@ def test_a_waiter_hears_its_place_go_down_to_next():
 
 def test_a_waiter_whose_callback_raises_leaves_the_queue_and_never_runs():
     gate, hold, ran = Gate(1), threading.Event(), []
-    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(5), -1))
+    holder = threading.Thread(target=lambda: _take_turn(gate, lambda _: hold.wait(30), -1))
     holder.start()
     _wait_until(lambda: gate.snapshot()["running"] == 1)
     leave, errors = threading.Event(), []

@@ -44,7 +44,7 @@ def served(tmp_path_factory):
         for user in users:  # each in its own event loop, once the one before is in line (running or queued)
             threads.append(threading.Thread(target=run_users, args=([user], 300)))
             threads[-1].start()
-            assert user.in_line.wait(300), (user.error, user.texts[:5], server.log_tail())
+            assert user.wait_in_line(300), (user.error, user.texts[:5], server.log_tail())
         for thread in threads:
             thread.join()
         yield users

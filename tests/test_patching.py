@@ -16,6 +16,7 @@ CLEAN = "The cat sat on the mat"
 CORRUPT = "The bank sat on the mat"
 ANSWER, FOIL = " cat", " bank"
 ATOL = 1e-5
+RTOL = 1e-5  # effects are divided by (clean - corrupt): float32 sums in another order differ by ~1e-5 of them
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,7 @@ def test_exact_head_patching_equals_the_hook_reference(setup):
     got = exact_patching(resolved.family, model, runs, residual=False, batch=3)  # batches that span layers
     expected = np.array([[runs.effect(_reference_head(model, runs.inputs, clean_z, layer, head))
                           for head in range(runs.n_heads)] for layer in range(runs.n_layers)])
-    np.testing.assert_allclose(got.heads, expected, atol=ATOL)
+    np.testing.assert_allclose(got.heads, expected, atol=ATOL, rtol=RTOL)
     assert np.abs(expected).max() > 1e-3  # some head matters, so a wrong patch would show
     assert not got.partial and np.isnan(got.residual).all()
 
@@ -207,7 +208,7 @@ def test_attribution_patching_equals_an_autograd_reference(setup):
     expected_resid = np.array([((clean_resid[i] - resid[i]).detach() * resid[i].grad)[0].sum(-1).numpy()
                                for i in range(runs.n_layers)]) / runs.denominator
     got = attribution_patching(resolved.family, model, runs)
-    np.testing.assert_allclose(got.heads, expected_heads, atol=ATOL)
+    np.testing.assert_allclose(got.heads, expected_heads, atol=ATOL, rtol=RTOL)
     np.testing.assert_allclose(got.residual, expected_resid, atol=ATOL)
     assert got.metric == pytest.approx(runs.corrupt, abs=ATOL)
     assert all(p.grad is None for p in model.parameters())  # nothing written into the shared model

@@ -85,7 +85,8 @@ def test_the_note_goes_when_the_turn_comes(one_run, monkeypatch):
     holder = _hold_gate(release, order)
     at.run(timeout=30)
     holder.join()
-    assert order[:3] == ["noted", "released", "built"]  # it waited for the other pass, then ran its own
+    # It waited for the other pass (the note may be shown again while the holder wakes), then ran its own.
+    assert order[0] == "noted" and order.index("released") < order.index("built")
     assert shown[0] == (1, 1)  # while it waited, the note said: next in the queue, 1 running
     assert [m.value for m in at.markdown] == ["result: built"]
     assert not at.info and not at.button  # the note and its button are cleared once the pass runs

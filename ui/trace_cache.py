@@ -101,6 +101,7 @@ DERIVED = DerivedCache(lambda: derived_budget(), max_entries=DERIVED_MAX_ENTRIES
 _KEYS: dict[int, str] = {}  # id(trace) -> trace_key, while the trace lives (its finalizer removes it)
 _KEYS_LOCK = threading.Lock()
 _FREED: collections.deque[tuple[int, str]] = collections.deque()  # (id, key) of freed traces, not yet forgotten
+_DRAIN_LOCK = threading.Lock()  # taken before _KEYS_LOCK and the cache's own lock, never while holding either
 
 
 def _forget(ident: int, key: str) -> None:
@@ -113,18 +114,23 @@ def _forget(ident: int, key: str) -> None:
 
 
 def _drain_freed() -> None:
-    """Forget the traces freed since the last call, and drop their results unless a live trace has the same key."""
-    while True:
-        try:
-            ident, key = _FREED.popleft()
-        except IndexError:
-            return
-        with _KEYS_LOCK:
-            if _KEYS.get(ident) == key:
-                del _KEYS[ident]
-            alive = key in _KEYS.values()  # another live trace object with the same content keeps its results
-        if not alive:
-            DERIVED.drop(trace=key)
+    """Forget the traces freed since the last call, and drop their results unless a live trace has the same key.
+
+    One drain at a time: a caller returns only once every trace freed before it came is forgotten, also where a
+    freed trace's own thread had taken it from the queue and was still waiting for the locks.
+    """
+    with _DRAIN_LOCK:
+        while True:
+            try:
+                ident, key = _FREED.popleft()
+            except IndexError:
+                return
+            with _KEYS_LOCK:
+                if _KEYS.get(ident) == key:
+                    del _KEYS[ident]
+                alive = key in _KEYS.values()  # another live trace object with the same content keeps its results
+            if not alive:
+                DERIVED.drop(trace=key)
 
 
 def cached_key(trace: Trace) -> str:
