@@ -13,7 +13,7 @@ from urllib.parse import urlencode, urlparse
 
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.serial]  # ten sessions at once load the machine
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 from harness.browser import CHROMIUM, CHROMIUM_MISSING, app_pages, wait_for_run
 
@@ -140,6 +140,7 @@ def _own_words_only(page, own: str, others: list[str]) -> None:
     assert not leaked, f"session of {own!r} shows another session's text: {leaked}"
 
 
+@pytest.mark.serial  # ten sessions at once load the machine: alone on the cores
 def test_ten_concurrent_sessions_each_see_only_their_own_text(app_server, browser):
     contexts = [browser.new_context(viewport={"width": 1200, "height": 900}) for _ in WORDS]
     pages = [c.new_page() for c in contexts]
