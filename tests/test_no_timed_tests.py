@@ -118,7 +118,8 @@ def test_no_test_sleeps_or_asserts_a_duration():
     "import time\ndef test_x():\n    start = time.perf_counter()\n    run()\n    assert time.perf_counter() - start < 1\n",
     "import time\ndef test_x():\n    t0 = time.monotonic()\n    run()\n    took = time.monotonic() - t0\n"
     "    assert took < 0.5\n",
-])
+], ids=["time.sleep", "clock alias", "module alias, if", "datetime, attribute", "sleep alias", "assert on clock",
+        "elapsed name"])
 def test_the_scan_finds_a_timed_test(source):
     assert violations(source, "example.py")
 
