@@ -197,8 +197,16 @@ def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, "-m", "model_core", "corpus", "--input", str(texts), "--model", "bert",
             "--shard-size", "100", "--batch-size", "16", "--out", str(out)]
+
+    def as_from_a_terminal() -> None:
+        # A child inherits a blocked or ignored SIGINT from the process that starts it (Popen resets neither), and a
+        # test process may have it so after other tests (one parallel run of the suite saw the CLI run to its end
+        # through the SIGINT below): start the CLI as a terminal would, with Ctrl+C at its default.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+                            env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"}, preexec_fn=as_from_a_terminal)
     wait_until(lambda: list((out / "texts.parquet").glob("part-*.parquet")), 120, "the run's first shard")
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
