@@ -51,7 +51,7 @@ image-test: setup
 
 # The inner loop: everything but the slow and browser tests.
 test-fast: setup
-	$(PY) -m pytest -ra -m "not slow and not browser" $(PYTEST_ARGS)
+	$(PY) scripts/run_tests.py -ra -m "not slow and not browser" $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/bench_model_core.py

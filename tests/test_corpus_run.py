@@ -186,7 +186,28 @@ def test_cli_says_what_is_wrong(tmp_path):
     assert result.returncode == 1 and "Ray cluster" in result.stderr and "Traceback" not in result.stderr
 
 
+def _signal_state(pid: int) -> dict[str, str]:
+    """The process's and its threads' blocked, ignored and caught signal masks (/proc), SIGINT being bit 1."""
+    from pathlib import Path
+
+    def masks(status: Path) -> str:
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        return " ".join(f"{k}={fields.get(k, '?').strip()}" for k in ("SigBlk", "SigIgn", "SigCgt"))
+
+    try:
+        state = {"process": masks(Path(f"/proc/{pid}/status"))}
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            state[f"thread {task.name}"] = masks(task / "status")
+        return state
+    except OSError as exc:
+        return {"error": str(exc)}
+
+
+# Serial: in 2 of 4 runs of the whole suite over two workers (never alone, nor in one process), the CLI ran through this
+# SIGINT to its end with exit status 0 and no KeyboardInterrupt; the cause is not found. The failure message shows the
+# child's signal masks at the moment the signal was sent.
 @pytest.mark.slow
+@pytest.mark.serial
 def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     import signal
 
@@ -197,20 +218,13 @@ def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, "-m", "model_core", "corpus", "--input", str(texts), "--model", "bert",
             "--shard-size", "100", "--batch-size", "16", "--out", str(out)]
-
-    def as_from_a_terminal() -> None:
-        # A child inherits a blocked or ignored SIGINT from the process that starts it (Popen resets neither), and a
-        # test process may have it so after other tests (one parallel run of the suite saw the CLI run to its end
-        # through the SIGINT below): start the CLI as a terminal would, with Ctrl+C at its default.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"}, preexec_fn=as_from_a_terminal)
+                            env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     wait_until(lambda: list((out / "texts.parquet").glob("part-*.parquet")), 120, "the run's first shard")
+    signals = _signal_state(proc.pid)  # if the signal is not acted on, this says whether it was blocked or ignored
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 130, (signals, stderr[-3000:])
     assert "--resume" in stderr and "Traceback" not in stderr
     partial = open_run(out)
     assert not partial.complete and 0 < partial.n_texts < 3000
