@@ -39,17 +39,23 @@ NOT_FOR = {"pages/predictions.py": {"bert", "custom-12x12x768"}, "pages/inside.p
            "pages/generate.py": {"bert", "custom-12x12x768", "smollm2"}}
 
 
-@pytest.fixture(scope="module", params=list(MODEL_STATE))
-def app_at_512(request):
+def _app_at_512(model_name: str) -> AppTest:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
-    at.session_state["ctl_text_a"] = text_of(512, 0, DECODER if request.param == "smollm2" else "")
+    at.session_state["ctl_text_a"] = text_of(512, 0, DECODER if model_name == "smollm2" else "")
     at.session_state["ctl_text_b"] = ""
-    for key, value in MODEL_STATE[request.param].items():
+    for key, value in MODEL_STATE[model_name].items():
         at.session_state[key] = value
     at.run()
     assert at.session_state["_app_context"].trace.n_tokens == 512
-    at.model_name = request.param
+    at.model_name = model_name
     return at
+
+
+@pytest.fixture(scope="module", params=list(MODEL_STATE))
+def app_at_512(request):
+    """One session a model, shared by the page tests (the trace is built once); a test that changes the session's
+    widgets opens its own (the process's trace cache serves it the same trace)."""
+    return _app_at_512(request.param)
 
 
 def page_sizes(at: AppTest, page: str) -> tuple[dict[str, int], dict[str, int]]:
@@ -82,13 +88,11 @@ def test_page_at_512_tokens_sends_at_most_5_mb_and_no_figure_over_1000_px(app_at
 
 
 def test_inside_the_encoder_with_every_step_open_stays_within_the_height_budget(app_at_512):
-    at = app_at_512
-    if at.model_name in NOT_FOR["pages/inside.py"]:
+    if app_at_512.model_name in NOT_FOR["pages/inside.py"]:
         pytest.skip("the walk is the encoder's")
+    at = _app_at_512(app_at_512.model_name)  # its own session: open steps would stay open in the shared one
     for step in range(1, 8):
         at.session_state[f"inside_step{step}"] = True
     sizes, heights = page_sizes(at, "pages/inside.py")
     assert len(sizes) >= 15
     assert max(heights.values()) <= MAX_HEIGHT_PX, heights
-    for step in range(1, 8):
-        at.session_state[f"inside_step{step}"] = step in (1, 3)
