@@ -84,7 +84,8 @@ def test_a_cached_trace_is_served_while_the_gate_is_busy(queue):
 
 
 def test_leaving_the_queue_says_so_and_stays_left(queue):
-    probe = queue["probe"]
+    probe = queue["tab"](text_of(500, 6, MODEL))  # a tab of its own, behind the shared probe: the others keep theirs
+    probe.get_by_role("button", name="Leave the queue").wait_for(timeout=TIMEOUT_MS)
     probe.get_by_role("button", name="Leave the queue").click()
     probe.get_by_text("You left the queue").wait_for(timeout=TIMEOUT_MS)
     probe.wait_for_timeout(2000)  # a left pass must not queue again by itself
