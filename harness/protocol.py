@@ -20,9 +20,10 @@ import websockets
 from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
+from ui.waiting import RUNNING  # the spinner while a page's pass runs
+
 FINISHED_OK = ForwardMsg.ScriptFinishedStatus.Value("FINISHED_SUCCESSFULLY")
 FOR_RERUN = ForwardMsg.ScriptFinishedStatus.Value("FINISHED_EARLY_FOR_RERUN")
-RUNNING = "Running the model…"  # ui.waiting.RUNNING: the spinner while a page's pass runs
 QUEUE_PREFIX = "Waiting for the model"  # ui.waiting.queue_message: the note while a pass waits for its turn
 
 

@@ -186,23 +186,6 @@ def test_cli_says_what_is_wrong(tmp_path):
     assert result.returncode == 1 and "Ray cluster" in result.stderr and "Traceback" not in result.stderr
 
 
-def _signal_state(pid: int) -> dict[str, str]:
-    """The process's and its threads' blocked, ignored and caught signal masks (/proc), SIGINT being bit 1."""
-    from pathlib import Path
-
-    def masks(status: Path) -> str:
-        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-        return " ".join(f"{k}={fields.get(k, '?').strip()}" for k in ("SigBlk", "SigIgn", "SigCgt"))
-
-    try:
-        state = {"process": masks(Path(f"/proc/{pid}/status"))}
-        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
-            state[f"thread {task.name}"] = masks(task / "status")
-        return state
-    except OSError as exc:
-        return {"error": str(exc)}
-
-
 @pytest.mark.slow
 def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     import signal
@@ -225,10 +208,9 @@ def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"}, preexec_fn=as_from_a_terminal)
     wait_until(lambda: list((out / "texts.parquet").glob("part-*.parquet")), 120, "the run's first shard")
-    signals = _signal_state(proc.pid)  # if the signal is not acted on, this says whether it was blocked or ignored
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, (signals, stderr[-3000:])
+    assert proc.returncode == 130, stderr
     assert "--resume" in stderr and "Traceback" not in stderr
     partial = open_run(out)
     assert not partial.complete and 0 < partial.n_texts < 3000
