@@ -9,6 +9,8 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 
+from model_core.families.encoding import encode
+
 
 @dataclass(frozen=True, eq=False)
 class ForwardOutput:
@@ -101,8 +103,6 @@ class Family:
         Raises:
             InputError: the text cannot be traced; the message says what to change.
         """
-        from model_core.trace.encoding import encode
-
         return encode(tokenizer, text, text_b, max_tokens=max_tokens, truncate=truncate, limit_hint=limit_hint)
 
     def special_tokens(self, tokenizer: Any) -> frozenset[str]:
@@ -115,7 +115,7 @@ class Family:
                 vectors: bool = True, hidden: bool | str = True, compact: bool = False,
                 on_layer: Callable[[int], None] | None = None) -> ForwardOutput:
         """Run the model once on a padded batch already on its device: the one forward route. The pass holds a turn
-        of the route's gate (``model_core.trace.gate.GATE``); a caller that turns the tensors into arrays holds
+        of the route's gate (``model_core.gate.GATE``); a caller that turns the tensors into arrays holds
         its own turn around this call (the gate is re-entrant), so the pass's memory is freed before the next one.
 
         Args:
@@ -126,6 +126,19 @@ class Family:
             compact: attend with sdpa and keep queries and keys but no weights (a long input's compact trace).
             on_layer: called with each layer's index after its attention (a compact pass's progress).
         """
+        raise NotImplementedError
+
+    def parts(self, model: Any, layer: int) -> Any:
+        """Block ``layer``'s modules by their job (a ``model_core.families.parts.BlockParts``)."""
+        raise NotImplementedError
+
+    def embed_parts(self, model: Any) -> Any:
+        """The embedding modules and the final norm (a ``model_core.families.parts.EmbedParts``)."""
+        raise NotImplementedError
+
+    def block_notes(self, model: Any, layer: int) -> Any:
+        """What the decoder walk's page says about block ``layer`` that differs by family (a
+        ``model_core.families.parts.BlockNotes``): families with a block walk answer it."""
         raise NotImplementedError
 
     def output_weights(self, model: Any) -> list[torch.Tensor]:

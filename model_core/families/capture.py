@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+from model_core.families.hooks import current_run, hooked_attention
 
 CAPTURE = "attention_explorer"
 
@@ -64,9 +69,17 @@ def capture_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' attention-function signature: records, gates, and runs the family's eager attention."""
     rec = _RECORDER.get()
+    run = current_run()
+    hooked = run is not None and run.attention_wanted(int(module.layer_idx))
     if rec is not None and rec.compact:
+        if hooked:
+            query, key, value = _compact_points(run, module, query, key, value)
         return _compact_attention(rec, module, query, key, value, attention_mask, **kwargs)
-    out, weights = _eager(module)(module, query, key, value, attention_mask, **kwargs)
+    if hooked:
+        out, weights = hooked_attention(run, module, query, key, value, attention_mask,
+                                        getattr(module, "_ae_project", None), **kwargs)
+    else:
+        out, weights = _eager(module)(module, query, key, value, attention_mask, **kwargs)
     if rec is None:
         return out, weights
     layer = int(module.layer_idx)
@@ -90,6 +103,21 @@ def capture_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out, weights
 
 
+def _compact_points(run: Any, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A compact pass's hook points: q, k and v (it never forms the n x n pattern, nor splits inputs)."""
+    b = f"blocks.{int(module.layer_idx)}"
+    if run.split or run.wants(f"{b}.attn.hook_pattern"):
+        raise ValueError("A long prompt's compact pass never forms the n x n pattern nor splits each head's input: "
+                         "hook_pattern and hook_q_input/k_input/v_input need the full form (a shorter text); ask for "
+                         "q, k, v, z, the residual stream and the norms' scales instead.")
+    out = []
+    for name, t in (("hook_q", query), ("hook_k", key), ("hook_v", value)):
+        out.append(run.visit(f"{b}.attn.{name}", t.transpose(1, 2)).transpose(1, 2) if run.wants(f"{b}.attn.{name}")
+                   else t)
+    return out[0], out[1], out[2]
+
+
 def _compact_attention(rec: Recorder, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                        value: torch.Tensor, attention_mask: torch.Tensor | None,
                        **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -100,8 +128,6 @@ def _compact_attention(rec: Recorder, module: torch.nn.Module, query: torch.Tens
     layer = int(module.layer_idx)
     softcap = kwargs.get("softcap")
     if softcap is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         # A plain causal (or, in an encoder, all-open) mask is left to sdpa's own is_causal path, which never
         # builds the n x n mask; a sliding window or padding is passed as it is.
         plain = attention_mask is None or _is_plain(rec, module, attention_mask)
@@ -132,9 +158,6 @@ def _is_plain(rec: Recorder, module: torch.nn.Module, mask: torch.Tensor) -> boo
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
     AttentionInterface.register(CAPTURE, capture_attention)
     AttentionMaskInterface.register(CAPTURE, eager_mask)  # the same additive mask eager attention gets
 

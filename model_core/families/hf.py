@@ -9,7 +9,7 @@ import torch
 
 from model_core.families.base import Family, ForwardOutput
 from model_core.families.capture import current_recorder, recording
-from model_core.trace.gate import GATE
+from model_core.gate import GATE
 
 
 class TransformersFamily(Family):
@@ -24,6 +24,43 @@ class TransformersFamily(Family):
     def layers(self, model: Any) -> list[Any]:
         """The transformer blocks, in order."""
         raise NotImplementedError
+
+    def project_heads(self, model: Any, layer: int, inputs: list[torch.Tensor], rope: Any) -> tuple[torch.Tensor, ...]:
+        """Each query head's query, key and value from its own copies of the block's input (split inputs): the
+        norm, the head's slice of the projections, any per-head norm, the rotary embedding.
+
+        Shape: inputs: 3 of (batch, pos, head, d_model) -> 3 of (batch, head, pos, d_head).
+        """
+        parts = self.parts(model, layer)
+        heads = torch.as_tensor(self.kv_heads(model.config), device=inputs[0].device)
+        out = []
+        for kind, x in zip("qkv", inputs):
+            normed = x if parts.ln1 is None else parts.ln1(x)
+            weight, bias = self.projection(model, layer, kind)  # (n * d_head, d_model), (n * d_head,) or None
+            d_model = weight.shape[-1]
+            w = weight.view(-1, weight.shape[0] // (len(heads) if kind == "q" else self.n_kv_heads(model.config)),
+                            d_model)  # (n, d_head, d_model)
+            if kind != "q":
+                w = w.index_select(0, heads)  # each query head's key/value head
+            y = torch.einsum("bphm,hdm->bhpd", normed, w.to(normed.dtype))
+            if bias is not None:
+                b = bias.view(w.shape[0] if kind == "q" else -1, w.shape[1])
+                y = y + (b if kind == "q" else b.index_select(0, heads))[None, :, None, :]
+            norm = {"q": parts.q_norm, "k": parts.k_norm}.get(kind)
+            if norm is not None:  # per head, over d_head (Qwen3, Gemma 3)
+                y = norm(y.transpose(1, 2)).transpose(1, 2)
+            out.append(y)
+        q, k = self.rotary(parts.attn, out[0], out[1], rope)
+        return q, k, out[2]
+
+    def projection(self, model: Any, layer: int, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Block ``layer``'s query, key or value projection as ``nn.Linear`` holds it: (n * d_head, d_model) and
+        its bias (or None)."""
+        raise NotImplementedError
+
+    def rotary(self, attn: Any, q: torch.Tensor, k: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary embedding at the pass's positions (none here: BERT, GPT-2)."""
+        return q, k
 
     def forward(self, model: Any, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, *, head_mask: torch.Tensor | None = None,

@@ -18,10 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
+from transformers import AutoConfig, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
-from model_core.families import SUPPORTED_MODEL_TYPES, Family, family_of_type
+from model_core.families import FAMILIES, Family, family_of_type
+from model_core.families.capture import use_capture
+from model_core.families.hooks import install_hook_points
+from model_core.models import bundled
 from model_core.models.errors import ModelLoadError
-from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID, DEVICE_CHOICES, Settings, load_settings
+from model_core.settings import (
+    BUNDLED_DECODER_ID,
+    BUNDLED_MODEL_ID,
+    DEVICE_CHOICES,
+    Settings,
+    load_settings,
+    resolve_model_id,
+)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95})?$")
 _HUB_HOST = ("huggingface.co", 443)
@@ -76,13 +89,11 @@ def resolve_model_source(model_id: str | None, settings: Settings | None = None)
         ModelLoadError: the id is empty, malformed, not allowed, or a refused folder.
     """
     settings = settings or load_settings()
-    model_id = (model_id or "").strip() or settings.default_model
-    if model_id in (BUNDLED_MODEL_ID, "bundled"):
+    model_id = resolve_model_id(model_id, settings)
+    if model_id == BUNDLED_MODEL_ID:
         return ModelSource(BUNDLED_MODEL_ID, "bundled", str(bundled_model_path()))
     if model_id == BUNDLED_DECODER_ID:
-        from model_core.models.bundled import ensure_bundled_decoder
-
-        return ModelSource(BUNDLED_DECODER_ID, "bundled", str(ensure_bundled_decoder()))
+        return ModelSource(BUNDLED_DECODER_ID, "bundled", str(bundled.ensure_bundled_decoder()))
     if not settings.is_model_allowed(model_id):
         allowed = ", ".join((BUNDLED_MODEL_ID, *settings.allowed_models))
         raise ModelLoadError(f"Model {model_id!r} is not allowed on this deployment. Allowed: {allowed}.")
@@ -162,8 +173,6 @@ class LoadedModel:
 
 def count_parameters(config: Any, family: Family) -> int:
     """The model's parameter count, from its config alone (built on the meta device: no memory, no download)."""
-    import transformers
-
     auto = getattr(transformers, family.auto_class)
     with torch.device("meta"):
         model = auto.from_config(config)
@@ -180,9 +189,10 @@ def check_config(config: Any, model_id: str, settings: Settings | None = None) -
     model_type = getattr(config, "model_type", None)
     family = family_of_type(model_type)
     if family is None:
+        decoders = ", ".join(t for f in FAMILIES.values() if f.is_decoder for t in f.model_types)
         raise ModelLoadError(
             f"{model_id!r} is a {model_type or 'unknown'!r} model, which Attention Explorer does not support. Supported: "
-            f"BERT-like encoders (bert) and decoder language models ({', '.join(t for t in SUPPORTED_MODEL_TYPES if t != 'bert')}). "
+            f"BERT-like encoders (bert) and decoder language models ({decoders}). "
             f"Try {BUNDLED_MODEL_ID} or {BUNDLED_DECODER_ID}."
         )
     n = count_parameters(config, family)
@@ -196,10 +206,6 @@ def check_config(config: Any, model_id: str, settings: Settings | None = None) -
 
 
 def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
-    import transformers
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # the CLI and the server log should not fill with bars
     common: dict[str, Any] = {"trust_remote_code": False}
     local_only = source.kind != "hub"
@@ -234,9 +240,10 @@ def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
         ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"{source.model_id!r} has no fast (Rust) tokenizer; pick a standard checkpoint.")
-    from model_core.families.capture import use_capture
 
-    return use_capture(model, family.layers(model)), tokenizer
+    model = use_capture(model, family.layers(model))
+    install_hook_points(model, family, family.n_layers(model.config))
+    return model, tokenizer
 
 
 LOADING = threading.RLock()
@@ -282,6 +289,13 @@ def _load_kept(source: ModelSource, device_name: str) -> LoadedModel:
     return _load(source, torch.device(device_name))
 
 
+def kept_lookups() -> int:
+    """How many times ``load_pretrained`` has looked in its process-wide cache of models (hits and misses): a caller
+    that keeps its own models (the app) can check that it never goes through this one."""
+    info = _load_kept.cache_info()
+    return info.hits + info.misses
+
+
 def load_pretrained(
     model_id: str | None = None, device: str | torch.device | None = None, settings: Settings | None = None
 ) -> LoadedModel:
@@ -302,8 +316,6 @@ def load_pretrained(
 @functools.lru_cache(maxsize=2)
 def load_tokenizer(model_id: str | None = None) -> Any:
     """The tokenizer of ``model_id`` (default: the bundled model's uncased BERT WordPiece vocabulary)."""
-    from transformers import AutoTokenizer
-
     if model_id in (None, "", BUNDLED_MODEL_ID, "bundled"):
         return AutoTokenizer.from_pretrained(str(bundled_model_path()), local_files_only=True)
     return load_pretrained(model_id).tokenizer
