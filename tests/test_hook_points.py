@@ -43,8 +43,8 @@ def _plain_reference(model, ids) -> dict[str, torch.Tensor]:
         write = parts.o_proj if parts.post_norm else parts.attn_write
         handles.append(write.register_forward_hook(keep(f"{b}.hook_attn_out", lambda a, o: main(o))))
         if parts.mlp is not None:
-            handles.append(parts.mlp_input_module.register_forward_pre_hook(keep(f"{b}.hook_mlp_in",
-                                                                                 lambda a, o: a[0])))
+            entry = parts.ln2 if parts.ln2 is not None and not parts.parallel else parts.mlp_input_module
+            handles.append(entry.register_forward_pre_hook(keep(f"{b}.hook_mlp_in", lambda a, o: a[0])))
             handles.append(parts.mlp_output_module.register_forward_hook(
                 keep(f"{b}.hook_mlp_out", lambda a, o: main(o))))
         if parts.post_norm:
@@ -196,5 +196,8 @@ def test_bad_names_and_read_only_points_get_clear_messages(models):
         run_with_hooks(model, IDS, names=["blocks.0.hook_nothing"])
     with pytest.raises(ValueError, match="read only"):
         run_with_hooks(model, IDS, hooks=[("blocks.0.attn.hook_result", lambda t, p: t)])
+    seen = []
+    run_with_hooks(model, IDS, hooks=[("blocks.0.attn.hook_result", lambda t, p: seen.append(t.shape))])
+    assert seen == [torch.Size([1, IDS.shape[1], 4, model.config.hidden_size])]  # a reader may watch it
     with pytest.raises(ValueError, match="no such point"):
         run_with_hooks(models["phi"], IDS, names=["blocks.0.hook_resid_mid"])

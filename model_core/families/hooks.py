@@ -19,7 +19,7 @@ cached model never see each other's hooks), and every pass holds a turn of the r
 | ``blocks.{l}.attn.hook_result`` | (batch, pos, head, d_model) | each head's write, z through its slice of W_O (read only, computed only when asked for) |
 | ``blocks.{l}.hook_q_input`` / ``hook_k_input`` / ``hook_v_input`` | (batch, pos, head, d_model) | each query head's own copy of resid_pre, before the norm (split inputs) |
 | ``blocks.{l}.hook_attn_out`` | (batch, pos, d_model) | what attention adds to the residual stream (Gemma 2/3: after its post-norm) |
-| ``blocks.{l}.hook_mlp_in`` / ``hook_mlp_out`` | (batch, pos, d_model) | the MLP's input (after its norm) / what it adds |
+| ``blocks.{l}.hook_mlp_in`` / ``hook_mlp_out`` | (batch, pos, d_model) | the MLP's own copy of the residual stream before its norm (post-LN: the MLP's input; Phi-1/2: the normed input it shares with attention) / what the MLP adds |
 | ``blocks.{l}.ln1.hook_scale``, ``ln2.hook_scale``, ``ln_final.hook_scale`` | (batch, pos, 1) | the norm's divisor (read only) |
 
 Split inputs: asking for (or hooking) any ``hook_*_input`` point makes attention compute each query head's query,
@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from model_core.families.parts import BlockParts, norm_scale
+from model_core.kernel import apply_mask, attention_scores, weights_from_scores
 
 SPLIT_POINTS = ("hook_q_input", "hook_k_input", "hook_v_input")
 BLOCK_POINTS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_in",
@@ -125,8 +126,6 @@ class HookRun:
         self.names = frozenset(names)
         self.hooks: dict[str, list[HookFn]] = {}
         for name, fn in hooks:
-            if name.endswith(READ_ONLY):
-                raise ValueError(f"{name!r} is read only: patch hook_z (a head's write) or the norm's input instead.")
             self.hooks.setdefault(name, []).append(fn)
         self.cache: dict[str, torch.Tensor] = {}
         self.grad = grad
@@ -149,6 +148,9 @@ class HookRun:
         """Run the point's hook functions on ``t`` and cache the result when asked for; returns the value to use."""
         for fn in self.hooks.get(name, ()):
             out = fn(t, HookPoint(name))
+            if out is not None and name.endswith(READ_ONLY):
+                raise ValueError(f"{name!r} is read only (a hook may read it and return None): patch hook_z (a "
+                                 "head's write) or the norm's input instead.")
             if out is not None:
                 if tuple(out.shape) != tuple(t.shape):
                     raise ValueError(f"A hook on {name} returned shape {tuple(out.shape)}; the point has "
@@ -222,11 +224,14 @@ def _install_block(family: Any, model: Any, layer: int, parts: BlockParts) -> No
     parts.attn_write.register_forward_hook(_attn_out(layer, parts.parallel))
     if parts.ln1 is not None:
         parts.ln1.register_forward_pre_hook(_scale_point(f"{b}.ln1.hook_scale", parts.ln1))
+    if parts.mlp is not None:
+        # As TransformerLens's: the MLP's own copy of the residual stream, before its norm (a write reaches the MLP
+        # alone); a parallel block's MLP shares attention's normed input, so there it is that input.
+        entry = parts.ln2 if parts.ln2 is not None and not parts.parallel else parts.mlp_input_module
+        entry.register_forward_pre_hook(_input_point(f"{b}.hook_mlp_in"))
+        parts.mlp_output_module.register_forward_hook(_output_point(f"{b}.hook_mlp_out"))
     if parts.ln2 is not None:
         parts.ln2.register_forward_pre_hook(_scale_point(f"{b}.ln2.hook_scale", parts.ln2))
-    if parts.mlp is not None:
-        parts.mlp_input_module.register_forward_pre_hook(_input_point(f"{b}.hook_mlp_in"))
-        parts.mlp_output_module.register_forward_hook(_output_point(f"{b}.hook_mlp_out"))
     if family.is_decoder:
         parts.attn.register_forward_pre_hook(_rope(layer), with_kwargs=True)
     _install_attention(family, model, layer, parts)
@@ -318,7 +323,7 @@ def _scale_point(name: str, norm: Any):
     def hook(_module: Any, args: tuple) -> None:
         run = _RUN.get()
         # ndim 3 only: with split inputs the norm also runs on each head's copy, (batch, pos, head, d_model)
-        if run is not None and name in run.names and args[0].dim() == 3:
+        if run is not None and run.wants(name) and args[0].dim() == 3:
             run.visit(name, norm_scale(norm, args[0]).to(args[0].dtype))
     return hook
 
@@ -354,13 +359,13 @@ def _z_point(layer: int, n_heads: int, w_o: torch.Tensor):
 
     def hook(_module: Any, args: tuple) -> Any:
         run = _RUN.get()
-        if run is None or not (run.wants(z_name) or result_name in run.names):
+        if run is None or not (run.wants(z_name) or run.wants(result_name)):
             return None
         flat = args[0]
         z = flat.view(*flat.shape[:-1], n_heads, -1)  # (batch, pos, head, d_head)
         if run.wants(z_name):
             z = run.visit(z_name, z)
-        if result_name in run.names:
+        if run.wants(result_name):
             w = w_o.view(w_o.shape[0], n_heads, -1)  # (d_model, head, d_head)
             run.visit(result_name, torch.einsum("bphd,mhd->bphm", z, w.to(z.dtype)))
         return (z.reshape(flat.shape), *args[1:])
@@ -419,15 +424,12 @@ def hooked_attention(run: HookRun, module: Any, query: torch.Tensor, key: torch.
     k_all = key.repeat_interleave(groups, dim=1) if groups > 1 else key
     v_all = value.repeat_interleave(groups, dim=1) if groups > 1 else value
     scaling = kwargs.get("scaling")
-    scores = torch.matmul(query, k_all.transpose(2, 3)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
-    softcap = kwargs.get("softcap")
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        mask = attention_mask[:, :, :, : k_all.shape[-2]]
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    scores = attention_scores(query, k_all, scale=query.shape[-1] ** -0.5 if scaling is None else scaling,
+                              softcap=kwargs.get("softcap"))  # (batch, head, q_pos, k_pos)
+    mask = None if attention_mask is None else attention_mask[:, :, :, : k_all.shape[-2]]  # bool or additive
     # float32 as eager attention does, or the model's own float64 (a gradient check's)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
+    weights = weights_from_scores(apply_mask(scores, mask),
+                                  dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
     if run.wants(f"{b}.attn.hook_pattern"):
         weights = run.visit(f"{b}.attn.hook_pattern", weights)
     out = torch.matmul(weights, v_all).transpose(1, 2)  # (batch, pos, head, d_head)
