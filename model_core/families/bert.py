@@ -28,7 +28,8 @@ class BertFamily(TransformersFamily):
 
     def embed_parts(self, model: Any) -> EmbedParts:
         emb = model.embeddings
-        return EmbedParts(embed=emb.word_embeddings, pos_embed=emb.position_embeddings, norm=emb.LayerNorm)
+        return EmbedParts(embed=emb.word_embeddings, pos_embed=emb.position_embeddings,
+                          type_embed=emb.token_type_embeddings, norm=emb.LayerNorm)
 
     def parts(self, model: Any, layer: int) -> BlockParts:
         block = model.encoder.layer[layer]

@@ -56,7 +56,8 @@ class CustomFamily(Family):
 
     def embed_parts(self, model: Any) -> EmbedParts:
         emb = model.encoder.embeddings
-        return EmbedParts(embed=emb.token_embeddings, pos_embed=emb.position_embeddings, norm=emb.layer_norm)
+        return EmbedParts(embed=emb.token_embeddings, pos_embed=emb.position_embeddings,
+                          type_embed=emb.token_type_embeddings, norm=emb.layer_norm)
 
     def block_parts(self, model: Any, layer: int) -> dict[str, tuple[torch.nn.Module, str]]:
         """The modules of layer ``layer`` that the encoder walk (``model_core.walk.encoder``) reads: name -> (module,

@@ -24,13 +24,15 @@ class HookedOutput:
     logits: torch.Tensor | None
     cache: dict[str, torch.Tensor]
     output: Any
+    rope: dict[int, Any] | None = None  # each layer's rotary (cos, sin), with ``keep_rope``
 
 
 def model_points(model: Any) -> list[str]:
     """Every hook point ``model`` has, in the order a pass reaches them."""
     family = family_of(model)
     parts, embed = family.parts(model, 0), family.embed_parts(model)
-    return point_names(family.n_layers(model.config), pos_embed=embed.pos_embed is not None, parallel=parts.parallel,
+    return point_names(family.n_layers(model.config), pos_embed=embed.pos_embed is not None,
+                       type_embed=embed.type_embed is not None, parallel=parts.parallel,
                        split=hasattr(family, "project_heads"), ln1=(parts.ln1 or parts.post_ln1) is not None,
                        ln_final=embed.final_norm is not None)
 
@@ -38,7 +40,7 @@ def model_points(model: Any) -> list[str]:
 def run_with_hooks(model: Any, input_ids: torch.Tensor, *, names: Iterable[str] = (),
                    hooks: Iterable[tuple[str, HookFn]] = (), grad: bool = False, split: bool | None = None,
                    attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
-                   compact: bool = False) -> HookedOutput:
+                   compact: bool = False, keep_rope: bool = False) -> HookedOutput:
     """Run ``model`` once on ``input_ids`` (batch, pos) through its hook points.
 
     Args:
@@ -47,6 +49,7 @@ def run_with_hooks(model: Any, input_ids: torch.Tensor, *, names: Iterable[str] 
         grad: run with autograd: the cached tensors keep ``.grad`` after the caller's ``backward()``.
         split: compute each query head's q, k, v from its own copy of the input (on by default when a
             ``hook_*_input`` point is named).
+        keep_rope: keep each layer's rotary (cos, sin) in ``HookedOutput.rope``.
         compact: attend with sdpa and never form the n x n pattern (a long prompt); hook_pattern and split inputs
             are then refused.
 
@@ -63,7 +66,7 @@ def run_with_hooks(model: Any, input_ids: torch.Tensor, *, names: Iterable[str] 
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids.to(device)
-    run = HookRun(names, hooks, grad=grad, split=split)
+    run = HookRun(names, hooks, grad=grad, split=split, keep_rope=keep_rope)
     with hook_run(run):
         if family.name == "custom":
             out = family.forward(model, input_ids, types, attention_mask, vectors=False, hidden=False, grad=grad)
@@ -77,4 +80,4 @@ def run_with_hooks(model: Any, input_ids: torch.Tensor, *, names: Iterable[str] 
         raise ValueError(f"This pass did not reach {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''}: this family has no such point "
                          "(a parallel block has no hook_resid_mid; an encoder has no ln_final).")
-    return HookedOutput(logits=logits, cache=run.cache, output=out)
+    return HookedOutput(logits=logits, cache=run.cache, output=out, rope=run.rope)

@@ -8,7 +8,7 @@ cached model never see each other's hooks), and every pass holds a turn of the r
 
 | point | shape | where |
 |---|---|---|
-| ``hook_embed`` / ``hook_pos_embed`` | (batch, pos, d_model) | the token / learned position embedding's output |
+| ``hook_embed`` / ``hook_pos_embed`` / ``hook_token_type_embed`` | (batch, pos, d_model) | the token / learned position / segment embedding's output |
 | ``blocks.{l}.hook_resid_pre`` | (batch, pos, d_model) | block l's input |
 | ``blocks.{l}.hook_resid_mid`` | (batch, pos, d_model) | after attention is added (post-LN: the sum before the LayerNorm); no point in a parallel block (Phi-1/2) |
 | ``blocks.{l}.hook_resid_post`` | (batch, pos, d_model) | block l's output (post-LN: after the LayerNorm) |
@@ -49,7 +49,7 @@ BLOCK_POINTS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_att
                 "hook_mlp_out", *SPLIT_POINTS, "ln1.hook_scale", "ln2.hook_scale")
 ATTN_POINTS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_result")
 READ_ONLY = ("hook_result", "hook_scale")
-_NAME = re.compile(r"^(hook_embed|hook_pos_embed|ln_final\.hook_scale|blocks\.(\d+)\.(?:attn\.)?([a-z0-9_.]+))$")
+_NAME = re.compile(r"^(hook_embed|hook_pos_embed|hook_token_type_embed|ln_final\.hook_scale|blocks\.(\d+)\.(?:attn\.)?([a-z0-9_.]+))$")
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,10 @@ HookFn = Callable[[torch.Tensor, HookPoint], "torch.Tensor | None"]
 
 
 def point_names(n_layers: int, *, pos_embed: bool = False, parallel: bool = False, split: bool = True,
-                ln1: bool = True, ln_final: bool = True) -> list[str]:
+                ln1: bool = True, ln_final: bool = True, type_embed: bool = False) -> list[str]:
     """Every hook point of a model with ``n_layers`` blocks, in the order a pass reaches them (``split``: it has
     split inputs; ``ln1``: a norm before attention or after the first sum; ``ln_final``: a final norm)."""
-    names = ["hook_embed"] + (["hook_pos_embed"] if pos_embed else [])
+    names = ["hook_embed"] + (["hook_pos_embed"] if pos_embed else []) + (["hook_token_type_embed"] if type_embed else [])
     for layer in range(n_layers):
         b = f"blocks.{layer}"
         names += [f"{b}.hook_resid_pre"] + ([f"{b}.ln1.hook_scale"] if ln1 else [])
@@ -122,7 +122,7 @@ class HookRun:
     """One pass's hook points: what to cache, the hook functions, whether to keep gradients, split inputs."""
 
     def __init__(self, names: Iterable[str] = (), hooks: Iterable[tuple[str, HookFn]] = (), *, grad: bool = False,
-                 split: bool | None = None) -> None:
+                 split: bool | None = None, keep_rope: bool = False) -> None:
         self.names = frozenset(names)
         self.hooks: dict[str, list[HookFn]] = {}
         for name, fn in hooks:
@@ -136,6 +136,7 @@ class HookRun:
                              (".attn." in n and not n.endswith(("hook_z", "hook_result")) or n.endswith(SPLIT_POINTS))}
         self.resid: dict[int, torch.Tensor] = {}  # this pass's resid_pre per layer (resid_mid, split inputs)
         self.rope: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rotary cos, sin per layer (split inputs)
+        self.keep_rope = keep_rope  # keep each layer's rotary cos and sin (the QK attribution applies them to parts)
 
     def wants(self, name: str) -> bool:
         return name in self._wanted
@@ -198,6 +199,8 @@ def install_hook_points(model: Any, family: Any, n_layers: int) -> None:
         ep.embed.register_forward_hook(_embed_point)
         if ep.pos_embed is not None:
             ep.pos_embed.register_forward_hook(_output_point("hook_pos_embed"))
+        if ep.type_embed is not None:
+            ep.type_embed.register_forward_hook(_output_point("hook_token_type_embed"))
         if ep.final_norm is not None:
             ep.final_norm.register_forward_pre_hook(_scale_point("ln_final.hook_scale", ep.final_norm))
         for layer in range(n_layers):
@@ -349,7 +352,7 @@ def _resid_pre(layer: int):
 def _rope(layer: int):
     def hook(_module: Any, _args: tuple, kwargs: dict) -> None:
         run = _RUN.get()
-        if run is not None and run.split and kwargs.get("position_embeddings") is not None:
+        if run is not None and (run.split or run.keep_rope) and kwargs.get("position_embeddings") is not None:
             run.rope[layer] = kwargs["position_embeddings"]
     return hook
 

@@ -98,6 +98,7 @@ class EmbedParts:
     Attributes:
         embed: the token embedding module (``hook_embed`` is its output).
         pos_embed: the learned position embedding (GPT-2, BERT, the chapter-3 encoder), else None.
+        type_embed: the segment (token type) embedding (BERT, the chapter-3 encoder), else None.
         scale: Gemma's sqrt(d_model) on the embeddings, else 1.
         norm: the embeddings' LayerNorm (BERT, the chapter-3 encoder), else None.
         final_norm: the norm before the unembedding (``ln_final``), else None.
@@ -105,6 +106,7 @@ class EmbedParts:
 
     embed: torch.nn.Module
     pos_embed: torch.nn.Module | None = None
+    type_embed: torch.nn.Module | None = None
     scale: float = 1.0
     norm: torch.nn.Module | None = None
     final_norm: torch.nn.Module | None = None
