@@ -29,6 +29,7 @@ from model_core.families.hooked import run_with_hooks
 from model_core.families.hooks import apply_rotary
 from model_core.families.parts import norm_eps
 from model_core.families.weights import LayerWeights, layer_weights
+from model_core.trace.resolve import resolve
 
 COMPACT_FROM = 1024
 """From this many tokens the pass attends with sdpa and never forms the n x n pattern; the weight of a key is then
@@ -467,3 +468,33 @@ def _window(model: Any, layer: int) -> int | None:
     if types is not None and types[layer] != "sliding_attention":
         return None
     return int(window)
+
+
+def encode_exactly(tokenizer: Any, text: str) -> torch.Tensor:
+    """``tokenizer(text).input_ids`` as a (1, pos) tensor: no chat template, nothing added beyond what the tokenizer
+    adds itself (BERT's [CLS] and [SEP]; nothing for SmolLM2).
+
+    Raises:
+        ValueError: the text is empty or has no tokens.
+    """
+    if not text or not text.strip():
+        raise ValueError("The text is empty: type a sentence (for an induction head, a repeated one).")
+    ids = tokenizer(text)["input_ids"]
+    if not ids:
+        raise ValueError("The text has no tokens this tokenizer knows.")
+    return torch.tensor([ids], dtype=torch.long)
+
+
+def qk_for_request(request: Any, layer: int, head: int, query: int = -1, key: int | None = None,
+                   versus: int | None = None, *, row: bool = False, device: str | None = None) -> QKTerms:
+    """The QK split for a ``TraceRequest`` (its model and text), positions indexing ``tokenizer(text).input_ids``.
+
+    Raises:
+        ModelLoadError: the model cannot be loaded. ValueError: bad positions, layer, head or text.
+    """
+    resolved = resolve(request, device=device)
+    ids = encode_exactly(resolved.tokenizer, request.text_a)
+    limit = int(resolved.max_positions)
+    if ids.shape[1] > limit:
+        raise ValueError(f"The text has {ids.shape[1]} tokens; this model reads at most {limit}. Shorten it.")
+    return qk_terms(resolved.model, resolved.tokenizer, ids, layer, head, query, key, versus, row=row)

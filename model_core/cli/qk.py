@@ -1,0 +1,63 @@
+"""The ``qk`` verb: ``python -m model_core qk --model pretrained --model-id ID --text TEXT --layer L --head H --query I
+--key J [--versus K] --json``: why head H of layer L attends from I to J, the score split into query components x key
+components (and why J rather than K)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options
+
+
+def add_qk_parser(sub: Any) -> None:
+    """Add the ``qk`` verb to the command line's subparsers."""
+    qk = sub.add_parser("qk", help="why a head attends from a query to a key: its score split into the query's and "
+                                   "the key's components (embeddings, each earlier head, each MLP)")
+    qk.add_argument("--model", choices=MODEL_CHOICES, required=True,
+                    help="pretrained: any supported family; custom: the chapter-3 encoder")
+    qk.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id such as "
+                                                     "bundled:SmolLM2-135M-Instruct (default: the bundled BERT)")
+    qk.add_argument("--text", required=True, help="the text; positions index tokenizer(text).input_ids")
+    qk.add_argument("--layer", type=int, required=True)
+    qk.add_argument("--head", type=int, required=True)
+    qk.add_argument("--query", type=int, default=-1, help="query position (negative: from the end; default: last)")
+    qk.add_argument("--key", type=int, default=None, help="key position (default: the key the query attends to most)")
+    qk.add_argument("--versus", type=int, default=None, help="a second key (default: the runner-up)")
+    qk.add_argument("--weights", choices=["random", "pretrained"], default="random", help="custom encoder only")
+    qk.add_argument("--weights-seed", type=int, default=0, help="custom encoder with random weights only")
+    qk.add_argument("--norm-placement", choices=["pre", "post"], default="pre", help="custom encoder only")
+    add_encoder_shape_options(qk)
+    qk.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
+    qk.add_argument("--json", action="store_true",
+                    help='print {"tokens", "layer", "head", "query", "key", "score", "weight", "components", '
+                         '"terms": C x C, "versus": {...}}')
+
+
+def qk_main(args: argparse.Namespace) -> int:
+    """The ``qk`` verb: JSON (``--json``) or the top pairs in words; exit 1 with the message on bad input."""
+    # torch and transformers load only when the verb runs, so `python -m model_core --help` stays quick
+    from model_core.qk.terms import qk_for_request
+    from model_core.trace.request import TraceRequest
+
+    try:
+        request = TraceRequest(args.model, args.text, model_id=args.model_id, weights=args.weights,
+                               seed=args.weights_seed, norm_placement=args.norm_placement,
+                               num_hidden_layers=args.layers, num_attention_heads=args.heads, hidden_size=args.hidden)
+        if not args.json:
+            print("running the model once through its hook points...", file=sys.stderr)
+        result = qk_for_request(request, args.layer, args.head, args.query, args.key, args.versus, device=args.device)
+    except (ValueError, OSError) as exc:  # ModelLoadError and InputError are ValueErrors
+        message = str(exc).strip().splitlines()
+        print(f"error: {message[0]}" if message else f"error: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    from model_core.qk.describe import describe  # as above
+
+    for line in describe(result):
+        print(line)
+    return 0
