@@ -31,6 +31,7 @@ st.set_page_config(page_title="Attention Explorer", page_icon="👁️", layout=
 PAGES = [
     ("pages/home.py", "Home", ":material/home:", "Attention", True),
     ("pages/heatmaps.py", "Attention heatmaps", ":material/grid_view:", "Attention", True),
+    ("pages/why_this_key.py", "Why this key", ":material/key:", "Attention", False),
     ("pages/predictions.py", "What the model predicts", ":material/lightbulb:", "Attention", False),
     ("pages/causal.py", "Causal mask & masked scores", ":material/change_history:", "Attention", True),
     ("pages/inside.py", "Inside the model", ":material/account_tree:", "Attention", True),
