@@ -13,15 +13,11 @@ from ui.composition import cached_composition, model_key, render_composition
 from ui.context import require_trace
 from ui.focus import set_focus
 from ui.guard import view_guard
-from ui.qk import bars_figure, cached_qk, induction_scores, row_csv, row_figure, terms_csv, terms_figure
+from ui.qk import INDUCTION_TEXT, bars_figure, cached_qk, induction_scores, row_csv, row_figure, terms_csv, terms_figure
 from ui.state import choose_model, open_page_if_requested
 
 OPEN_FLAG = "_qk_open_heatmaps"
 EXAMPLE_FLAG = "_qk_example"
-INDUCTION_TEXT = ("The lighthouse keeper counted seven blue herons before the storm reached the harbour. "
-                  "The lighthouse keeper counted seven blue herons before the storm reached the harbour.")
-"""The team's ready example: a sentence said twice. In the repeat, an induction head attends from each token to the
-token after its first occurrence; its score there follows a previous-token head's writes (K-composition)."""
 
 
 def _load_example() -> None:

@@ -16,6 +16,11 @@ from model_core.qk.terms import QKTerms, qk_terms
 from model_core.trace.resolve import resolve
 from ui.trace_cache import per_trace
 
+INDUCTION_TEXT = ("The lighthouse keeper counted seven blue herons before the storm reached the harbour. "
+                  "The lighthouse keeper counted seven blue herons before the storm reached the harbour.")
+"""The team's ready example: a sentence said twice. In the repeat, an induction head attends from each token to the
+token after its first occurrence; its score there follows a previous-token head's writes (K-composition)."""
+
 BARS = 20
 """Bars drawn on each side: the components with the largest |share|."""
 
@@ -27,9 +32,9 @@ def cached_qk(trace: Any, request: TraceRequest, layer: int, head: int, query: i
     from ui.loaders import CACHED_MODELS, device  # ui.loaders imports the pages' caches; only needed on a miss
 
     resolved = resolve(request, device=device(), models=CACHED_MODELS)
-    ids = torch.as_tensor(np.asarray(trace.token_ids), dtype=torch.long)[None]
+    ids = torch.tensor(np.array(trace.token_ids), dtype=torch.long)[None]  # a copy: the trace's arrays are read-only
     types = getattr(trace, "token_type_ids", None)
-    types = None if types is None else torch.as_tensor(np.asarray(types), dtype=torch.long)[None]
+    types = None if types is None else torch.tensor(np.array(types), dtype=torch.long)[None]
     return qk_terms(resolved.model, resolved.tokenizer, ids, layer, head, query, key, versus, row=row,
                     token_type_ids=types)
 

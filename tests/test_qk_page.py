@@ -1,0 +1,80 @@
+"""The "Why this key" page (AppTest) on SmolLM2 and on the bundled BERT: the split, its check line, the versus view,
+the row view, the ready induction example and a bad choice of keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from model_core.settings import BUNDLED_DECODER_ID
+from ui.qk import INDUCTION_TEXT
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+PAGE = "pages/why_this_key.py"
+TEXT = "The cat sat on the mat. The cat sat on the"
+
+
+def _open(model_id: str | None, text: str = TEXT, layer: int = 3, head: int = 2) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params["model"] = "pretrained"
+    if model_id is not None:
+        at.query_params["model_id"] = model_id
+    at.query_params["text_a"] = text
+    at.query_params["text_b"] = ""
+    at.query_params["layer"] = str(layer)
+    at.query_params["head"] = str(head)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.switch_page(PAGE).run()
+    _ok(at)
+    return at
+
+
+def _ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert at.title[0].value == "Why this key"
+
+
+def _check(at: AppTest) -> tuple[float, float]:
+    line = next(c.value for c in at.caption if c.value.startswith("Check:"))
+    parts = [float(x.split()[0].rstrip(";.")) for x in line.split("sum to ")[1].split("score is ")]
+    return parts[0], parts[1]
+
+
+@pytest.mark.slow
+def test_the_page_splits_a_decoders_score_and_its_rivals():
+    at = _open(BUNDLED_DECODER_ID)
+    total, score = _check(at)
+    assert abs(total - score) <= 1e-4
+    labels = [m.label for m in at.metric]
+    assert labels[:2] == ["score s", "weight a"] and any(lbl.startswith("vs key") for lbl in labels)
+    assert any("gives" in m.value for m in at.markdown)  # the top pairs in words
+    assert at.selectbox(key="qk_query").value == len(at.selectbox(key="qk_query").options) - 1  # the last token
+    at.selectbox(key="qk_key").set_value(0).run()
+    _ok(at)
+    at.selectbox(key="qk_versus").set_value(0).run()  # the same key twice: a message, not a traceback
+    assert any("two different keys" in w.value for w in at.warning)
+
+
+@pytest.mark.slow
+def test_the_page_reads_an_encoder():
+    at = _open(None, "time flies like an arrow", layer=1, head=0)
+    total, score = _check(at)
+    assert abs(total - score) <= 1e-4
+    assert at.selectbox(key="qk_query").value == 0  # an encoder's default query: the first token
+
+
+@pytest.mark.slow
+def test_the_ready_example_focuses_the_strongest_induction_head():
+    at = _open(BUNDLED_DECODER_ID, INDUCTION_TEXT, layer=0, head=0)
+    at.button(key="qk_example").click().run()
+    _ok(at)
+    layer, head = at.session_state["_focused_head"]  # ui.focus keeps the focused head here
+    assert layer > 0  # an induction head reads a previous-token head's writes: never in layer 0
+    at.toggle(key="qk_row").set_value(True).run()
+    _ok(at)
+    assert any(c.value.startswith("Each component's key-side share") for c in at.caption)
