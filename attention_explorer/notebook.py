@@ -20,6 +20,7 @@ import numpy as np
 from attention_explorer.saved import load_trace, save_trace
 from model_core.trace.request import TraceRequest, build_trace
 from model_core.trace.trace import AttentionTrace
+from model_core.walk.build import build_walkthrough
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -245,6 +246,30 @@ class Trace:
         resolved = self._resolved(model)
         return kv(self.core, resolved.model, resolved.family, press, ratio, tokenizer=resolved.tokenizer)
 
+    def qk(self, layer: int, head: int, query: int = -1, key: int | None = None, versus: int | None = None, *,
+           row: bool = False, model: str | None = None):
+        """Why head ``head`` of layer ``layer`` attends from ``query`` to ``key`` (``model_core.qk.terms``): its score
+        split into query components x key components (the embeddings, each earlier head and MLP, the biases).
+
+        Args:
+            key: default: the key the query attends to most; ``versus``: a second key (default: the runner-up).
+            row: also each component's key-side share at every key (the row view).
+
+        Returns:
+            ``attention_explorer.qk.QK``: ``.terms`` (C, C), ``.result`` (score, weight, components, versus, row),
+            ``.terms_figure()``, ``.key_figure()``, ``.query_figure()``, ``.versus_figure()``, ``.row_figure()``.
+        """
+        import torch
+
+        from attention_explorer.qk import QK
+        from model_core.qk.terms import qk_terms
+
+        resolved = self._resolved(model)
+        ids = torch.tensor(np.array(self.core.token_ids), dtype=torch.long)[None]
+        types = torch.tensor(np.array(self.core.token_type_ids), dtype=torch.long)[None]
+        return QK(qk_terms(resolved.model, resolved.tokenizer, ids, layer, head, query, key, versus, row=row,
+                           token_type_ids=types))
+
     # -- tables and files ------------------------------------------------------------------------
     def to_pandas(self, *, words: bool = False) -> pd.DataFrame:
         """Every weight as one row: layer, head, q_pos, k_pos, q_token, k_token, weight (masked pairs left out)."""
@@ -327,8 +352,6 @@ def walk(text: str, layer: int = 0, text_b: str = "", *, model: str | None = Non
     Raises:
         ValueError: the layer does not exist, or the decoder has no block walk (GPT-2, Phi); the message says why.
     """
-    from model_core.trace.request import build_walkthrough
-
     request = TraceRequest("pretrained", text, text_b or "", model_id=model)
     return build_walkthrough(request, layer, build_trace(request, device=device), device=device)
 

@@ -13,7 +13,16 @@ from ui.composition import cached_composition, model_key, render_composition
 from ui.context import require_trace
 from ui.focus import set_focus
 from ui.guard import view_guard
-from ui.qk import INDUCTION_TEXT, bars_figure, cached_qk, induction_scores, row_csv, row_figure, terms_csv, terms_figure
+from ui.qk import (
+    INDUCTION_TEXT,
+    bars_figure,
+    cached_qk,
+    induction_scores,
+    row_csv,
+    row_figure,
+    terms_csv,
+    terms_figure,
+)
 from ui.state import choose_model, open_page_if_requested
 
 OPEN_FLAG = "_qk_open_heatmaps"
@@ -70,7 +79,7 @@ if st.session_state.pop(EXAMPLE_FLAG, False) and ctx.trace is not None:
 layer, head = ctx.layer, ctx.head
 decoder = bool(t.is_decoder)
 options = list(range(n))
-fmt = lambda i: f"{i}: {labels[i]!r}" if i < len(labels) else str(i)  # noqa: E731
+fmt = lambda i: f"{i}: {labels[i]!r}" if i < len(labels) else str(i)
 left, mid, right = st.columns(3)
 query = left.selectbox("Query token", options, index=n - 1 if decoder else 0, format_func=fmt, key="qk_query",
                        help="The token that attends (a row of the heatmap). Default: the last token of a decoder.")

@@ -13,19 +13,22 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from model_core.families.hooks import current_run, hooked_attention
+from model_core.families.hook_attention import hooked_attention
+from model_core.families.hooks import current_run
+from model_core.kernel import allowed_from_mask
 
 CAPTURE = "attention_explorer"
 
-_RECORDER: contextvars.ContextVar["Recorder | None"] = contextvars.ContextVar("ae_recorder", default=None)
+_RECORDER: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("ae_recorder", default=None)
 
 
 @dataclass
@@ -148,7 +151,7 @@ def _is_plain(rec: Recorder, module: torch.nn.Module, mask: torch.Tensor) -> boo
     all open otherwise. Checked once per mask tensor (layers of one kind share one)."""
     key = mask.data_ptr()
     if key not in rec.plain_masks:
-        allowed = mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] > torch.finfo(mask.dtype).min / 2
+        allowed = allowed_from_mask(mask[0, 0])
         n_q, n_k = allowed.shape
         expected = torch.ones(n_q, n_k, dtype=torch.bool, device=allowed.device)
         if getattr(module, "is_causal", False):

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from model_core.families.decoder import DecoderFamily, NoBlockWalk
-from model_core.families.hooks import apply_rotary
+from model_core.families.hook_attention import apply_rotary
 from model_core.families.parts import (
     BlockNotes,
     BlockParts,

@@ -24,13 +24,15 @@ Speed: no (d_model, d_model) matrix is formed. ``||A1 B1 E2 T2||_F`` (A1 = W_V o
 ``||R_A1 (B1 E2) T2||_F`` with R_A1 the (d_head, d_head) factor of A1's QR decomposition: one matrix product of
 (d_head, d_model) by (d_model, d_head) blocks per pair, batched per source layer into one GEMM; keys and values
 shared by several query heads (grouped-query attention) are multiplied once and the heads' own factor enters through
-its (d_head, d_head) Gram matrix. SmolLM2-135M's 270 heads take a few seconds on 2 cores (``bench/bench_composition.py``).
+its (d_head, d_head) Gram matrix. SmolLM2-135M's 270 heads cost about 280 GFLOP of float32 products, a few seconds
+on 2 idle cores (``bench/bench_composition.py`` prints the time).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -124,7 +126,7 @@ class CompositionScores:
     def to_json(self) -> dict[str, Any]:
         """``{"q": LH x LH, "k": ..., "v": ..., "baseline": {"q", "k", "v"}}``: null where a pair cannot compose,
         full float precision."""
-        grid = lambda a: [[float(x) if np.isfinite(x) else None for x in row] for row in a.tolist()]  # noqa: E731
+        grid = lambda a: [[float(x) if np.isfinite(x) else None for x in row] for row in a.tolist()]
         return {**{kind: grid(getattr(self, kind)) for kind in KINDS},
                 "baseline": {kind: float(self.baseline[kind]) for kind in KINDS}}
 
@@ -154,7 +156,10 @@ class FoldedHeads:
         return int(self.W_Q.shape[0]) // self.n_layers
 
     def head_kv(self) -> torch.Tensor:
-        """For every head (layer-major) its key/value head's index into ``W_K.flatten(0, 1)``. Shape: (layer * head,)."""
+        """For every head (layer-major) its key/value head's index into ``W_K.flatten(0, 1)``.
+
+        Shape: (layer * head,).
+        """
         layers = torch.arange(self.n_layers, device=self.W_Q.device).repeat_interleave(self.n_heads)
         return layers * self.W_K.shape[1] + self.kv_of_head.repeat(self.n_layers)
 
@@ -177,44 +182,56 @@ def fold_heads(weights: Sequence[LayerWeights]) -> FoldedHeads:
            for w in weights):
         raise ValueError("Composition scores need every layer to have the same heads and shapes.")
     layer_norm = all(w.ln1_kind == "layer" for w in weights)
-    qs, ks, vs, os_ = [], [], [], []
-    for w in weights:
-        f64 = lambda t: t.detach().to(torch.float64)  # noqa: E731
-        W_Q, W_K, W_V, W_O = f64(w.W_Q), f64(w.W_K), f64(w.W_V), f64(w.W_O)
-        if w.ln1_w is not None:  # (head, d_model, d_head): the norm's scale on each input feature
-            scale = f64(w.ln1_w)[None, :, None]
-            W_Q, W_K, W_V = W_Q * scale, W_K * scale, W_V * scale
-        if w.ln1_kind == "layer":  # the LayerNorm centres its input: only the centred part of W is read
-            W_Q, W_K, W_V = (W - W.mean(dim=1, keepdim=True) for W in (W_Q, W_K, W_V))
-        if w.q_norm_w is not None:
-            W_Q = W_Q * f64(w.q_norm_w)[:, None, :]
-        if w.k_norm_w is not None:
-            W_K = W_K * f64(w.k_norm_w)[:, None, :]
-        if w.out_norm_w is not None:
-            W_O = W_O * f64(w.out_norm_w)[None, None, :]
-        if layer_norm:  # every later LayerNorm removes the mean of what a head writes
-            W_O = W_O - W_O.mean(dim=-1, keepdim=True)
-        qs.append(W_Q), ks.append(W_K), vs.append(W_V), os_.append(W_O)
-    first = weights[0]
+    # Whole stacks at once: a few large operations, not a few small ones a layer (torch's threads wait for each other
+    # at every operation, which costs most when other processes hold the cores).
+    W_Q, W_K, W_V, W_O = (_stacked(weights, name) for name in ("W_Q", "W_K", "W_V", "W_O"))  # (layer, ...)
+    ln1 = _stacked(weights, "ln1_w")  # (layer, d_model): the norm's scale on each input feature
+    if ln1 is not None:
+        W_Q, W_K, W_V = (W * ln1[:, None, :, None] for W in (W_Q, W_K, W_V))
+    centred = torch.tensor([w.ln1_kind == "layer" for w in weights], device=W_Q.device)
+    if centred.any():  # a LayerNorm centres its input: only the centred part of W is read
+        W_Q, W_K, W_V = (W - W.mean(dim=2, keepdim=True) * centred[:, None, None, None] for W in (W_Q, W_K, W_V))
+    q_norm, k_norm = _stacked(weights, "q_norm_w"), _stacked(weights, "k_norm_w")  # (layer, head, d_head)
+    if q_norm is not None:
+        W_Q = W_Q * q_norm[:, :, None, :]
+    if k_norm is not None:
+        W_K = W_K * k_norm[:, :, None, :]
+    out_norm = _stacked(weights, "out_norm_w")  # (layer, d_model)
+    if out_norm is not None:
+        W_O = W_O * out_norm[:, None, None, :]
+    if layer_norm:  # every later LayerNorm removes the mean of what a head writes
+        W_O = W_O - W_O.mean(dim=-1, keepdim=True)
     folded = []
-    if first.ln1_kind is not None:
+    if ln1 is not None:
         folded.append("the norm before attention's scale into W_Q, W_K, W_V" +
                       (", which are centred (LayerNorm)" if layer_norm else ""))
     if layer_norm:
         folded.append("W_O centred (every later LayerNorm removes the mean)")
-    if first.out_norm_w is not None:
+    if out_norm is not None:
         folded.append("the attention-output norm's scale into W_O")
-    if first.q_norm_w is not None:
+    if q_norm is not None or k_norm is not None:
         folded.append("the query and key norms' scales into W_Q and W_K")
-    if first.ln1_kind is None:
-        folded.append("nothing: post-LN, its norms come after each residual sum")
-    return FoldedHeads(torch.cat(qs), torch.stack(ks), torch.stack(vs), torch.cat(os_),
-                       torch.as_tensor(kv, device=first.W_Q.device), tuple(folded))
+    if not folded:
+        folded.append("nothing: the norms come after each residual sum (post-LN)")
+    return FoldedHeads(W_Q.flatten(0, 1), W_K, W_V, W_O.flatten(0, 1), torch.as_tensor(kv, device=W_Q.device),
+                       tuple(folded))
+
+
+def _stacked(weights: Sequence[LayerWeights], name: str) -> torch.Tensor | None:
+    """One field of every layer stacked in float64 (layer first); None where no layer has it, ones where some lack it."""
+    present = [getattr(w, name) for w in weights]
+    like = next((t for t in present if t is not None), None)
+    if like is None:
+        return None
+    return torch.stack([(torch.ones_like(like) if t is None else t).detach() for t in present]).to(torch.float64)
 
 
 # -- the fast path ----------------------------------------------------------------------------------
 def _r(matrices: torch.Tensor) -> torch.Tensor:
-    """R of the thin QR decomposition, so ``||A X||_F = ||R X||_F``. Shape: (..., m, d_head) -> (..., d_head, d_head)."""
+    """R of the thin QR decomposition, so ``||A X||_F = ||R X||_F``.
+
+    Shape: (..., m, d_head) -> (..., d_head, d_head).
+    """
     return torch.linalg.qr(matrices, mode="r").R
 
 
@@ -276,7 +293,7 @@ def _scores(heads: FoldedHeads, dtype: torch.dtype) -> dict[str, np.ndarray]:
     q_dest = heads.W_Q @ R_K[kv].transpose(1, 2)  # (L * H, d_model, d_head): ||x W_QK|| = ||x q_dest||
     qk_norm = q_dest.flatten(1).norm(dim=1)
     grouped = W_K.shape[0] < heads.W_Q.shape[0]  # grouped-query attention: multiply each key/value head once
-    cat = lambda m: m.permute(1, 0, 2).reshape(m.shape[1], -1)  # noqa: E731  (n, d_model, d_head) -> (d_model, n * d_head)
+    cat = lambda m: m.permute(1, 0, 2).reshape(m.shape[1], -1)  # (n, d_model, d_head) -> (d_model, n * d_head)
     num = {"q": _numerators(left, cat(q_dest), None, None, L, H, dtype)}
     if grouped:
         # ||C R^T||^2 = <C^T C, R^T R>: R^T R is W_Q^T W_Q (K) or W_O W_O^T (V), the head's own (d_head, d_head) Gram.
@@ -308,7 +325,7 @@ def random_baseline(d_model: int, d_head: int, *, samples: int = BASELINE_SAMPLE
     the score does not depend on their scale): ``||W_A W_B||_F / (||W_A||_F ||W_B||_F)``. Seeded."""
     gen = torch.Generator().manual_seed(seed)
     scores = []
-    gram = lambda m: m.transpose(1, 2) @ m  # noqa: E731  (n, d_model, d_head) -> (n, d_head, d_head)
+    gram = lambda m: m.transpose(1, 2) @ m  # (n, d_model, d_head) -> (n, d_head, d_head)
     for start in range(0, samples, chunk):
         n = min(chunk, samples - start)
         a_l, a_r, b_l, b_r = (torch.rand(n, d_model, d_head, generator=gen, dtype=torch.float64) * 2 - 1

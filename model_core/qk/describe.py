@@ -35,8 +35,8 @@ def describe_pairs(result: QKTerms, terms: np.ndarray, total: float, n: int = 3,
 def describe(result: QKTerms, roles: Mapping[str, str] | None = None, n: int = 3) -> list[str]:
     """A few lines: the score and weight, its top pairs, and why this key rather than the runner-up."""
     tok = result.tokens
-    lines = [f"L{result.layer} H{result.head}: query {result.query} ({tok[result.query]!r}) -> key {result.key} "
-             f"({tok[result.key]!r}): score {result.score:+.3f}, weight {result.weight:.3f}"]
+    lines = [(f"L{result.layer} H{result.head}: query {result.query} ({tok[result.query]!r}) -> key {result.key} "
+              f"({tok[result.key]!r}): score {result.score:+.3f}, weight {result.weight:.3f}")]
     if result.softcap is not None:
         lines.append(f"(the score is split before the softcap {result.softcap:g}; capped it is "
                      f"{result.capped_score:+.3f})")

@@ -17,7 +17,6 @@ on the key side as they arrive, so the row view at thousands of tokens holds (co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,15 +24,9 @@ import numpy as np
 import torch
 
 from model_core.families import family_of
-from model_core.families.hooked import run_with_hooks
-from model_core.families.hooks import apply_rotary
-from model_core.families.parts import norm_eps
-from model_core.families.weights import LayerWeights, layer_weights
+from model_core.families.weights import layer_weights
+from model_core.qk.gather import COMPACT_FROM, PartsPass  # noqa: F401 (COMPACT_FROM: for callers)
 from model_core.trace.resolve import resolve
-
-COMPACT_FROM = 1024
-"""From this many tokens the pass attends with sdpa and never forms the n x n pattern; the weight of a key is then
-computed from the layer's queries and keys (causal rows; a sliding window is applied where the layer has one)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,7 +150,7 @@ def qk_terms(model: Any, tokenizer: Any, input_ids: torch.Tensor, layer: int, he
         raise ValueError(f"Head {head} does not exist: each layer has heads 0..{n_heads - 1}.")
     query = _position(query, n, "query")
     lw = layer_weights(model)[layer]
-    pass_ = _Pass(model, family, lw, layer, head, query, input_ids, token_type_ids, row)
+    pass_ = PartsPass(model, family, lw, layer, head, query, input_ids, token_type_ids, row)
     weights_row = pass_.weights_row()  # (n,) the query's softmax over every key, 0 where it cannot see
     visible = [j for j in range(n) if pass_.visible(j)]
     if key is None:
@@ -187,13 +180,9 @@ def qk_terms(model: Any, tokenizer: Any, input_ids: torch.Tensor, layer: int, he
         [str(t) for t in input_ids[0].tolist()]
     row_view = pass_.row_view(visible) if row else None
     return QKTerms(tokens=list(tokens), layer=layer, head=head, query=query, key=key, score=score,
-                   weight=float(weights_row[key]), components=comp, terms=terms, versus=vs, softcap=lw_softcap(pass_),
+                   weight=float(weights_row[key]), components=comp, terms=terms, versus=vs, softcap=pass_.softcap,
                    row=row_view, row_keys=visible if row else [],
                    capped_score=pass_.capped(score) if pass_.softcap is not None else None)
-
-
-def lw_softcap(pass_: "_Pass") -> float | None:
-    return pass_.softcap
 
 
 def _position(p: int, n: int, what: str) -> int:
@@ -201,273 +190,6 @@ def _position(p: int, n: int, what: str) -> int:
         raise ValueError(f"The {what} position {p} is out of range: the text has {n} tokens, positions 0..{n - 1} "
                          f"(or -{n}..-1 from the end).")
     return p % n
-
-
-class _Pass:
-    """One hooked pass that gathers the parts of layer ``layer``'s input at the positions asked for."""
-
-    def __init__(self, model: Any, family: Any, lw: LayerWeights, layer: int, head: int, query: int,
-                 input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, row: bool) -> None:
-        self.model, self.family, self.lw, self.layer, self.head, self.query = model, family, lw, layer, head, query
-        n = int(input_ids.shape[1])
-        self.n = n
-        self.kv = lw.kv_of_head[head]
-        self.decoder = family.is_decoder
-        self.post = family.parts(model, 0).post_norm or lw.ln1_kind is None
-        self.positions = list(range(n))  # parts are kept at every position (pair: projected, so cheap)
-        self.embed = family.embed_parts(model)
-        self.parts_full: list[torch.Tensor] = []  # post-norm models: (npos, d_model) float64 per component
-        self.bias_full: torch.Tensor | None = None
-        self.q_parts: list[torch.Tensor] = []  # pre-norm: each component's query-side projection at i, (d_head,)
-        self.k_parts: list[torch.Tensor] = []  # pre-norm: key-side projection at every position, (n, d_head)
-        self.q_bias = None
-        self.k_bias = None
-        self.embed_stage: dict[str, torch.Tensor] = {}
-        self._weights = layer_weights(model)
-        names = self._names()
-        compact = self.decoder and n >= COMPACT_FROM
-        hooks = [(name, self._reader(name)) for name in names]
-        with torch.no_grad():
-            out = run_with_hooks(model, input_ids, hooks=hooks, names=[f"blocks.{layer}.attn.hook_q",
-                                                                      f"blocks.{layer}.attn.hook_k"],
-                                 compact=compact, keep_rope=True, token_type_ids=token_type_ids)
-        self.rope = (out.rope or {}).get(layer)
-        b = f"blocks.{layer}.attn"
-        self.q_model = out.cache[f"{b}.hook_q"][0, :, head].double()  # (n, d_head) after rope
-        k_all = out.cache[f"{b}.hook_k"][0].double()
-        self.k_model = k_all[:, self.kv] if k_all.shape[1] == lw.n_kv_heads else k_all[:, head]
-        self.scale = lw.scale  # the model's own (tests check the weights it gives against the model's pattern)
-        self.softcap = _model_softcap(out.output, layer)
-        self.window = _window(model, layer)
-        self._finish()
-
-    # -- gathering -------------------------------------------------------------------------------------
-    def _names(self) -> list[str]:
-        names = ["hook_embed"]
-        if self.embed.pos_embed is not None:
-            names.append("hook_pos_embed")
-        if self.embed.type_embed is not None:
-            names.append("hook_token_type_embed")
-        names.append("blocks.0.hook_resid_pre")
-        for l in range(self.layer):
-            b = f"blocks.{l}"
-            names += [f"{b}.attn.hook_result", f"{b}.hook_mlp_out"]
-            if self.post:
-                names += [f"{b}.hook_resid_mid", f"{b}.hook_mlp_in"]
-        return names + ([f"blocks.{self.layer}.hook_resid_pre"] if self.layer else [])
-
-    def _reader(self, name: str):
-        def read(t: torch.Tensor, _point: Any) -> None:
-            self._take(name, t[0].detach().double())
-        return read
-
-    def _take(self, name: str, t: torch.Tensor) -> None:
-        if name in ("hook_embed", "hook_pos_embed", "hook_token_type_embed"):
-            self.embed_stage[name] = t
-            return
-        if name.endswith("hook_resid_pre"):
-            if name == "blocks.0.hook_resid_pre":
-                self._embeddings_done(t)
-            if name == f"blocks.{self.layer}.hook_resid_pre":
-                self.resid = t
-            return
-        layer = int(name.split(".")[1])
-        lw_l = self._weights[layer]
-        if name.endswith("hook_result"):  # (n, head, d_model): each head's write, then b_O as a constant
-            heads = t
-            if lw_l.out_norm_w is not None:  # Gemma 2/3: the post-attention norm, frozen at the attention's output
-                whole = heads.sum(1) + (0 if lw_l.b_O is None else lw_l.b_O.double())
-                inv = torch.rsqrt(whole.pow(2).mean(-1, keepdim=True) + lw_l.out_norm_eps)  # (n, 1)
-                heads = heads * inv[:, None] * lw_l.out_norm_w.double()
-            for h in range(heads.shape[1]):
-                self._add_part(heads[:, h])
-            if lw_l.b_O is not None and lw_l.out_norm_w is None:
-                self._add_bias(lw_l.b_O.double().expand(self.n, -1))
-        elif name.endswith("hook_resid_mid"):  # post-LN: the LayerNorm after attention's sum, frozen at it
-            self._freeze_all(self.family.parts(self.model, layer).post_ln1, t)
-        elif name.endswith("hook_mlp_in"):
-            self._mlp_in = t
-        elif name.endswith("hook_mlp_out"):
-            self._add_part(t)
-            if self.post:  # post-LN: the LayerNorm after the MLP's sum, frozen at it
-                self._freeze_all(self.family.parts(self.model, layer).post_ln2, self._mlp_in + t)
-
-    def _embeddings_done(self, resid0: torch.Tensor) -> None:
-        stage = self.embed_stage
-        tok = stage["hook_embed"]
-        pos = stage.get("hook_pos_embed")
-        typ = stage.get("hook_token_type_embed")
-        pos_like = None if pos is None else (pos if typ is None else pos + typ)  # ``pos``: position and segment
-        if pos_like is not None and pos_like.shape[0] == 1:
-            pos_like = pos_like.expand(self.n, -1)
-        parts = [tok] + ([pos_like] if pos_like is not None else [])
-        norm = self.embed.norm
-        if norm is not None:  # BERT and the chapter-3 encoder normalise the embeddings' sum
-            whole = sum(parts)
-            frozen_parts, beta = _frozen_ln(norm, whole, parts)
-            parts = frozen_parts
-            if beta is not None:
-                self._bias_direct(beta.expand(self.n, -1))
-        for p in parts:
-            self._add_part(p)
-
-    # pre-norm models: project each part as it arrives; post-norm models: keep the full vectors
-    def _add_part(self, part: torch.Tensor) -> None:
-        if self.post:
-            self.parts_full.append(part)
-            return
-        q_in, k_in = self._pre_project(part)
-        self.q_parts.append(q_in)
-        self.k_parts.append(k_in)
-
-    def _add_bias(self, part: torch.Tensor) -> None:
-        """A constant that enters the residual stream (an earlier b_O)."""
-        if self.post:
-            self.bias_full = part if self.bias_full is None else self.bias_full + part
-            return
-        q_in, k_in = self._pre_project(part)
-        self.q_bias = q_in if self.q_bias is None else self.q_bias + q_in
-        self.k_bias = k_in if self.k_bias is None else self.k_bias + k_in
-
-    def _bias_direct(self, part: torch.Tensor) -> None:
-        self._add_bias(part)
-
-    def _pre_project(self, part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A part of the residual through the norm's linear map (its gain; LayerNorm: centring) and W_Q / W_K, before
-        the per-position scale. Shape: (n, d_model) -> (d_head,), (n, d_head)."""
-        lw = self.lw
-        x = part - part.mean(-1, keepdim=True) if lw.ln1_kind == "layer" else part
-        if lw.ln1_w is not None:
-            x = x * lw.ln1_w.double()
-        return x[self.query] @ lw.W_Q[self.head].double(), x @ lw.W_K[self.kv].double()
-
-    def _freeze_all(self, ln: Any, x: torch.Tensor) -> None:
-        """Post-LN: every part so far through the LayerNorm frozen at its input ``x`` (n, d_model)."""
-        parts = self.parts_full + ([self.bias_full] if self.bias_full is not None else [])
-        frozen, beta = _frozen_ln(ln, x, parts)
-        if self.bias_full is not None:
-            self.parts_full, self.bias_full = frozen[:-1], frozen[-1]
-        else:
-            self.parts_full = frozen
-        if beta is not None:
-            self.bias_full = beta.expand(self.n, -1) if self.bias_full is None else self.bias_full + beta
-
-    # -- the layer's query and key from the parts --------------------------------------------------------
-    def _finish(self) -> None:
-        lw = self.lw
-        if self.post:
-            wq, wk = lw.W_Q[self.head].double(), lw.W_K[self.kv].double()
-            parts = self.parts_full
-            q = [p[self.query] @ wq for p in parts]
-            k = [p @ wk for p in parts]
-            qb = None if self.bias_full is None else self.bias_full[self.query] @ wq
-            kb = None if self.bias_full is None else self.bias_full @ wk
-            check = sum(parts) + (0 if self.bias_full is None else self.bias_full)
-            self._check_sum(check)
-            inv_q, inv_k = 1.0, torch.ones(self.n, 1, dtype=torch.float64)
-        else:
-            q, k, qb, kb = self.q_parts, self.k_parts, self.q_bias, self.k_bias
-            inv = _inv_scale(lw, self.resid)  # (n, 1): 1/rms or 1/σ of the whole residual at each position
-            inv_q, inv_k = inv[self.query], inv
-        q = [x * inv_q for x in q]
-        k = [x * inv_k for x in k]
-        qb = None if qb is None else qb * inv_q
-        kb = None if kb is None else kb * inv_k
-        if lw.ln1_b is not None and not self.post:  # LayerNorm's β through W_Q / W_K
-            beta = lw.ln1_b.double()
-            qb = (0 if qb is None else qb) + beta @ lw.W_Q[self.head].double()
-            kb = (0 if kb is None else kb) + (beta @ lw.W_K[self.kv].double()).expand(self.n, -1)
-        if lw.b_Q is not None:
-            qb = (0 if qb is None else qb) + lw.b_Q[self.head].double()
-        if lw.b_K is not None:
-            kb = (0 if kb is None else kb) + lw.b_K[self.kv].double().expand(self.n, -1)
-        has_bias = qb is not None or kb is not None
-        if has_bias:
-            q.append(torch.zeros_like(q[0]) if qb is None else qb)
-            k.append(torch.zeros_like(k[0]) if kb is None else kb)
-        Q, K = torch.stack(q), torch.stack(k)  # (C, d_head), (C, n, d_head)
-        if lw.q_norm_w is not None:  # Qwen3, Gemma 3: per-head norms, frozen at the actual query and key
-            eps = lw.qk_norm_eps
-            Q = Q * torch.rsqrt(Q.sum(0).pow(2).mean(-1) + eps) * lw.q_norm_w[self.head].double()
-            K = K * torch.rsqrt(K.sum(0).pow(2).mean(-1, keepdim=True) + eps) * lw.k_norm_w[self.kv].double()
-        if self.rope is not None:
-            cos, sin = (t[0].double() for t in self.rope)  # (n, d_head)
-            attn = self.family.parts(self.model, self.layer).attn
-            Qr, _ = apply_rotary(attn, Q[None, :, None, :], Q[None, :, None, :],
-                                 (cos[None, self.query:self.query + 1], sin[None, self.query:self.query + 1]))
-            _, Kr = apply_rotary(attn, K[None], K[None], (cos[None], sin[None]))
-            Q, K = Qr[0, :, 0], Kr[0]
-        self.Q, self.K = Q, K
-
-    def _check_sum(self, whole: torch.Tensor) -> None:
-        err = float((whole - self.resid).abs().max())
-        if err > 1e-3 * max(1.0, float(self.resid.abs().max())):
-            raise RuntimeError(f"The parts of layer {self.layer}'s input do not sum to it (off by {err:.2e}); this "
-                               "family's blocks are not split correctly.")
-
-    # -- answers -----------------------------------------------------------------------------------------
-    def terms(self, key: int) -> np.ndarray:
-        return ((self.Q @ self.K[:, key].T) * self.scale).numpy()  # (C, C)
-
-    def score(self, key: int) -> float:
-        return float(self.q_model[self.query] @ self.k_model[key] * self.scale)
-
-    def capped(self, s: float) -> float:
-        return s if self.softcap is None else float(self.softcap * np.tanh(s / self.softcap))
-
-    def visible(self, j: int) -> bool:
-        if not self.decoder:
-            return True
-        return j <= self.query and (self.window is None or self.query - j < self.window)
-
-    def weights_row(self) -> np.ndarray:
-        s = (self.k_model @ self.q_model[self.query]) * self.scale  # (n,)
-        if self.softcap is not None:
-            s = torch.tanh(s / self.softcap) * self.softcap
-        mask = torch.tensor([self.visible(j) for j in range(self.n)])
-        s = s.masked_fill(~mask, float("-inf"))
-        return torch.softmax(s, dim=0).numpy()
-
-    def row_view(self, keys: Sequence[int]) -> np.ndarray:
-        """Each key component's share of the score at each visible key (the query whole). Shape: (C, keys)."""
-        q = self.Q.sum(0)  # (d_head,)
-        idx = torch.as_tensor(list(keys))
-        return (torch.einsum("d,ckd->ck", q, self.K[:, idx]) * self.scale).numpy()
-
-
-def _inv_scale(lw: LayerWeights, resid: torch.Tensor) -> torch.Tensor:
-    """1/rms (RMSNorm) or 1/σ (LayerNorm) of the whole residual at each position, with the norm's epsilon."""
-    if lw.ln1_kind == "layer":
-        return torch.rsqrt(resid.var(-1, unbiased=False, keepdim=True) + lw.ln1_eps)
-    return torch.rsqrt(resid.pow(2).mean(-1, keepdim=True) + lw.ln1_eps)
-
-
-def _frozen_ln(ln: Any, x: torch.Tensor, parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """A LayerNorm frozen at ``x`` applied to each part (centre, divide by σ(x), scale); and its β."""
-    inv = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + norm_eps(ln))
-    gain = ln.weight.detach().double() if getattr(ln, "weight", None) is not None else 1.0
-    out = [(p - p.mean(-1, keepdim=True)) * inv * gain for p in parts]
-    beta = ln.bias.detach().double() if getattr(ln, "bias", None) is not None else None
-    return out, beta
-
-
-def _model_softcap(output: Any, layer: int) -> float | None:
-    caps = getattr(output, "layer_softcaps", None)
-    if caps:
-        return caps[layer]
-    return getattr(output, "score_softcap", None)
-
-
-def _window(model: Any, layer: int) -> int | None:
-    """The sliding window of layer ``layer``'s attention, or None (every key up to the query)."""
-    cfg = model.config
-    window = getattr(cfg, "sliding_window", None)
-    if not window:
-        return None
-    types = getattr(cfg, "layer_types", None)
-    if types is not None and types[layer] != "sliding_attention":
-        return None
-    return int(window)
 
 
 def encode_exactly(tokenizer: Any, text: str) -> torch.Tensor:
