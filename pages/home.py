@@ -15,8 +15,13 @@ See how attention works inside a transformer: an encoder such as BERT, or a deco
 GPT-2 or a Llama. Pick a model and type a sentence, or a sentence pair, in the sidebar; every page reads the
 same forward pass.
 
+Every page, grouped as the menu is:
+
+**Attention**
 - **Attention heatmaps**: every layer × head at a glance, then one head in detail. Row *i* shows how
   token *i* (the query) spreads its attention over all tokens (the keys); each row sums to 1.
+- **Why this key**: why the focused head attends where it does: its score split into the components
+  (embeddings, earlier heads, MLPs) that wrote the query and the key, and which heads compose with which.
 - **What the model predicts**: a decoder's most likely next tokens at every position, and the logit lens:
   what each layer would predict if it were the last.
 - **Causal mask & masked scores**: the steps from scores QKᵀ/√d to the mask, the masked scores
@@ -26,8 +31,30 @@ same forward pass.
   one block: RMSNorm, the q/k/v projections, the rotary embedding, shared key/value heads, the causal mask,
   softmax, the output projection, the gated MLP and the next token.
 - **bertviz views**: bertviz's head, model and neuron views, served offline.
-- **Analyses**: one word in two contexts, attention rollout and flow, norm-weighted attention, head
-  statistics and head masking.
+
+**Analyses**
+- **One word, two contexts**: the same word's attention and representation in two sentences.
+- **Rollout & flow**: attention rolled out through the layers, with the residual stream counted.
+- **Norm-weighted attention**: attention weighted by the size of what each key's value writes.
+- **Head statistics**: each head's entropy, distance and favourite tokens.
+- **Head masking**: switch heads off and see what changes.
+- **Head roles**: which heads look at the previous token, repeat an earlier one or copy (induction).
+
+**Effects**
+- **Contributions**: how much each token and head contributes to every representation (a graph).
+- **Direct logit attribution**: each head's, MLP's and the embedding's direct effect on the next-token logit.
+- **Activation patching**: each head's effect when its output is taken from a clean prompt into a corrupted
+  one, for one pair or the mean over a dataset.
+- **Circuits**: the edges between components that carry a task over a dataset (EAP, EAP-IG), the circuit
+  drawn, and its faithfulness.
+
+**Generation**
+- **Generate**: a decoder's reply token by token, with the attention of each new token.
+- **KV cache**: what a compressed key/value cache keeps (StreamingLLM, SnapKV, TOVA...) and what it costs.
+
+**Corpus**
+- **Corpus statistics**: head statistics over many texts, in a streamed run that can resume.
+- **Query–key space & nearest contexts**: every token's query and key in one space, and its nearest contexts.
 
 A **pretrained model** is a real checkpoint. Two ship with the app and work offline: MiniLM, a BERT encoder
 (the default), and SmolLM2-135M-Instruct, a Llama decoder; any other BERT, GPT-2 or Llama-family model loads

@@ -16,7 +16,8 @@ from attention_explorer.qk import (  # noqa: F401 (the page's)
     terms_figure,
 )
 from model_core import TraceRequest
-from model_core.qk.terms import QKTerms, qk_terms
+from model_core.qk.gather import PartsPass
+from model_core.qk.terms import QKTerms, qk_pass, split_at
 from model_core.trace.resolve import resolve
 from ui.trace_cache import per_trace
 
@@ -25,10 +26,10 @@ INDUCTION_TEXT = ("The lighthouse keeper counted seven blue herons before the st
 """The team's ready example: a sentence said twice. In the repeat, an induction head attends from each token to the
 token after its first occurrence; its score there follows a previous-token head's writes (K-composition)."""
 
-@per_trace(spinner="Splitting the score through the hook points…")
-def cached_qk(trace: Any, request: TraceRequest, layer: int, head: int, query: int, key: int | None,
-              versus: int | None, row: bool) -> QKTerms:
-    """``model_core.qk.terms.qk_terms`` of the trace's tokens (the positions the heatmaps show), once per arguments."""
+@per_trace(spinner="Running the model once through its hook points for this head…")
+def cached_qk_pass(trace: Any, request: TraceRequest, layer: int, head: int) -> PartsPass:
+    """The hooked pass behind every split of one head on the trace's tokens (the positions the heatmaps show), once
+    per (trace, head): a change of query or key then costs no model run."""
     from ui.loaders import (  # ui.loaders imports the pages' caches; only needed on a miss
         CACHED_MODELS,
         device,
@@ -38,8 +39,14 @@ def cached_qk(trace: Any, request: TraceRequest, layer: int, head: int, query: i
     ids = torch.tensor(np.array(trace.token_ids), dtype=torch.long)[None]  # a copy: the trace's arrays are read-only
     types = getattr(trace, "token_type_ids", None)
     types = None if types is None else torch.tensor(np.array(types), dtype=torch.long)[None]
-    return qk_terms(resolved.model, resolved.tokenizer, ids, layer, head, query, key, versus, row=row,
-                    token_type_ids=types)
+    return qk_pass(resolved.model, ids, layer, head, token_type_ids=types)
+
+
+def cached_qk(trace: Any, request: TraceRequest, layer: int, head: int, query: int, key: int | None,
+              versus: int | None, row: bool) -> QKTerms:
+    """``model_core.qk.terms.split_at`` on the head's cached pass."""
+    pass_ = cached_qk_pass(trace, request, layer, head)
+    return split_at(pass_, [str(t) for t in trace.tokens], query, key, versus, row=row)
 
 
 def induction_scores(weights: np.ndarray, period: int) -> np.ndarray:

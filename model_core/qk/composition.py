@@ -134,7 +134,7 @@ class CompositionScores:
 # -- folding ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class FoldedHeads:
-    """Every head's weights with the norms folded in (``fold_heads``), float64, stacked layer-major.
+    """Every head's weights with the norms folded in (``fold_heads``), stacked layer-major, in one dtype.
 
     Shape: W_Q (layer * head, d_model, d_head); W_K, W_V (layer, kv_head, d_model, d_head);
     W_O (layer * head, d_head, d_model); kv_of_head (head,) the key/value head each query head reads.
@@ -165,16 +165,16 @@ class FoldedHeads:
 
     def ov(self, index: int) -> torch.Tensor:
         """Head ``index``'s (d_model, d_model) W_OV = W_V W_O (for references and tests, not the fast path)."""
-        return self.W_V.flatten(0, 1)[self.head_kv()[index]] @ self.W_O[index]
+        return self.W_V.flatten(0, 1)[self.head_kv()[index]].double() @ self.W_O[index].double()
 
     def qk(self, index: int) -> torch.Tensor:
         """Head ``index``'s (d_model, d_model) W_QK = W_Q W_K^T."""
-        return self.W_Q[index] @ self.W_K.flatten(0, 1)[self.head_kv()[index]].T
+        return self.W_Q[index].double() @ self.W_K.flatten(0, 1)[self.head_kv()[index]].double().T
 
 
-def fold_heads(weights: Sequence[LayerWeights]) -> FoldedHeads:
-    """The weights composition reads: the norms' scales folded in and a LayerNorm model's weights centred, as the
-    module's docstring lists. Raises ValueError when the layers differ in shape."""
+def fold_heads(weights: Sequence[LayerWeights], dtype: torch.dtype = torch.float32) -> FoldedHeads:
+    """The weights composition reads, in ``dtype``: the norms' scales folded in and a LayerNorm model's weights
+    centred, as the module's docstring lists. Raises ValueError when the layers differ in shape."""
     if not weights:
         raise ValueError("A model with no layers has no heads to compose.")
     kv = weights[0].kv_of_head
@@ -184,19 +184,19 @@ def fold_heads(weights: Sequence[LayerWeights]) -> FoldedHeads:
     layer_norm = all(w.ln1_kind == "layer" for w in weights)
     # Whole stacks at once: a few large operations, not a few small ones a layer (torch's threads wait for each other
     # at every operation, which costs most when other processes hold the cores).
-    W_Q, W_K, W_V, W_O = (_stacked(weights, name) for name in ("W_Q", "W_K", "W_V", "W_O"))  # (layer, ...)
-    ln1 = _stacked(weights, "ln1_w")  # (layer, d_model): the norm's scale on each input feature
+    W_Q, W_K, W_V, W_O = (_stacked(weights, name, dtype) for name in ("W_Q", "W_K", "W_V", "W_O"))  # (layer, ...)
+    ln1 = _stacked(weights, "ln1_w", dtype)  # (layer, d_model): the norm's scale on each input feature
     if ln1 is not None:
         W_Q, W_K, W_V = (W * ln1[:, None, :, None] for W in (W_Q, W_K, W_V))
     centred = torch.tensor([w.ln1_kind == "layer" for w in weights], device=W_Q.device)
     if centred.any():  # a LayerNorm centres its input: only the centred part of W is read
         W_Q, W_K, W_V = (W - W.mean(dim=2, keepdim=True) * centred[:, None, None, None] for W in (W_Q, W_K, W_V))
-    q_norm, k_norm = _stacked(weights, "q_norm_w"), _stacked(weights, "k_norm_w")  # (layer, head, d_head)
+    q_norm, k_norm = _stacked(weights, "q_norm_w", dtype), _stacked(weights, "k_norm_w", dtype)  # (layer, head, d_head)
     if q_norm is not None:
         W_Q = W_Q * q_norm[:, :, None, :]
     if k_norm is not None:
         W_K = W_K * k_norm[:, :, None, :]
-    out_norm = _stacked(weights, "out_norm_w")  # (layer, d_model)
+    out_norm = _stacked(weights, "out_norm_w", dtype)  # (layer, d_model)
     if out_norm is not None:
         W_O = W_O * out_norm[:, None, None, :]
     if layer_norm:  # every later LayerNorm removes the mean of what a head writes
@@ -217,13 +217,14 @@ def fold_heads(weights: Sequence[LayerWeights]) -> FoldedHeads:
                        tuple(folded))
 
 
-def _stacked(weights: Sequence[LayerWeights], name: str) -> torch.Tensor | None:
-    """One field of every layer stacked in float64 (layer first); None where no layer has it, ones where some lack it."""
+def _stacked(weights: Sequence[LayerWeights], name: str, dtype: torch.dtype) -> torch.Tensor | None:
+    """One field of every layer stacked in ``dtype`` (layer first); None where no layer has it, ones where some lack
+    it."""
     present = [getattr(w, name) for w in weights]
     like = next((t for t in present if t is not None), None)
     if like is None:
         return None
-    return torch.stack([(torch.ones_like(like) if t is None else t).detach() for t in present]).to(torch.float64)
+    return torch.stack([(torch.ones_like(like) if t is None else t).detach().to(dtype) for t in present])
 
 
 # -- the fast path ----------------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def _r(matrices: torch.Tensor) -> torch.Tensor:
 
 
 def _numerators(left: torch.Tensor, dest: torch.Tensor, gram: torch.Tensor | None, members: torch.Tensor | None,
-                n_layers: int, n_heads: int, dtype: torch.dtype) -> torch.Tensor:
+                n_layers: int, n_heads: int) -> torch.Tensor:
     """||left[h1] @ dest-side(h2)||_F^2 for every h1 of an earlier layer than h2; 0 elsewhere.
 
     Args:
@@ -249,9 +250,8 @@ def _numerators(left: torch.Tensor, dest: torch.Tensor, gram: torch.Tensor | Non
     lh, d_head = left.shape[0], left.shape[1]
     out = torch.zeros(lh, lh, dtype=torch.float64, device=left.device)
     per_layer = dest.shape[1] // (n_layers * d_head)  # destination blocks a layer
-    left, dest = left.to(dtype), dest.to(dtype)
     if gram is not None:  # each block's member heads' Gram matrices, flattened: (blocks, m, d_head * d_head)
-        gram = gram.to(dtype)[members].flatten(-2)
+        gram = gram[members].flatten(-2)
     # At most PRODUCT_FLOATS a product: the blocks of destination layers in chunks of whole layers.
     layers_a_chunk = max(1, PRODUCT_FLOATS // (n_heads * d_head * per_layer * d_head))
     for l1 in range(n_layers - 1):
@@ -283,30 +283,30 @@ def _members(heads: FoldedHeads) -> torch.Tensor:
     return (offsets + local[None]).flatten(0, 1).to(heads.W_Q.device)
 
 
-def _scores(heads: FoldedHeads, dtype: torch.dtype) -> dict[str, np.ndarray]:
+def _scores(heads: FoldedHeads) -> dict[str, np.ndarray]:
     L, H = heads.n_layers, heads.n_heads
     kv = heads.head_kv()  # (L * H,) index into the flattened key/value heads
     W_K, W_V = heads.W_K.flatten(0, 1), heads.W_V.flatten(0, 1)  # (L * kv, d_model, d_head)
     R_V, R_K = _r(W_V), _r(W_K)  # (L * kv, d_head, d_head)
     left = R_V[kv] @ heads.W_O  # (L * H, d_head, d_model): ||W_OV x|| = ||left x||
-    ov_norm = left.flatten(1).norm(dim=1)
+    ov_norm = left.flatten(1).norm(dim=1).double()
     q_dest = heads.W_Q @ R_K[kv].transpose(1, 2)  # (L * H, d_model, d_head): ||x W_QK|| = ||x q_dest||
-    qk_norm = q_dest.flatten(1).norm(dim=1)
+    qk_norm = q_dest.flatten(1).norm(dim=1).double()
     grouped = W_K.shape[0] < heads.W_Q.shape[0]  # grouped-query attention: multiply each key/value head once
     cat = lambda m: m.permute(1, 0, 2).reshape(m.shape[1], -1)  # (n, d_model, d_head) -> (d_model, n * d_head)
-    num = {"q": _numerators(left, cat(q_dest), None, None, L, H, dtype)}
+    num = {"q": _numerators(left, cat(q_dest), None, None, L, H)}
     if grouped:
         # ||C R^T||^2 = <C^T C, R^T R>: R^T R is W_Q^T W_Q (K) or W_O W_O^T (V), the head's own (d_head, d_head) Gram.
         q_gram = heads.W_Q.transpose(1, 2) @ heads.W_Q
         o_gram = heads.W_O @ heads.W_O.transpose(1, 2)
         members = _members(heads)
-        num["k"] = _numerators(left, cat(W_K), q_gram, members, L, H, dtype)
-        num["v"] = _numerators(left, cat(W_V), o_gram, members, L, H, dtype)
+        num["k"] = _numerators(left, cat(W_K), q_gram, members, L, H)
+        num["v"] = _numerators(left, cat(W_V), o_gram, members, L, H)
     else:
         k_dest = W_K[kv] @ _r(heads.W_Q).transpose(1, 2)  # ||x W_K W_Q^T|| = ||x W_K R_Q^T||
         v_dest = W_V[kv] @ _r(heads.W_O.transpose(1, 2)).transpose(1, 2)  # ||x W_V W_O|| = ||x W_V R_O^T||
-        num["k"] = _numerators(left, cat(k_dest), None, None, L, H, dtype)
-        num["v"] = _numerators(left, cat(v_dest), None, None, L, H, dtype)
+        num["k"] = _numerators(left, cat(k_dest), None, None, L, H)
+        num["v"] = _numerators(left, cat(v_dest), None, None, L, H)
     layer = torch.arange(L * H, device=left.device) // H
     composes = layer[:, None] < layer[None, :]
     out = {}
@@ -350,7 +350,8 @@ def composition_scores(model: Any, *, seed: int = 0, samples: int = BASELINE_SAM
             ``list[LayerWeights]``.
         seed: the baseline's random matrices.
         samples: how many random pairs the baseline averages.
-        dtype: the matrix products' precision (float32: within about 1e-5 of a float64 reference).
+        dtype: the precision of the folding and the matrix products (float32: within about 1e-5 of a float64
+            reference).
 
     Raises:
         ValueError: the model's layers differ in shape, or it has one layer (no pair composes) — the message says so.
@@ -358,9 +359,9 @@ def composition_scores(model: Any, *, seed: int = 0, samples: int = BASELINE_SAM
     weights = model if isinstance(model, (list, tuple)) else layer_weights(model)
     if len(weights) < 2:
         raise ValueError("Composition needs two layers at least: a head composes only with heads of later layers.")
-    heads = fold_heads(weights)
+    heads = fold_heads(weights, dtype)
     with torch.no_grad():
-        grids = _scores(heads, dtype)
+        grids = _scores(heads)
     d_model, d_head = weights[0].d_model, weights[0].d_head
     # Every kind pairs a (d_model, d_head) x (d_head, d_model) product with another of the same shapes, so one
     # draw of random matrices is the baseline of all three.

@@ -21,11 +21,13 @@ computed from the layer's queries and keys (causal rows; a sliding window is app
 
 
 class PartsPass:
-    """One hooked pass that gathers the parts of layer ``layer``'s input at the positions asked for."""
+    """One hooked pass that gathers the parts of layer ``layer``'s input, and each one's share of head ``head``'s
+    query and key at every position (``Q_all``, ``K``); ``query`` picks the query position the answers read."""
 
-    def __init__(self, model: Any, family: Any, lw: LayerWeights, layer: int, head: int, query: int,
-                 input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, row: bool) -> None:
-        self.model, self.family, self.lw, self.layer, self.head, self.query = model, family, lw, layer, head, query
+    def __init__(self, model: Any, family: Any, lw: LayerWeights, layer: int, head: int, input_ids: torch.Tensor,
+                 token_type_ids: torch.Tensor | None) -> None:
+        self.model, self.family, self.lw, self.layer, self.head = model, family, lw, layer, head
+        self.query = int(input_ids.shape[1]) - 1  # the position ``Q`` and the answers read; callers set it
         n = int(input_ids.shape[1])
         self.n = n
         self.kv = lw.kv_of_head[head]
@@ -151,12 +153,12 @@ class PartsPass:
 
     def _pre_project(self, part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A part of the residual through the norm's linear map (its gain; LayerNorm: centring) and W_Q / W_K, before
-        the per-position scale. Shape: (n, d_model) -> (d_head,), (n, d_head)."""
+        the per-position scale. Shape: (n, d_model) -> (n, d_head), (n, d_head)."""
         lw = self.lw
         x = part - part.mean(-1, keepdim=True) if lw.ln1_kind == "layer" else part
         if lw.ln1_w is not None:
             x = x * lw.ln1_w.double()
-        return x[self.query] @ lw.W_Q[self.head].double(), x @ lw.W_K[self.kv].double()
+        return x @ lw.W_Q[self.head].double(), x @ lw.W_K[self.kv].double()
 
     def _freeze_all(self, ln: Any, x: torch.Tensor) -> None:
         """Post-LN: every part so far through the LayerNorm frozen at its input ``x`` (n, d_model)."""
@@ -175,46 +177,51 @@ class PartsPass:
         if self.post:
             wq, wk = lw.W_Q[self.head].double(), lw.W_K[self.kv].double()
             parts = self.parts_full
-            q = [p[self.query] @ wq for p in parts]
+            q = [p @ wq for p in parts]
             k = [p @ wk for p in parts]
-            qb = None if self.bias_full is None else self.bias_full[self.query] @ wq
+            qb = None if self.bias_full is None else self.bias_full @ wq
             kb = None if self.bias_full is None else self.bias_full @ wk
             check = sum(parts) + (0 if self.bias_full is None else self.bias_full)
             self._check_sum(check)
-            inv_q, inv_k = 1.0, torch.ones(self.n, 1, dtype=torch.float64)
+            inv_q = inv_k = torch.ones(self.n, 1, dtype=torch.float64)
         else:
             q, k, qb, kb = self.q_parts, self.k_parts, self.q_bias, self.k_bias
             inv = _inv_scale(lw, self.resid)  # (n, 1): 1/rms or 1/σ of the whole residual at each position
-            inv_q, inv_k = inv[self.query], inv
+            inv_q = inv_k = inv
         q = [x * inv_q for x in q]
         k = [x * inv_k for x in k]
         qb = None if qb is None else qb * inv_q
         kb = None if kb is None else kb * inv_k
         if lw.ln1_b is not None and not self.post:  # LayerNorm's β through W_Q / W_K
             beta = lw.ln1_b.double()
-            qb = (0 if qb is None else qb) + beta @ lw.W_Q[self.head].double()
+            qb = (0 if qb is None else qb) + (beta @ lw.W_Q[self.head].double()).expand(self.n, -1)
             kb = (0 if kb is None else kb) + (beta @ lw.W_K[self.kv].double()).expand(self.n, -1)
         if lw.b_Q is not None:
-            qb = (0 if qb is None else qb) + lw.b_Q[self.head].double()
+            qb = (0 if qb is None else qb) + lw.b_Q[self.head].double().expand(self.n, -1)
         if lw.b_K is not None:
             kb = (0 if kb is None else kb) + lw.b_K[self.kv].double().expand(self.n, -1)
         has_bias = qb is not None or kb is not None
         if has_bias:
             q.append(torch.zeros_like(q[0]) if qb is None else qb)
             k.append(torch.zeros_like(k[0]) if kb is None else kb)
-        Q, K = torch.stack(q), torch.stack(k)  # (C, d_head), (C, n, d_head)
+        Q, K = torch.stack(q), torch.stack(k)  # (C, n, d_head) each: every query position, every key position
+        self.q_parts = self.k_parts = []  # freed: Q and K hold them, finished
         if lw.q_norm_w is not None:  # Qwen3, Gemma 3: per-head norms, frozen at the actual query and key
             eps = lw.qk_norm_eps
-            Q = Q * torch.rsqrt(Q.sum(0).pow(2).mean(-1) + eps) * lw.q_norm_w[self.head].double()
+            Q = Q * torch.rsqrt(Q.sum(0).pow(2).mean(-1, keepdim=True) + eps) * lw.q_norm_w[self.head].double()
             K = K * torch.rsqrt(K.sum(0).pow(2).mean(-1, keepdim=True) + eps) * lw.k_norm_w[self.kv].double()
         if self.rope is not None:
             cos, sin = (t[0].double() for t in self.rope)  # (n, d_head)
             attn = self.family.parts(self.model, self.layer).attn
-            Qr, _ = apply_rotary(attn, Q[None, :, None, :], Q[None, :, None, :],
-                                 (cos[None, self.query:self.query + 1], sin[None, self.query:self.query + 1]))
-            _, Kr = apply_rotary(attn, K[None], K[None], (cos[None], sin[None]))
-            Q, K = Qr[0, :, 0], Kr[0]
-        self.Q, self.K = Q, K
+            Q, K = (r[0] for r in apply_rotary(attn, Q[None], K[None], (cos[None], sin[None])))
+        # A long text keeps them in float32 (2 x C x n x d_head numbers); the terms are summed in float64.
+        store = torch.float32 if self.n >= COMPACT_FROM else torch.float64
+        self.Q_all, self.K = Q.to(store), K.to(store)
+
+    @property
+    def Q(self) -> torch.Tensor:
+        """Each component's share of the query at ``self.query``. Shape: (C, d_head) float64."""
+        return self.Q_all[:, self.query].double()
 
     def _check_sum(self, whole: torch.Tensor) -> None:
         err = float((whole - self.resid).abs().max())
@@ -224,7 +231,7 @@ class PartsPass:
 
     # -- answers -----------------------------------------------------------------------------------------
     def terms(self, key: int) -> np.ndarray:
-        return ((self.Q @ self.K[:, key].T) * self.scale).numpy()  # (C, C)
+        return ((self.Q @ self.K[:, key].double().T) * self.scale).numpy()  # (C, C)
 
     def score(self, key: int) -> float:
         return float(self.q_model[self.query] @ self.k_model[key] * self.scale)
@@ -249,7 +256,7 @@ class PartsPass:
         """Each key component's share of the score at each visible key (the query whole). Shape: (C, keys)."""
         q = self.Q.sum(0)  # (d_head,)
         idx = torch.as_tensor(list(keys))
-        return (torch.einsum("d,ckd->ck", q, self.K[:, idx]) * self.scale).numpy()
+        return (torch.einsum("d,ckd->ck", q, self.K[:, idx].double()) * self.scale).numpy()
 
 
 def _inv_scale(lw: LayerWeights, resid: torch.Tensor) -> torch.Tensor:

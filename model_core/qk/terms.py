@@ -126,6 +126,25 @@ def _has_bias(model: Any, layer: int) -> bool:
     return any(ln is not None and getattr(ln, "bias", None) is not None for ln in lns)
 
 
+def qk_pass(model: Any, input_ids: torch.Tensor, layer: int, head: int, *,
+            token_type_ids: torch.Tensor | None = None) -> PartsPass:
+    """The one hooked pass behind every split of head ``head`` of layer ``layer`` on this text: each component's
+    share of the head's query and key at every position. Keep it to split many (query, key) pairs at once.
+
+    Raises:
+        ValueError: a head or layer that does not exist; the message names the valid range.
+    """
+    family = family_of(model)
+    cfg = model.config
+    n_layers, n_heads = family.n_layers(cfg), family.n_heads(cfg)
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"Layer {layer} does not exist: this model has layers 0..{n_layers - 1}.")
+    if not 0 <= head < n_heads:
+        raise ValueError(f"Head {head} does not exist: each layer has heads 0..{n_heads - 1}.")
+    lw = layer_weights(model)[layer]
+    return PartsPass(model, family, lw, layer, head, input_ids, token_type_ids)
+
+
 def qk_terms(model: Any, tokenizer: Any, input_ids: torch.Tensor, layer: int, head: int, query: int,
              key: int | None = None, versus: int | None = None, *, row: bool = False,
              token_type_ids: torch.Tensor | None = None) -> QKTerms:
@@ -140,17 +159,22 @@ def qk_terms(model: Any, tokenizer: Any, input_ids: torch.Tensor, layer: int, he
         ValueError: a position out of range, a key the query cannot see, a head or layer that does not exist; the
             message names the valid range.
     """
-    family = family_of(model)
-    cfg = model.config
-    n = int(input_ids.shape[1])
-    n_layers, n_heads = family.n_layers(cfg), family.n_heads(cfg)
-    if not 0 <= layer < n_layers:
-        raise ValueError(f"Layer {layer} does not exist: this model has layers 0..{n_layers - 1}.")
-    if not 0 <= head < n_heads:
-        raise ValueError(f"Head {head} does not exist: each layer has heads 0..{n_heads - 1}.")
-    query = _position(query, n, "query")
-    lw = layer_weights(model)[layer]
-    pass_ = PartsPass(model, family, lw, layer, head, query, input_ids, token_type_ids, row)
+    _position(query, int(input_ids.shape[1]), "query")  # before the pass: a bad position costs nothing
+    pass_ = qk_pass(model, input_ids, layer, head, token_type_ids=token_type_ids)
+    tokens = tokenizer.convert_ids_to_tokens(input_ids[0].tolist()) if tokenizer is not None else \
+        [str(t) for t in input_ids[0].tolist()]
+    return split_at(pass_, list(tokens), query, key, versus, row=row)
+
+
+def split_at(pass_: PartsPass, tokens: list[str], query: int, key: int | None = None, versus: int | None = None, *,
+             row: bool = False) -> QKTerms:
+    """The split at one (query, key) from a pass (``qk_pass``): no model run.
+
+    Raises:
+        ValueError: a position out of range or a key the query cannot see; the message names the valid range.
+    """
+    n = pass_.n
+    pass_.query = query = _position(query, n, "query")
     weights_row = pass_.weights_row()  # (n,) the query's softmax over every key, 0 where it cannot see
     visible = [j for j in range(n) if pass_.visible(j)]
     if key is None:
@@ -168,7 +192,7 @@ def qk_terms(model: Any, tokenizer: Any, input_ids: torch.Tensor, layer: int, he
             raise ValueError(f"Query {query} cannot see key {versus}: pick a key in 0..{query}.")
     terms = pass_.terms(key)
     score = pass_.score(key)
-    comp = component_names(model, layer)
+    comp = component_names(pass_.model, pass_.layer)
     assert terms.shape == (len(comp), len(comp)), (terms.shape, len(comp))
     vs = None
     if versus is not None:
@@ -176,10 +200,8 @@ def qk_terms(model: Any, tokenizer: Any, input_ids: torch.Tensor, layer: int, he
         log_odds = (pass_.capped(score) - pass_.capped(v_score))
         vs = QKVersus(key=versus, score=v_score, weight=float(weights_row[versus]), terms=pass_.terms(versus),
                       _log_odds=float(log_odds))
-    tokens = tokenizer.convert_ids_to_tokens(input_ids[0].tolist()) if tokenizer is not None else \
-        [str(t) for t in input_ids[0].tolist()]
     row_view = pass_.row_view(visible) if row else None
-    return QKTerms(tokens=list(tokens), layer=layer, head=head, query=query, key=key, score=score,
+    return QKTerms(tokens=tokens, layer=pass_.layer, head=pass_.head, query=query, key=key, score=score,
                    weight=float(weights_row[key]), components=comp, terms=terms, versus=vs, softcap=pass_.softcap,
                    row=row_view, row_keys=visible if row else [],
                    capped_score=pass_.capped(score) if pass_.softcap is not None else None)
