@@ -98,8 +98,7 @@ class PartsPass:
                 whole = heads.sum(1) + (0 if lw_l.b_O is None else lw_l.b_O.double())
                 inv = torch.rsqrt(whole.pow(2).mean(-1, keepdim=True) + lw_l.out_norm_eps)  # (n, 1)
                 heads = heads * inv[:, None] * lw_l.out_norm_w.double()
-            for h in range(heads.shape[1]):
-                self._add_part(heads[:, h])
+            self._add_parts(heads.transpose(0, 1))  # (head, n, d_model)
             if lw_l.b_O is not None and lw_l.out_norm_w is None:
                 self._add_bias(lw_l.b_O.double().expand(self.n, -1))
         elif name.endswith("hook_resid_mid"):  # post-LN: the LayerNorm after attention's sum, frozen at it
@@ -132,12 +131,16 @@ class PartsPass:
 
     # pre-norm models: project each part as it arrives; post-norm models: keep the full vectors
     def _add_part(self, part: torch.Tensor) -> None:
+        self._add_parts(part[None])
+
+    def _add_parts(self, parts: torch.Tensor) -> None:
+        """Components in order, (count, n, d_model): kept whole (post-norm) or projected at once (pre-norm)."""
         if self.post:
-            self.parts_full.append(part)
+            self.parts_full.extend(parts.unbind(0))
             return
-        q_in, k_in = self._pre_project(part)
-        self.q_parts.append(q_in)
-        self.k_parts.append(k_in)
+        q_in, k_in = self._pre_project(parts)
+        self.q_parts.extend(q_in.unbind(0))
+        self.k_parts.extend(k_in.unbind(0))
 
     def _add_bias(self, part: torch.Tensor) -> None:
         """A constant that enters the residual stream (an earlier b_O)."""
@@ -153,12 +156,17 @@ class PartsPass:
 
     def _pre_project(self, part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A part of the residual through the norm's linear map (its gain; LayerNorm: centring) and W_Q / W_K, before
-        the per-position scale. Shape: (n, d_model) -> (n, d_head), (n, d_head)."""
+        the per-position scale. Shape: (..., n, d_model) -> (..., n, d_head) twice."""
         lw = self.lw
         x = part - part.mean(-1, keepdim=True) if lw.ln1_kind == "layer" else part
         if lw.ln1_w is not None:
             x = x * lw.ln1_w.double()
-        return x @ lw.W_Q[self.head].double(), x @ lw.W_K[self.kv].double()
+        w = torch.cat([lw.W_Q[self.head], lw.W_K[self.kv]], dim=-1)  # (d_model, 2 d_head): one product for both
+        # float64 on short texts (the exactness tests); float32 from 256 tokens, where the product is most of the time
+        dtype = torch.float64 if self.n < 256 else torch.float32
+        out = (x.to(dtype) @ w.to(dtype)).double()
+        d = lw.d_head
+        return out[..., :d], out[..., d:]
 
     def _freeze_all(self, ln: Any, x: torch.Tensor) -> None:
         """Post-LN: every part so far through the LayerNorm frozen at its input ``x`` (n, d_model)."""
