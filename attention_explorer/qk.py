@@ -34,8 +34,9 @@ class QK:
     def __repr__(self) -> str:
         return "\n".join(describe(self.result))
 
-    def terms_figure(self) -> go.Figure:
-        return terms_figure(self.result, self.result.terms, "terms[query component][key component]")
+    def terms_figure(self, by_layer: bool = False) -> go.Figure:
+        return terms_figure(self.result, self.result.terms, "terms[query component][key component]",
+                            by_layer=by_layer)
 
     def key_figure(self) -> go.Figure:
         return bars_figure(self.result, self.result.key_side, "Key side: what makes this key attractive")
@@ -52,9 +53,30 @@ class QK:
         return None if self.result.row is None else row_figure(self.result, self.result.tokens)
 
 
-def terms_figure(result: QKTerms, terms: np.ndarray, title: str) -> go.Figure:
-    """The query component x key component matrix, components grouped by layer, diverging colours around 0."""
+def layer_groups(components: list[str]) -> tuple[list[str], np.ndarray]:
+    """Components grouped by layer: ``embed``/``pos``/``bias`` alone, each layer's heads summed ("L3 heads"), each
+    MLP alone. Returns the group names and the (group, component) 0/1 matrix that sums them."""
+    names: list[str] = []
+    index: dict[str, int] = {}
+    rows = []
+    for c in components:
+        group = f"L{c[1:].split('H')[0]} heads" if c.startswith("L") and "H" in c else component_label(c)
+        if group not in index:
+            index[group] = len(names)
+            names.append(group)
+        rows.append(index[group])
+    member = np.zeros((len(names), len(components)))
+    member[rows, np.arange(len(components))] = 1.0
+    return names, member
+
+
+def terms_figure(result: QKTerms, terms: np.ndarray, title: str, *, by_layer: bool = False) -> go.Figure:
+    """The query component x key component matrix, diverging colours around 0; ``by_layer``: each layer's heads
+    summed into one row and one column (a 30-layer model's 301 components become 61 groups)."""
     names = [component_label(c) for c in result.components]
+    if by_layer:
+        names, member = layer_groups(result.components)
+        terms = member @ terms @ member.T
     bound = float(np.abs(terms).max()) or 1.0
     fig = go.Figure(go.Heatmap(z=terms, x=names, y=names, colorscale="RdBu", zmin=-bound, zmax=bound, zmid=0,
                                colorbar={"title": "term"},

@@ -120,8 +120,11 @@ st.caption(f"Check: the {len(result.components)}² terms sum to {float(result.te
 
 tab_terms, tab_vs, tab_row = st.tabs(["Query × key components", "Why this key and not that one", "Row view"])
 with tab_terms:
+    by_layer = st.toggle("Group each layer's heads", value=len(result.components) > 40, key="qk_by_layer",
+                         help="Sum each layer's heads into one row and one column (the MLPs stay apart); off: every "
+                              "head on its own.")
     with view_guard("terms"):
-        show_figure(terms_figure(result, result.terms, "terms[query component][key component]"),
+        show_figure(terms_figure(result, result.terms, "terms[query component][key component]", by_layer=by_layer),
                     f"qk_terms_L{layer}_H{head}", key="qk_terms_fig")
     a, b = st.columns(2)
     with a, view_guard("key side"):
@@ -142,7 +145,8 @@ with tab_vs:
         with view_guard("versus"):
             show_figure(bars_figure(result, diff.sum(axis=0), "Key side of s − s′"), "qk_versus_key",
                         key="qk_versus_bars")
-            show_figure(terms_figure(result, diff, "terms of s − s′"), "qk_versus_terms", key="qk_versus_fig")
+            show_figure(terms_figure(result, diff, "terms of s − s′", by_layer=by_layer), "qk_versus_terms",
+                        key="qk_versus_fig")
         csv_button("Terms of s − s′ (CSV)", lambda: terms_csv(result, diff), f"qk_versus_L{layer}_H{head}.csv",
                    key="qk_versus_csv")
 with tab_row:

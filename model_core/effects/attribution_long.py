@@ -9,9 +9,7 @@ split over source tokens needs every value, so it is left to full traces.
 
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,18 +20,10 @@ from model_core.effects.attribution import (
     decompose,
     require_decoder_family,
 )
-from model_core.effects.attribution_readout import projection_modules
+from model_core.families.hooks import HookRun, hook_run
+from model_core.gate import GATE
+from model_core.trace.forward import top_predictions
 from model_core.trace.shape import freeze_arrays
-
-_KEPT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ae_dla_kept", default=None)
-
-
-def _keep(layer: int, _module: Any, args: tuple) -> None:
-    """A pre-hook on an output projection: keep its input (z, heads concatenated) at the last position, in the
-    thread that runs this pass only (the model is shared with other sessions)."""
-    kept = _KEPT.get()
-    if kept is not None:
-        kept[layer] = args[0][0, -1].detach().to("cpu", torch.float64).numpy()
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,27 +52,23 @@ def last_position_pass(family: Any, model: Any, token_ids: np.ndarray, k: int = 
     Raises:
         NotADecoder: the family is an encoder's.
     """
-    from model_core.trace.forward import top_predictions
-    from model_core.trace.gate import GATE
-
     require_decoder_family(family)
     device = next(model.parameters()).device
     ids = torch.as_tensor(np.array(token_ids), dtype=torch.long, device=device)[None]  # (1, pos)
     kept: dict[int, np.ndarray] = {}
-    hooks = [proj.register_forward_pre_hook(partial(_keep, i)) for i, proj in enumerate(projection_modules(family, model))]
-    token = _KEPT.set(kept)
-    try:
-        with GATE.turn():  # until the tensors are numpy
-            out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden=True, compact=True)
-            last = torch.stack([h[0, -1] for h in out.hidden])  # (layer + 1, d_model)
-            top = top_predictions(family, model, last[-1:], k)[0][0]
-            hidden = last.detach().to("cpu", torch.float32).numpy()
-    finally:
-        _KEPT.reset(token)
-        for hook in hooks:
-            hook.remove()
-    n_heads = family.n_heads(model.config)
-    z = np.stack([kept[i].reshape(n_heads, -1) for i in range(len(kept))])  # (layer, head, d_head)
+
+    def keep(layer: int):
+        def read(z: torch.Tensor, _point: Any) -> None:  # (batch, pos, head, d_head): the last position only
+            kept[layer] = z[0, -1].detach().to("cpu", torch.float64).numpy()
+        return read
+    n_layers = family.n_layers(model.config)
+    reads = HookRun(hooks=[(f"blocks.{i}.attn.hook_z", keep(i)) for i in range(n_layers)])
+    with GATE.turn(), hook_run(reads):  # until the tensors are numpy
+        out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden=True, compact=True)
+        last = torch.stack([h[0, -1] for h in out.hidden])  # (layer + 1, d_model)
+        top = top_predictions(family, model, last[-1:], k)[0][0]
+        hidden = last.detach().to("cpu", torch.float32).numpy()
+    z = np.stack([kept[i] for i in range(n_layers)])  # (layer, head, d_head)
     return LastPosition(z=z, hidden=hidden, top_ids=top)
 
 

@@ -18,7 +18,6 @@ stop flag; a stopped run keeps what it computed and marks the rest NaN. *Attribu
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,8 @@ import torch
 
 from model_core.effects.patching_inputs import PatchingError, PatchInputs
 from model_core.families import Family
-from model_core.trace.gate import GATE
+from model_core.families.hooks import HookRun, hook_run
+from model_core.gate import GATE
 from model_core.trace.shape import LayerHeadGrid
 
 EQUAL_METRICS = 1e-4
@@ -101,46 +101,20 @@ class ExactPatching:
 
 
 # -- one pass ---------------------------------------------------------------------------------------------------
-_PASS: contextvars.ContextVar[object | None] = contextvars.ContextVar("ae_patch_pass", default=None)
-"""The pass this thread runs with residual hooks: a hook on a shared model acts on its own thread's pass only."""
-
-
-def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
-    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-
-
-def _with_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor) -> tuple[tuple, dict]:
-    if "hidden_states" in kwargs:
-        return args, {**kwargs, "hidden_states": hidden}
-    return (hidden, *args[1:]), kwargs
-
-
 @contextlib.contextmanager
 def resid_hooks(family: Family, model: Any, edit: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
     """For the passes this thread runs in the block, call ``edit(layer, resid_pre)`` on each block's input; a tensor
-    it returns replaces the input. The hooks are removed on leaving, and another thread's pass never sees them act.
+    it returns replaces the input (the hook layer's ``blocks.{l}.hook_resid_pre``: another thread's pass never sees
+    it act).
 
     Shape: resid_pre (batch, pos, d_model).
     """
-    marker = object()
-
     def hook_for(layer: int):
-        def pre_hook(_module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            if _PASS.get() is not marker:
-                return None
-            replaced = edit(layer, _hidden_of(args, kwargs))
-            return None if replaced is None else _with_hidden(args, kwargs, replaced)
-        return pre_hook
+        return lambda resid, _point: edit(layer, resid)
 
-    handles = [block.register_forward_pre_hook(hook_for(i), with_kwargs=True)
-               for i, block in enumerate(family.layers(model))]
-    token = _PASS.set(marker)
-    try:
+    hooks = [(f"blocks.{i}.hook_resid_pre", hook_for(i)) for i in range(family.n_layers(model.config))]
+    with hook_run(HookRun(hooks=hooks)):
         yield
-    finally:
-        _PASS.reset(token)
-        for handle in handles:
-            handle.remove()
 
 
 def _device(model: Any) -> torch.device:

@@ -151,7 +151,7 @@ class HookRun:
                 raise ValueError(f"{name!r} is read only (a hook may read it and return None): patch hook_z (a "
                                  "head's write) or the norm's input instead.")
             if out is not None:
-                if tuple(out.shape) != tuple(t.shape):
+                if tuple(out.shape[1:]) != tuple(t.shape[1:]):  # a batch may grow (patching runs copies at once)
                     raise ValueError(f"A hook on {name} returned shape {tuple(out.shape)}; the point has "
                                      f"{tuple(t.shape)}.")
                 t = out

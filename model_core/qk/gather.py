@@ -14,6 +14,7 @@ from model_core.families.hook_attention import apply_rotary
 from model_core.families.hooked import run_with_hooks
 from model_core.families.parts import norm_eps
 from model_core.families.weights import LayerWeights, layer_weights
+from model_core.kernel import apply_mask, attention_scores, weights_from_scores
 
 COMPACT_FROM = 1024
 """From this many tokens the pass attends with sdpa and never forms the n x n pattern; the weight of a key is then
@@ -253,12 +254,11 @@ class PartsPass:
         return j <= self.query and (self.window is None or self.query - j < self.window)
 
     def weights_row(self) -> np.ndarray:
-        s = (self.k_model @ self.q_model[self.query]) * self.scale  # (n,)
-        if self.softcap is not None:
-            s = torch.tanh(s / self.softcap) * self.softcap
-        mask = torch.tensor([self.visible(j) for j in range(self.n)])
-        s = s.masked_fill(~mask, float("-inf"))
-        return torch.softmax(s, dim=0).numpy()
+        """The query's weights over every key, with the model's scale, softcap and mask (the one score kernel).
+        Shape: (n,)."""
+        s = attention_scores(self.q_model[self.query][None], self.k_model, scale=self.scale, softcap=self.softcap)
+        allowed = torch.tensor([[self.visible(j) for j in range(self.n)]])
+        return weights_from_scores(apply_mask(s, allowed))[0].numpy()
 
     def row_view(self, keys: Sequence[int]) -> np.ndarray:
         """Each key component's share of the score at each visible key (the query whole). Shape: (C, keys)."""
