@@ -45,6 +45,7 @@ PAGES = [
     ("pages/contributions.py", "Contributions", ":material/account_tree:", "Effects", False),
     ("pages/attribution.py", "Direct logit attribution", ":material/functions:", "Effects", False),
     ("pages/patching.py", "Activation patching", ":material/swap_horiz:", "Effects", False),
+    ("pages/circuits.py", "Circuits", ":material/schema:", "Effects", False),
     ("pages/generate.py", "Generate", ":material/chat:", "Generation", False),
     ("pages/kv_cache.py", "KV cache", ":material/compress:", "Generation", False),
     ("pages/corpus.py", "Corpus statistics", ":material/library_books:", "Corpus", False),

@@ -8,8 +8,10 @@ imports streamlit.
 from attention_explorer.notebook import Trace, View, head_roles, load, offline_figures, trace, walk
 from attention_explorer.generation import GeneratedTrace, generate
 from attention_explorer.patching import patch
+from attention_explorer.circuits import Circuit, circuit
 from attention_explorer.composition import Composition, composition
 from attention_explorer.hooks import ActivationCache, hook_points, run_with_cache, run_with_hooks
 
-__all__ = ["ActivationCache", "Composition", "GeneratedTrace", "Trace", "View", "composition", "generate", "head_roles",
-           "hook_points", "load", "offline_figures", "patch", "run_with_cache", "run_with_hooks", "trace", "walk"]
+__all__ = ["ActivationCache", "Circuit", "Composition", "GeneratedTrace", "Trace", "View", "circuit", "composition",
+           "generate", "head_roles", "hook_points", "load", "offline_figures", "patch", "run_with_cache",
+           "run_with_hooks", "trace", "walk"]

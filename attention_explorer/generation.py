@@ -163,25 +163,16 @@ def generate(prompt: str, chat: bool = True, max_new_tokens: int = 48, *, model:
         ValueError: an empty prompt, no chat template, an encoder, settings out of range, or no room left.
         model_core.ModelLoadError: the model cannot be loaded.
     """
-    from model_core.generate.generation import (
-        DecodingOptions,
-        GenerationStream,
-        prompt_ids,
-    )
+    from model_core.generate.generation import DecodingOptions
+    from model_core.generate.generation import generate as generate_reply
     from model_core.trace.request import TraceRequest, build_trace
     from model_core.trace.resolve import resolve
 
     options = DecodingOptions(max_new_tokens=max_new_tokens, sample=sample, temperature=temperature, top_p=top_p,
                               seed=seed)
-    resolved = resolve(TraceRequest("pretrained", "", model_id=model or BUNDLED_DECODER_ID), device=device)
-    limit = resolved.limit()
-    stream = GenerationStream(resolved.family, resolved.model, resolved.tokenizer,
-                              prompt_ids(resolved.tokenizer, prompt, chat), options, chat=chat,
-                              limit=limit["max_tokens"], limit_hint=limit["limit_hint"])
-    for _ in stream:
-        pass
-    result = stream.result()
     model_id = model or BUNDLED_DECODER_ID
+    resolved = resolve(TraceRequest("pretrained", "", model_id=model_id), device=device)
+    result = generate_reply(resolved, prompt, chat=chat, options=options)
     core = build_trace(result.request(model_id), device=resolved.device, settings=resolved.settings,
                        models=resolved.models)
     return GeneratedTrace(core, result, token_texts(resolved.tokenizer, result.token_ids), model_id)

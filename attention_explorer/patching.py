@@ -43,6 +43,16 @@ def effect_grid_figure(grid: np.ndarray, title: str, *, scale: float | None = No
                              clickable=clickable)
 
 
+def mean_effect_figure(mean: np.ndarray, std: np.ndarray, title: str, *, scale: float | None = None) -> go.Figure:
+    """Mean patching over a dataset: each head's mean effect on the diverging scale, its spread over the pairs (the
+    standard deviation) on hover. Shape: mean, std (layer, head)."""
+    fig = effect_grid_figure(mean, title, scale=scale)
+    fig.data[0].update(customdata=np.asarray(std, dtype=np.float64),
+                       hovertemplate="layer %{y}, head %{x}<br>mean effect %{z:.4f}<br>std over the pairs "
+                                     "%{customdata:.4f}<extra></extra>")
+    return fig
+
+
 def residual_figure(grid: np.ndarray, tokens: tuple[str, ...], title: str, *,
                     scale: float | None = None) -> go.Figure:
     """Patching the residual stream: one cell per (layer, position), layer 0 at the top, the corrupted prompt's

@@ -78,7 +78,7 @@ def terms_figure(result: QKTerms, terms: np.ndarray, title: str, *, by_layer: bo
         names, member = layer_groups(result.components)
         terms = member @ terms @ member.T
     bound = float(np.abs(terms).max()) or 1.0
-    fig = go.Figure(go.Heatmap(z=terms, x=names, y=names, colorscale="RdBu", zmin=-bound, zmax=bound, zmid=0,
+    fig = go.Figure(go.Heatmap(z=terms, x=names, y=names, colorscale="RdBu_r", zmin=-bound, zmax=bound, zmid=0,
                                colorbar={"title": "term"},
                                hovertemplate="query's %{y}<br>key's %{x}<br>term %{z:+.4f}<extra></extra>"))
     side = max(360, min(900, 14 * len(names) + 160))
@@ -107,7 +107,7 @@ def row_figure(result: QKTerms, labels: list[str]) -> go.Figure:
     names = [component_label(c) for c in result.components]
     keys = [f"{j}: {labels[j]}" for j in result.row_keys]
     bound = float(np.abs(row).max()) or 1.0
-    fig = go.Figure(go.Heatmap(z=row, x=keys, y=names, colorscale="RdBu", zmin=-bound, zmax=bound, zmid=0,
+    fig = go.Figure(go.Heatmap(z=row, x=keys, y=names, colorscale="RdBu_r", zmin=-bound, zmax=bound, zmid=0,
                                colorbar={"title": "share"},
                                hovertemplate="%{y} at key %{x}<br>share %{z:+.4f}<extra></extra>"))
     fig.update_layout(height=max(360, min(900, 12 * len(names) + 160)), margin={"l": 10, "r": 10, "t": 30, "b": 10},

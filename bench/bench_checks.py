@@ -52,7 +52,7 @@ def paste_refused(repeat: int) -> dict:
     from transformers import AutoTokenizer
 
     from model_core.models.bundled import ensure_bundled_decoder
-    from model_core.trace.encoding import InputError, encode_decoder
+    from model_core.families.encoding import InputError, encode_decoder
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_bundled_decoder()))
     paste = "The river rose in the night. " * 180_000  # 5.2 MB

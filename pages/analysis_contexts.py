@@ -8,12 +8,10 @@ import streamlit as st
 from model_core.analysis import (
     compare_contexts,
     find_occurrences,
-    grid_to_csv,
-    matrix_to_csv,
     repeated_words,
-    to_json_str,
-    to_npz_bytes,
 )
+from model_core.io.export import to_json_str, to_npz_bytes
+from model_core.io.tables import grid_to_csv, matrix_to_csv
 from attention_explorer.analysis_figures import context_bins_figure, cosine_by_layer_figure
 from ui.analysis_widgets import bundle_buttons, clicked_cell, csv_button, how_to_read, show_figure
 from ui.context import require_trace

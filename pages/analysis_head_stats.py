@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from model_core.analysis import TRACE_STAT_NAMES, rows_to_csv, stat_titles
+from model_core.analysis import TRACE_STAT_NAMES, stat_titles
+from model_core.io.tables import rows_to_csv
 from ui.analysis_widgets import (
     bundle_buttons,
     clicked_cell,

@@ -14,13 +14,10 @@ from attention_explorer.figures import layer_head_figure
 from model_core.trace.resolve import model_id_of
 from model_core.analysis import (
     compare_masking,
-    grid_to_csv,
-    matrix_to_csv,
     next_token_effect,
-    rows_to_csv,
-    to_json_str,
-    to_npz_bytes,
 )
+from model_core.io.export import to_json_str, to_npz_bytes
+from model_core.io.tables import grid_to_csv, matrix_to_csv, rows_to_csv
 from ui.analysis_widgets import (
     bundle_buttons,
     csv_button,

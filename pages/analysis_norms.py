@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from model_core.analysis import grid_to_csv, norm_weighted_attention
-from model_core.io.tables import token_matrix_to_csv
+from model_core.analysis import norm_weighted_attention
+from model_core.io.tables import grid_to_csv, token_matrix_to_csv
 from attention_explorer.analysis_figures import special_mass_figure
 from ui.analysis_widgets import (
     bundle_buttons,

@@ -10,8 +10,7 @@ import math
 import streamlit as st
 
 from model_core.io.tables import token_matrix_to_csv
-from model_core.compact.views import window_steps
-from model_core.analysis.mask_steps import MaskSteps, mask_steps
+from model_core.analysis.mask_steps import MaskSteps, mask_steps, window_steps
 from ui.analysis_widgets import positions_outside_window
 from ui.context import require_trace
 from attention_explorer.figures import SCORE_SCALE, attention_heatmap

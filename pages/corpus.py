@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from model_core.analysis import STAT_NAMES, STAT_TITLES, rows_to_csv
+from model_core.analysis import STAT_NAMES, STAT_TITLES
+from model_core.io.tables import rows_to_csv
 from model_core.corpus import (
     CorpusInputError,
     CorpusModel,

@@ -18,6 +18,7 @@ from model_core.roles import (
 )
 from model_core.roles.retrieval import DEPTHS
 from model_core.io.tables import rows_to_csv
+from model_core.roles.probes import top_heads
 from ui.analysis_widgets import (
     clicked_cell,
     csv_button,
@@ -83,11 +84,8 @@ probe_text = scores.texts[0]
 
 def _top_table(grid: np.ndarray, role: str) -> None:
     """The top heads of a role, each with a link that opens the probe input in the heatmaps (a new tab)."""
-    order = np.argsort(np.nan_to_num(grid, nan=-np.inf).ravel(), kind="stable")[::-1][:TOP_K]
-    n_heads = grid.shape[1]
-    rows = [{"layer": int(i // n_heads), "head": int(i % n_heads), "score": float(grid.ravel()[i]),
-             "open": heatmaps_url(request, probe_text, int(i // n_heads), int(i % n_heads))}
-            for i in order if np.isfinite(grid.ravel()[i])]
+    rows = [{"layer": layer, "head": head, "score": score, "open": heatmaps_url(request, probe_text, layer, head)}
+            for layer, head, score in top_heads(grid, TOP_K)]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
         "score": st.column_config.NumberColumn(format="%.3f"),
         "open": st.column_config.LinkColumn("open the probe input in the heatmaps", display_text="open ↗")})

@@ -3,9 +3,9 @@
 import numpy as np
 import streamlit as st
 
-from model_core.analysis import rows_to_csv, stat_titles
+from model_core.analysis import stat_titles
 from model_core.io.export import trace_to_npz_bytes
-from model_core.io.tables import matrix_to_csv, position_labels, token_matrix_to_csv
+from model_core.io.tables import matrix_to_csv, position_labels, rows_to_csv, token_matrix_to_csv
 from model_core.analysis.aggregate import marker_positions, selection_attention
 from ui.context import require_trace
 from ui.derived import cached_head_stats, overview_mosaic_cells

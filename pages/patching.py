@@ -12,8 +12,7 @@ from attention_explorer.patching import (
     residual_figure,
 )
 from model_core.effects.patching import passes_needed
-from model_core.effects.patching_attribution import rank_correlation
-from model_core.effects.patching_table import attention_beside_effect
+from model_core.effects.patching_run import estimate_correlation, table_for
 from model_core.io.tables import grid_to_csv, matrix_to_csv, rows_to_csv
 from model_core.settings import BUNDLED_DECODER_ID
 from ui.analysis_widgets import clicked_cell, csv_button, how_to_read, show_figure
@@ -33,6 +32,7 @@ from ui.patching import (
     softcap_note,
     table_parts,
 )
+from ui.patching_dataset import MODE_KEY, dataset_mode
 from ui.state import choose_model, open_page_if_requested
 
 OPEN_FLAG = "_patch_open_heatmaps"
@@ -72,6 +72,13 @@ if loaded is None or not loaded.family.is_decoder:
     left.button("Use SmolLM2-135M-Instruct", on_click=_use_decoder, type="primary")
     right.button("Open the Contributions page", key="patch_to_graph",
                  on_click=lambda: st.session_state.__setitem__(CONTRIB_FLAG, True))
+    st.stop()
+
+mode = st.radio("Patch", ["pair", "dataset"], horizontal=True, key=MODE_KEY,
+                format_func={"pair": "One pair", "dataset": "Dataset (mean over pairs)"}.get,
+                help="One clean/corrupted pair, or a dataset of pairs: each head's mean effect and its spread.")
+if mode == "dataset":
+    dataset_mode(model_request(request))
     st.stop()
 
 how_to_read(
@@ -125,8 +132,8 @@ heads = exact.heads if exact is not None else np.full_like(attr.heads, np.nan)
 scale = effect_range(heads, attr.heads)
 rho_heads = rho_resid = float("nan")
 if exact is not None:
-    rho_heads = rank_correlation(attr.heads, exact.heads)
-    rho_resid = rank_correlation(attr.residual, exact.residual)
+    rho = estimate_correlation(attr, exact)
+    rho_heads, rho_resid = rho["heads"], rho["residual"]
 
 
 def _open(layer: int, head: int) -> None:
@@ -179,8 +186,8 @@ st.subheader("Attention beside effect")
 table = None
 with view_guard("attention beside effect"):
     trace = get_trace(clean_request(model, clean))
-    dla, roles = table_parts(trace, *pretrained_key(request, ctx.settings), inputs.answer_id, inputs.foil_id)
-    table = attention_beside_effect(trace, inputs.differing, heads, attr.heads, dla=dla, roles=roles)
+    table = table_for(trace, inputs, heads, attr.heads,
+                      table_parts(trace, *pretrained_key(request, ctx.settings), inputs.answer_id, inputs.foil_id))
 if table is not None:
     rows = table.to_rows()
     note = softcap_note(loaded.model)
@@ -190,7 +197,7 @@ if table is not None:
                "last token to the changed tokens, summed; **norm_weighted**: the same share of ‖α·vW_O‖; "
                "previous_token, duplicate_token, sink: role scores on the clean prompt (induction and retrieval need "
                "the Head roles page's probes: n/a here); **dla**: direct logit attribution to the metric"
-               + ("" if dla is not None else " (n/a: not available for this model)") + ". Select a row to open "
+               + ("" if table.dla is not None else " (n/a: not available for this model)") + ". Select a row to open "
                "the head's heatmap.")
 
     def _open_row() -> None:
@@ -202,8 +209,8 @@ if table is not None:
                  column_config={name: st.column_config.NumberColumn(format="%.3f") for name in rows[0]
                                 if name not in ("layer", "head")})
     exact_known = exact is not None
-    rho = rank_correlation(table.attention, np.abs(heads if exact_known else attr.heads))
-    show_figure(attention_effect_figure(table.attention, heads if exact_known else attr.heads, rho=rho,
+    show_figure(attention_effect_figure(table.attention, heads if exact_known else attr.heads,
+                                        rho=table.attention_correlation(estimate=not exact_known),
                                         y_title="exact effect" if exact_known else "attribution estimate"),
                 "patching_attention_vs_effect", key="patch_scatter")
     if not exact_known:

@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 
-from model_core.analysis.export import analysis_arrays, to_json_str, to_npz_bytes
+from model_core.analysis.export import analysis_arrays
+from model_core.io.export import to_json_str, to_npz_bytes
 from model_core.analysis.per_head import STAT_NAMES, head_stats
 from model_core.analysis.rollout import FLOW_MAX_TOKENS
 from model_core.io.tables import grid_to_csv, matrix_to_csv, rows_to_csv

@@ -189,4 +189,5 @@ def test_a_link_carries_the_split_head_and_the_pieces_are_listed_once(tmp_path):
     assert any("Layer 1, head 1 moves" in c.value for c in at.caption)
     at.text_input(key="pg_answer").set_value(" xylophonequ").run()
     warning = at.warning[0].value
-    assert "tokens for this model's tokenizer" in warning and "Its pieces" not in warning
+    assert "The answer ' xylophonequ' is" in warning and "tokens for this model" in warning
+    assert "Its pieces" not in warning

@@ -146,9 +146,8 @@ def test_the_rollout_page_computes_the_row_into_a_token_of_a_long_input(compact_
 
 def test_window_steps_equal_the_full_traces_steps(tiny_decoders):
     from model_core import TraceRequest, build_trace
-    from model_core.analysis.mask_steps import mask_steps
+    from model_core.analysis.mask_steps import mask_steps, window_steps
     from model_core.compact.build import build_compact
-    from model_core.compact.views import window_steps
 
     request = TraceRequest("pretrained", TEXT, model_id=str(tiny_decoders["llama"]))
     full, compact = build_trace(request, device="cpu"), build_compact(request, device="cpu")

@@ -144,7 +144,7 @@ def test_parts_rebuild_the_blocks(tiny):
         pos = np.arange(len(ref["pre"]))
         values = flow.source.values(layer)
         rows = flow.source.rows(layer, pos, len(pos))
-        join, mlp = flow._joins(layer, pos, rows, values)
+        join, mlp = flow.joins(layer, pos)
         terms = torch.einsum("rhk,hmk->rm", rows * join.scale[:, None, None],
                              join.directions(flow.blocks.raw_directions(layer, values)))
         np.testing.assert_allclose(join.whole, ref["mid"].float(), atol=ATOL)

@@ -39,7 +39,7 @@ def test_smollm2_contributions_rebuild_and_compact_graph():
         got = flow.layer(layer)
         np.testing.assert_allclose(got.attention_heads.sum((1, 2)) + got.attention_residual, 1.0, atol=1e-5)
         pos = np.arange(trace.n_tokens)
-        join, _ = flow._joins(layer, pos, flow.source.rows(layer, pos, len(pos)), flow.source.values(layer))
+        join, _ = flow.joins(layer, pos)
         np.testing.assert_allclose(join.whole.numpy(), mids[layer].numpy(), rtol=1e-4, atol=1e-4)
     full = build_graph(flow, -1, 0.04)
     compact = build_graph(compact_flow(build_compact(request, device="cpu", predictions=False), loaded.model,

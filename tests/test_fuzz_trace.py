@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from model_core import InputError, TraceRequest, build_trace
 from model_core.settings import Settings
-from model_core.trace.encoding import MAX_TEXT_CHARS
+from model_core.families.encoding import MAX_TEXT_CHARS
 
 # Every Unicode category hypothesis draws (control and private-use included), plus hostile snippets;
 # lone surrogates, which hypothesis does not draw, are among the snippets.

@@ -13,7 +13,7 @@ import pytest
 from model_core import TraceRequest, build_trace
 from model_core.families.hf import TransformersFamily
 from harness.waits import wait_until
-from model_core.trace.gate import GATE, Gate, waiting_with
+from model_core.gate import GATE, Gate, waiting_with
 
 
 class Left(Exception):
@@ -54,7 +54,7 @@ def test_waiters_are_served_first_in_first_out():
 
 def _clocked_gate(monkeypatch, max_runs: int, start: float = 0.0) -> tuple[Gate, list[float]]:
     """A gate whose module reads a clock the test moves (``clock[0]``)."""
-    import model_core.trace.gate as gate_module
+    import model_core.gate as gate_module
 
     clock = [start]
     monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock

@@ -272,14 +272,15 @@ def test_graph_figure_places_token_columns_evenly(tiny_decoders):
 def test_model_modules_run_under_the_routes_gate(tiny_decoders):
     from model_core.effects.graph_tokens import block_tokens
     from model_core.models.loading import load_pretrained
-    from model_core.trace.gate import GATE
+    from model_core.gate import GATE
 
     folder = str(tiny_decoders["llama"])
     _, compact = _flows(folder)
     loaded = load_pretrained(folder, device="cpu")
     model = compact.blocks.model
     held = []
-    record = lambda *_: held.append(getattr(GATE._held, "depth", 0) > 0)  # noqa: E731
+    assert not GATE.held_here  # the control: this thread holds no turn between passes
+    record = lambda *_: held.append(GATE.held_here)  # noqa: E731
     hooks = [model.model.layers[0].self_attn.v_proj.register_forward_hook(record),
              model.model.norm.register_forward_pre_hook(record)]
     try:

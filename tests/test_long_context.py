@@ -17,7 +17,7 @@ from model_core.settings import (
     load_settings,
     text_char_cap,
 )
-from model_core.trace.encoding import InputError, encode_decoder
+from model_core.families.encoding import InputError, encode_decoder
 
 LONG_CONTEXT = 8192
 WORDS = ("internationalisation characteristically institutionalised misunderstandings photosynthesis "

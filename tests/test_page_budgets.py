@@ -36,7 +36,9 @@ NOT_FOR = {"pages/predictions.py": {"bert", "custom-12x12x768"}, "pages/inside.p
            "pages/attribution.py": {"bert", "custom-12x12x768"}, "pages/patching.py": {"bert", "custom-12x12x768"},
            "pages/kv_cache.py": {"bert", "custom-12x12x768"},
            # Generate draws its reply (text and tables, no chart) only after a click: tests/test_generate_page.py
-           "pages/generate.py": {"bert", "custom-12x12x768", "smollm2"}}
+           "pages/generate.py": {"bert", "custom-12x12x768", "smollm2"},
+           # Circuits draws only after its Run button (a dataset of its own): tests/test_circuits_page.py
+           "pages/circuits.py": {"bert", "custom-12x12x768", "smollm2"}}
 
 
 def _app_at_512(model_name: str) -> AppTest:

@@ -279,7 +279,8 @@ def test_every_page_in_app_py_has_a_test_here_or_in_the_analysis_and_corpus_test
                                                  "pages/predictions.py",
                                                  # each has its own AppTest file: test_<page>_page.py
                                                  "pages/contributions.py", "pages/attribution.py", "pages/patching.py",
-                                                 "pages/generate.py", "pages/kv_cache.py"}
+                                                 "pages/generate.py", "pages/kv_cache.py",
+                                                 "pages/circuits.py"}
     assert listed == tested, listed ^ tested
     assert all((ROOT / path).exists() for path in listed)
 

@@ -6,7 +6,7 @@ import torch
 
 from model_core.chapter3.from_bert import custom_from_bert
 from model_core.models.loading import load_tokenizer
-from model_core.trace.encoding import encode
+from model_core.families.encoding import encode
 from model_core.trace.forward import trace_custom, trace_pretrained
 
 LONG_TEXT = ("Attention lets every token look at every other token. " * 20).strip()

@@ -16,6 +16,7 @@ from model_core.effects.patching_inputs import (
     describe_difference,
 )
 from model_core.families import FAMILIES
+from model_core.families.checks import NotADecoder, NotOneToken
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +49,9 @@ def test_prompts_of_different_lengths_say_both_counts_and_which_tokens_differ(to
 
 
 def test_an_answer_of_two_tokens_shows_its_pieces(tokenizer):
-    with pytest.raises(PatchingError, match=r"The answer ' river' is 2 tokens for this model: ' r\w*' \+ '\w+'"):
+    with pytest.raises(NotOneToken, match=r"The answer ' river' is 2 tokens for this model: ' r\w*' \+ '\w+'"):
         _check(tokenizer, "The cat sat on the mat", "The bank sat on the mat", answer=" river")
-    with pytest.raises(PatchingError, match="The foil is empty"):
+    with pytest.raises(NotOneToken, match="The foil is empty"):
         _check(tokenizer, "The cat sat on the mat", "The bank sat on the mat", foil="")
 
 
@@ -62,7 +63,7 @@ def test_the_same_prompt_twice_or_the_answer_as_foil_cannot_be_normalised(tokeni
 
 
 def test_an_encoder_is_refused_with_the_reason_and_the_graph(tokenizer):
-    with pytest.raises(PatchingError, match="predicts no next.*Contributions page"):
+    with pytest.raises(NotADecoder, match="predicts no next.*Contributions page"):
         check_inputs(tokenizer, FAMILIES["bert"], [1, 2], [1, 3], " cat", " bank")
 
 

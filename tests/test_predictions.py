@@ -161,7 +161,7 @@ def test_next_token_rows_read_back_from_csv_exactly(decoder_traces):
 
 
 def test_next_token_rows_refuse_an_encoder(bert_pair_trace):
-    with pytest.raises(ValueError, match="predicts no next tokens"):
+    with pytest.raises(ValueError, match="predicts no next token"):
         next_token_rows(bert_pair_trace)
 
 

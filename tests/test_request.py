@@ -69,15 +69,15 @@ def test_build_trace_runs_the_request():
 def test_the_app_keeps_its_models_in_one_cache():
     """The app's loaders take models from st.cache_resource only: nothing lands in model_core's own cache,
     so Streamlit's eviction frees them."""
-    from model_core.models.loading import _load_kept
+    from model_core.models.loading import kept_lookups as lookups
+    from model_core.models.loading import load_pretrained
     from ui.loaders import get_pretrained, get_trace
 
-    def lookups() -> int:
-        # Hits count too: in a full run the bundled model may already be in model_core's cache, and a
-        # loader that went through it would be a hit that leaves the cache's size unchanged.
-        info = _load_kept.cache_info()
-        return info.hits + info.misses
-
+    # Hits count too: in a full run the bundled model may already be in model_core's cache, and a loader that went
+    # through it would be a hit that leaves the cache's size unchanged.
+    before = lookups()
+    load_pretrained(None, device="cpu")  # the control: model_core's own loader counts
+    assert lookups() == before + 1
     before = lookups()
     get_pretrained.clear()
     get_trace.clear()
@@ -97,6 +97,29 @@ def test_a_request_without_a_model_id_runs_the_deployments_default():
     assert model_id_of(TraceRequest("pretrained", "a", model_id="other/bert"), settings) == "other/bert"
     assert model_id_of(TraceRequest("custom", "a", weights="pretrained"), settings) == "some/bert"
     assert model_id_of(TraceRequest("custom", "a"), settings) is None  # random weights
+
+
+@pytest.mark.parametrize("typed, expected", [
+    (None, "some/bert"), ("  ", "some/bert"),  # none: the deployment's default
+    (" bundled ", BUNDLED_MODEL_ID), (BUNDLED_MODEL_ID, BUNDLED_MODEL_ID),  # the alias and the bundled id
+    ("bundled:SmolLM2-135M-Instruct", "bundled:SmolLM2-135M-Instruct"),
+    (" org/model ", "org/model"), ("./a/folder", "./a/folder"),  # hub ids and folders as written
+])
+def test_the_sidebar_a_request_and_loading_resolve_a_model_id_alike(typed, expected):
+    """One rule (``resolve_model_id``) for the sidebar's box, a request and the loader."""
+    from model_core.models.loading import resolve_model_source
+    from model_core.settings import Settings, resolve_model_id
+    from model_core.trace.resolve import model_id_of
+    from ui.state import chosen_model_id
+
+    settings = Settings(default_model="some/bert")
+    assert resolve_model_id(typed, settings) == expected
+    assert chosen_model_id({"ctl_model_id": typed}, settings) == expected
+    request = TraceRequest("pretrained", "a", model_id=typed)
+    assert request.model_id == (None if expected == "some/bert" else expected)  # the default stays None until run
+    assert model_id_of(request, settings) == expected
+    if expected == BUNDLED_MODEL_ID:
+        assert resolve_model_source(typed, settings).model_id == BUNDLED_MODEL_ID  # offline: the bundled folder
 
 
 def test_the_form_decision_and_the_build_tokenise_the_text_once(tiny_decoders, monkeypatch):

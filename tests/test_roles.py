@@ -193,3 +193,13 @@ def test_the_notebook_api_scores_roles_on_a_text_and_on_the_models_probe():
         np.testing.assert_array_equal(grid, expected[role])
     probe = ae.head_roles(seed=1)  # the bundled MiniLM: an encoder, so retrieval is not asked for
     assert probe.scores["induction"].shape == (6, 12) and probe.seed == 1 and "retrieval" not in probe.scores
+
+
+def test_top_heads_are_the_highest_scores_best_first_without_undefined_ones():
+    from model_core.roles.probes import top_heads
+
+    grid = np.array([[0.2, np.nan, 0.9], [0.5, 0.9, 0.1]])
+    # by hand: 0.9 twice (the stable order of a descending sort puts the later head first), then 0.5; NaN never
+    assert top_heads(grid, 3) == [(1, 1, 0.9), (0, 2, 0.9), (1, 0, 0.5)]
+    assert [h[:2] for h in top_heads(grid, 10)] == [(1, 1), (0, 2), (1, 0), (0, 0), (1, 2)]
+    assert top_heads(np.full((2, 2), np.nan)) == []

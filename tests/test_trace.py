@@ -6,7 +6,7 @@ from scipy.special import softmax
 
 from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, InputError, TraceRequest, build_trace
 from model_core.models.loading import load_tokenizer
-from model_core.trace.encoding import encode
+from model_core.families.encoding import encode
 
 SMALL = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32)
 

@@ -41,7 +41,7 @@ def one_run(monkeypatch):
 
 def _hold_gate(release: threading.Event, order: list) -> threading.Thread:
     """Another session's pass: holds the gate's one turn until ``release`` is set, then notes that it let go."""
-    from model_core.trace.gate import GATE
+    from model_core.gate import GATE
 
     held = threading.Event()
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model_core import TraceRequest, build_trace
-from model_core.trace.request import build_walkthrough
+from model_core.walk.build import build_walkthrough
 
 WALKED = ("llama", "qwen3", "gemma2")  # plain; q/k norms before the rotary embedding; norms around each sublayer
 TEXT = "time flies like an arrow"

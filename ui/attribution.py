@@ -74,11 +74,11 @@ def choose_tokens(tokenizer: Any, top: tuple[int, int], answer: str, foil: str,
         NotOneToken: a field is several tokens; its ``pieces`` list them.
     """
     first, second = top
-    answer_id = token_id_of(tokenizer, answer) if answer else first
+    answer_id = token_id_of(tokenizer, answer, "answer") if answer else first
     if no_foil:
         return answer_id, None
     if foil:
-        return answer_id, token_id_of(tokenizer, foil)
+        return answer_id, token_id_of(tokenizer, foil, "foil")
     return answer_id, second if second != answer_id else first
 
 

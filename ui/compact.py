@@ -9,7 +9,8 @@ import streamlit as st
 
 from model_core import TraceRequest
 from model_core.compact.trace import CompactTrace
-from model_core.compact.views import TraceForm, full_trace_bytes
+from model_core.compact.views import TraceForm
+from model_core.trace.forward import full_trace_bytes
 from ui.loaders import get_compact
 from ui.waiting import queue_text
 

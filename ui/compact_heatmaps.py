@@ -13,7 +13,6 @@ from model_core.compact.summary import largest_weights
 from model_core.compact.views import (
     coarser_overview,
     first_token_share,
-    full_trace_bytes,
     group_labels,
     group_means,
     pooled_head,
@@ -21,6 +20,7 @@ from model_core.compact.views import (
     window_without_first,
 )
 from model_core.io.tables import matrix_to_csv, token_matrix_to_csv
+from model_core.trace.forward import full_trace_bytes
 from ui.compact_figures import (
     first_token_figure,
     grouped_head_figure,

@@ -19,7 +19,7 @@ from model_core.corpus import CorpusModel, CorpusRun, CorpusRunError, LoadedCorp
 from model_core.corpus.run import CORPUS_MAX_TOKENS
 from model_core.corpus.sample import DEFAULT_CAP
 from model_core.settings import Settings, corpus_runs_dir
-from model_core.trace.gate import waiting_with
+from model_core.gate import waiting_with
 from ui.loaders import CACHED_MODELS, device
 from ui.fields import control_key, request_params, request_state
 from ui.focus import set_focus

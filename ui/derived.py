@@ -85,8 +85,9 @@ def next_token_distribution(trace: AttentionTrace, model_id: str) -> np.ndarray:
 @per_trace(spinner="Preparing the export…")
 def analysis_bundle(trace: AttentionTrace) -> tuple[bytes, str]:
     """The whole analysis of a trace as (NPZ bytes, JSON text)."""
-    from model_core.analysis import analysis_arrays, to_json_str, to_npz_bytes
+    from model_core.analysis import analysis_arrays
     from model_core.analysis.export import JSON_MAX_TOKENS_PER_HEAD
+    from model_core.io.export import to_json_str, to_npz_bytes
 
     arrays = analysis_arrays(trace)
     for_json: dict[str, Any] = dict(arrays)

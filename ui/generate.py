@@ -19,14 +19,13 @@ from attention_explorer.generation import attention_text_html, token_texts
 from model_core.generate.generation import (
     DecodingOptions,
     Generation,
-    GenerationStream,
     assemble,
-    prompt_ids,
+    start_generation,
 )
 from model_core.generate.reading import HOW_LABELS, writing_attention
 from model_core.settings import BUNDLED_DECODER_ID
 from model_core.trace.request import TraceRequest
-from model_core.trace.resolve import model_id_of, token_limit
+from model_core.trace.resolve import model_id_of
 from ui.fields import request_state
 from ui.loaders import all_cores_for_generation
 from ui.state import choose_model
@@ -138,15 +137,13 @@ def run_job(loaded: Any, settings: Any) -> None:
     else:
         job["started"] = True
         try:
-            ids = prompt_ids(tok, job["prompt"], job["chat"])
-            limit = token_limit(settings, loaded.max_positions)
-            stream = GenerationStream(loaded.family, loaded.model, tok, ids, job["options"], chat=job["chat"],
-                                      limit=limit["max_tokens"], limit_hint=limit["limit_hint"])
+            stream = start_generation(loaded, job["prompt"], chat=job["chat"], options=job["options"],
+                                      settings=settings)
         except ValueError as exc:  # an empty prompt, no room left: said here, the page keeps working
             s.pop(JOB, None)
             st.error(str(exc), icon=":material/error:")
             return
-        job["prompt_ids"] = ids
+        job["prompt_ids"] = stream.prompt
         s[PARTIAL] = stream.steps  # the same list, filled as the tokens come
         stop = st.empty()
         stop.button("Stop", key="gen_stop", on_click=_stop, icon=":material/stop:")

@@ -26,10 +26,6 @@ def _latex_number(x: float) -> str:
     return power if mantissa == "1" else rf"{mantissa} \times {power}"
 
 
-def _gemma(wt) -> bool:
-    return wt.model_type.startswith("gemma")
-
-
 def _sharing(wt, head: int) -> str:
     kv = int(wt.kv_heads[head])
     group = np.flatnonzero(wt.kv_heads == kv).tolist()
@@ -53,8 +49,8 @@ def _tokens(wt, layer: int, head: int) -> None:
 
 def _embeddings(wt, layer: int, head: int) -> None:
     hidden = wt.hidden_size
-    scaled = (f" Gemma multiplies the lookup by √{hidden} ≈ {np.sqrt(hidden):.1f} before the first block."
-              if _gemma(wt) else "")
+    scaled = (f" This model (as Gemma does) multiplies the lookup by √{hidden} ≈ {wt.lookup_scale:.1f} before the "
+              "first block." if wt.lookup_scale != 1.0 else "")
     st.markdown("Each id picks one row of the token embedding. There is **no position embedding**: a Llama-like "
                 "model tells positions apart only inside attention, by rotating queries and keys (step 5)." + scaled)
     st.latex(r"x^{(0)}_i = E_{\mathrm{tok}}[\mathrm{id}_i]")
@@ -67,7 +63,7 @@ def _embeddings(wt, layer: int, head: int) -> None:
 
 
 def _rmsnorm(wt, layer: int, head: int) -> None:
-    weight = r"(1 + w)" if _gemma(wt) else r"w"
+    weight = r"(1 + w)" if wt.norm_plus_one else r"w"
     st.markdown("Before attention, each token's vector is divided by its root mean square and scaled per dimension "
                 "by a learned weight. Unlike LayerNorm, RMSNorm subtracts no mean and adds no bias.")
     st.latex(r"\mathrm{RMSNorm}(x) = \frac{x}{\sqrt{\tfrac{1}{d}\sum_j x_j^2 + \varepsilon}} \odot " + weight
@@ -88,7 +84,7 @@ def _qkv(wt, layer: int, head: int) -> None:
                    f"With **grouped-query attention** {wt.n_heads // wt.n_kv_heads} query heads share one key/value "
                    "head, so the keys and values take less memory.")
                 + (" This model also normalises each head's query and key (RMSNorm) before the rotation."
-                   if wt.model_type in ("qwen3", "gemma3_text") else ""))
+                   if wt.qk_norm else ""))
     st.latex(r"q = x W_Q^\top, \quad k = x W_K^\top, \quad v = x W_V^\top")
     st.caption(_sharing(wt, head))
     with view_guard("queries, keys and values"):
@@ -180,9 +176,9 @@ def _output(wt, layer: int, head: int) -> None:
 
 
 def _mlp_norm(wt, layer: int, head: int) -> None:
-    if _gemma(wt) and wt.model_type != "gemma":
-        st.markdown("Gemma 2 and 3 normalise the attention output before adding it to the stream, then normalise "
-                    "again before the MLP, and once more after it.")
+    if wt.sandwich_norms:
+        st.markdown("This model (as Gemma 2 and 3 do) normalises the attention output before adding it to the stream, "
+                    "then normalises again before the MLP, and once more after it.")
         st.latex(r"x' = x + \mathrm{RMSNorm}(\mathrm{Attn}(\mathrm{RMSNorm}(x))), \qquad "
                  r"y = x' + \mathrm{RMSNorm}(\mathrm{MLP}(\mathrm{RMSNorm}(x')))")
     else:
@@ -198,7 +194,7 @@ def _mlp_norm(wt, layer: int, head: int) -> None:
 
 
 def _mlp(wt, layer: int, head: int) -> None:
-    act = "GELU" if _gemma(wt) else "SiLU"
+    act = wt.activation_name
     st.markdown(f"The **gated MLP** (SwiGLU; Shazeer, 2020) widens each token to {wt.intermediate_size} dimensions "
                 f"twice: a gate, passed through {act}, multiplies an up projection element by element, and the down "
                 f"projection brings the product back to {wt.hidden_size}. Every position goes through on its own.")

@@ -31,7 +31,7 @@ from model_core.walk.decoder import DecoderWalk
 from model_core.compact.trace import CompactTrace
 from model_core.compact.build import build_compact, trace_form
 from model_core.compact.views import TraceForm
-from model_core.chapter3.spec import build_custom_model
+from model_core.models.custom import build_custom_model
 from model_core.models.loading import LoadedModel, load_pretrained_uncached, select_device
 from model_core.models.memory import BoundedCache, release_freed_memory
 from model_core.analysis.predictions import LogitLens, logit_lens

@@ -12,18 +12,14 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
 import streamlit as st
 
 from model_core import AttentionTrace, TraceRequest
 from model_core.effects.pairs import READY_PAIRS, PromptPair
-from model_core.effects.patching import ExactPatching, PatchRuns, exact_patching
-from model_core.effects.patching_attribution import (
-    AttributionPatching,
-    runs_and_attribution,
-)
-from model_core.effects.patching_inputs import prepare_inputs
-from model_core.effects.patching_run import head_dla, text_roles
+from model_core.effects.patching import ExactPatching, PatchRuns
+from model_core.effects.patching_attribution import AttributionPatching
+from model_core.effects.patching_run import PatchingPipeline, TableParts
+from model_core.effects.patching_run import table_parts as core_table_parts
 from ui.fields import PAGE_PARAMS
 from ui.trace_cache import per_trace
 
@@ -90,24 +86,21 @@ def _resolved(model: TraceRequest) -> Any:
 @st.cache_resource(max_entries=16, ttl=PATCH_TTL_S, show_spinner=False)
 def patch_base(model: TraceRequest, clean: str, corrupt: str, answer: str,
                foil: str) -> tuple[PatchRuns, AttributionPatching]:
-    """The inputs checked, then both runs and attribution patching (``runs_and_attribution``: the clean run read from
+    """The inputs checked, then both runs and attribution patching (``PatchingPipeline.runs``: the clean run read from
     the clean prompt's trace, which the table and the heatmaps share, and one forward and one backward pass of the
     corrupted prompt), once per (model, prompts) for every session.
 
     Raises:
-        PatchingError, InputError: the message says what to change (nothing is cached).
+        PatchingError, NotADecoder, NotOneToken, InputError: the message says what to change (nothing is cached).
     """
-    from ui.loaders import get_trace
+    from ui.loaders import get_trace, pretrained_key
     from ui.waiting import in_turn
 
-    from ui.loaders import pretrained_key
-
-    resolved = _resolved(model)
-    inputs = prepare_inputs(resolved, clean, corrupt, answer, foil)
+    pipeline = PatchingPipeline.prepare(_resolved(model), clean, corrupt, answer, foil)  # the checks: said at once
+    inputs = pipeline.inputs
     trace = get_trace(clean_request(model, clean))  # before the turn: it may wait for another session's build
     _table_beside(trace, pretrained_key(model), inputs.answer_id, inputs.foil_id)
-    return in_turn(f"patch|{model!r}|{clean}|{corrupt}", lambda: runs_and_attribution(
-        resolved.family, resolved.model, inputs, clean_trace=trace))
+    return in_turn(f"patch|{model!r}|{clean}|{corrupt}", lambda: pipeline.runs(trace))
 
 
 def _table_beside(trace: AttentionTrace, key: tuple[str, str], answer_id: int, foil_id: int) -> None:
@@ -170,7 +163,7 @@ def run_exact(key: PatchKey) -> ExactPatching:
     What each batch computes is kept in the session as it goes: a Stop (or any other click, which reruns the page)
     ends the run and the next run of the page shows the partial grid; running it again patches only the rest."""
     runs = patch_base(*key)[0]
-    resolved = _resolved(key[0])
+    pipeline = PatchingPipeline(_resolved(key[0]), runs.inputs)
     st.session_state[STOPPED_KEY] = False
     bar = st.progress(0.0, text="Exact patching: starting…")
     stop_slot = st.empty()
@@ -184,8 +177,7 @@ def run_exact(key: PatchKey) -> ExactPatching:
     # could never be read as True during this one. Stopping works because the click asks Streamlit for a rerun, and
     # the script runner ends this run (a RerunException) at its next message to the browser, the next bar.progress;
     # ``keep`` has stored every finished batch by then, and the callback marks the partial result as stopped by you.
-    result = exact_patching(resolved.family, resolved.model, runs, progress=progress, keep=lambda r: _keep(key, r),
-                            resume=stopped_exact(key))
+    result = pipeline.exact(runs, progress=progress, keep=lambda r: _keep(key, r), resume=stopped_exact(key))
     _keep(key, result)
     bar.empty()
     stop_slot.empty()
@@ -204,11 +196,10 @@ def softcap_note(model: Any) -> str | None:
 
 
 @per_trace()
-def table_parts(trace: AttentionTrace, model_id: str, device_name: str, answer_id: int,
-                foil_id: int) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
-    """The table's columns that read the clean prompt's trace and the model: each head's direct logit attribution
-    (or None) and its text role scores, once per (trace, answer, foil)."""
+def table_parts(trace: AttentionTrace, model_id: str, device_name: str, answer_id: int, foil_id: int) -> TableParts:
+    """The table's columns that read the clean prompt's trace and the model (the core's ``table_parts``: each head's
+    direct logit attribution, or None, and its text role scores), once per (trace, answer, foil)."""
     from ui.loaders import get_pretrained
 
     loaded = get_pretrained(model_id, device_name)
-    return head_dla(trace, loaded.model, loaded.family, answer_id, foil_id), text_roles(trace)
+    return core_table_parts(trace, loaded.model, loaded.family, answer_id, foil_id)

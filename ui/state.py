@@ -8,7 +8,7 @@ import streamlit as st
 
 from model_core import DEFAULT_TEXT_A, DEFAULT_TEXT_B, TraceRequest
 from model_core.trace.request import REQUEST_FIELDS
-from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID, Settings, load_settings
+from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID, Settings, load_settings, resolve_model_id
 from model_core.words import RULE as WORD_RULE
 from ui.fields import (
     MAX_SEED,
@@ -94,14 +94,14 @@ def _normalise_model(s: Any) -> None:
 
 
 def chosen_model_id(s: Any, settings: Settings | None = None) -> str:
-    """The pretrained model id the sidebar asks for (the deployment's default when the box is empty)."""
-    return (s.get("ctl_model_id") or "").strip() or (settings or load_settings()).default_model
+    """The pretrained model id the sidebar asks for, resolved (``model_core.settings.resolve_model_id``: the
+    deployment's default when the box is empty, an alias as its id)."""
+    return resolve_model_id(s.get("ctl_model_id"), settings)
 
 
 def pretrained_choice(s: Any, settings: Settings | None = None) -> str:
     """Which one-click choice the model id is (a ``PRETRAINED_CHOICES`` key), or OTHER."""
     model_id = chosen_model_id(s, settings)
-    model_id = BUNDLED_MODEL_ID if model_id == "bundled" else model_id
     return OTHER if s.get(OTHER_KEY) or model_id not in PRETRAINED_CHOICES else model_id
 
 

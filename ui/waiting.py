@@ -1,4 +1,4 @@
-"""The waiting page: while a session's model pass waits for the gate (``model_core.trace.gate``), its place in the
+"""The waiting page: while a session's model pass waits for the gate (``model_core.gate``), its place in the
 queue, live, and a button to leave the queue; a pass the user left is not run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 
 import streamlit as st
 
-from model_core.trace.gate import GATE, waiting_with
+from model_core.gate import GATE, waiting_with
 
 R = TypeVar("R")
 

@@ -13,7 +13,7 @@ from model_core.analysis.contexts import (
     repeated_words,
     text_words,
 )
-from model_core.analysis.export import analysis_arrays, to_json_str, to_npz_bytes
+from model_core.analysis.export import analysis_arrays
 from model_core.analysis.per_head import (
     STAT_NAMES,
     STAT_TITLES,
@@ -25,7 +25,6 @@ from model_core.analysis.per_head import (
 from model_core.analysis.masking import MaskingEffect, compare_masking, head_mask_from_off
 from model_core.analysis.next_token import NextTokenEffect, next_token_effect, next_token_probs
 from model_core.analysis.norms import SpecialTokenMass, norm_weighted_attention, special_token_mass
-from model_core.io.tables import grid_to_csv, matrix_to_csv, rows_to_csv  # the one CSV writer
 from model_core.analysis.rollout import (
     FLOW_MAX_TOKENS,
     FLOW_MAX_TOKENS_ONE_ROW,
@@ -60,11 +59,9 @@ __all__ = [
     "compare_masking",
     "compare_word",
     "find_occurrences",
-    "grid_to_csv",
     "head_mask_from_off",
     "head_stats",
     "markers",
-    "matrix_to_csv",
     "mixed_attention",
     "next_token_effect",
     "next_token_probs",
@@ -72,11 +69,8 @@ __all__ = [
     "normalize_rows",
     "repeated_words",
     "rollout_and_flow",
-    "rows_to_csv",
     "special_token_mass",
     "stat_titles",
-    "to_json_str",
-    "to_npz_bytes",
     "trace_flags",
     "text_words",
 ]

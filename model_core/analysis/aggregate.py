@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from model_core.analysis._common import trace_flags
 from model_core.words import WordSpans
 
 
@@ -16,8 +17,6 @@ def marker_positions(trace, words: WordSpans | None = None) -> list[int]:
         trace: the ``AttentionTrace``.
         words: the trace's words when the views show words: the words holding those pieces are returned.
     """
-    from model_core.analysis._common import trace_flags
-
     flags = trace_flags(trace)
     pieces = np.flatnonzero(flags["cls"] | flags["sep"]).tolist()
     if words is None:

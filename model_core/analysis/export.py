@@ -12,7 +12,6 @@ import numpy as np
 from model_core.analysis.per_head import head_stats
 from model_core.analysis.norms import norm_weighted_attention, special_token_mass
 from model_core.analysis.rollout import FLOW_MAX_TOKENS, attention_flow, attention_rollout
-from model_core.io.export import to_json_str, to_npz_bytes  # noqa: F401 - the one writer, re-exported for the pages
 from model_core.trace.trace import AttentionTrace
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from model_core.compact.trace import CompactTrace
+from model_core.kernel import apply_mask, attention_scores, row_lse, weights_from_scores
 from model_core.trace.trace import AttentionTrace
 
 
@@ -42,10 +45,8 @@ class MaskSteps:
 
 
 def softmax_rows(masked_scores: np.ndarray) -> np.ndarray:
-    """Row softmax that maps -inf to exactly 0. Shape: (..., k_pos) -> same."""
-    top = masked_scores.max(axis=-1, keepdims=True)
-    e = np.exp(masked_scores - top)  # exp(-inf) = 0 exactly
-    return e / e.sum(axis=-1, keepdims=True)
+    """Row softmax that maps -inf to exactly 0 (the score kernel's). Shape: (..., k_pos) -> same."""
+    return weights_from_scores(masked_scores).numpy()
 
 
 def causal_mask_np(n: int) -> np.ndarray:
@@ -71,13 +72,51 @@ def mask_steps(trace: AttentionTrace, layer: int, head: int, *, apply_causal: bo
     k = trace.keys[layer, head].astype(np.float64)
     unscaled_std = float((q @ k.T).std())  # QKᵀ itself, before the 1/√d_head
     if apply_causal is None or apply_causal == trace.causal:
-        masked = np.where(trace.mask, scores, np.float32(-np.inf))
+        masked = apply_mask(scores, trace.mask).numpy()
         return MaskSteps(scores, trace.mask, masked, trace.weights[layer, head], trace.causal, False,
                          unscaled_std, scaled_std)
     causal = causal_mask_np(trace.n_tokens)
     # The trace's mask is causal & padding: without the causal part, a key stays masked only if padding hid it
     # from every query (a padded key is masked in the whole column).
     mask = causal & trace.mask if apply_causal else np.broadcast_to(trace.mask.any(axis=0), trace.mask.shape)
-    masked = np.where(mask, scores, np.float32(-np.inf))
+    masked = apply_mask(scores, mask).numpy()
     return MaskSteps(scores, np.array(mask), masked, softmax_rows(masked).astype(np.float32), bool(apply_causal), True,
                      unscaled_std, scaled_std)
+
+
+def window_steps(trace: CompactTrace, layer: int, head: int, start: int, size: int,
+                 apply_causal: bool | None = None) -> MaskSteps:
+    """The causal page's four steps (``MaskSteps``) for a square window of one head of a compact trace on the
+    diagonal, positions ``start`` to ``start + size``, exact.
+
+    ``apply_causal=None`` gives the model's own numbers: its weights over the whole input, shown in the window (a
+    row sums to 1 only with the keys before the window). ``False`` on a causal trace drops the causal mask: the
+    softmax over every key of the input, its log-sum-exp computed for the window's rows from the queries and keys.
+
+    Raises:
+        ValueError: the layer, head or window is out of range.
+    """
+    trace._check(layer, head)
+    n = trace.n_tokens
+    if not (0 <= start and 1 <= size and start + size <= n):
+        raise ValueError(f"The window {start}:{start + size} is out of range: pick one inside 0:{n}.")
+    rows = slice(start, start + size)
+    q = torch.from_numpy(trace.queries[layer, head, rows])
+    k_all = torch.from_numpy(trace.keys[layer, int(trace.kv_heads[head])])
+    scores = attention_scores(q, k_all[rows], scale=trace.score_scale, softcap=trace.score_softcap)  # (size, size)
+    mask = trace.masks[trace.mask_of_layer[layer], rows, rows]
+    unscaled = torch.matmul(q.double(), k_all[rows].double().T)
+    own = apply_causal is None or apply_causal == trace.causal
+    if own:
+        masked = apply_mask(scores, mask)
+        weights = trace.weights(layer, head, rows, rows)
+    else:
+        if apply_causal:
+            raise ValueError("A compact trace is a decoder's: it has its causal mask already.")
+        mask = np.ones_like(mask)
+        masked = scores
+        lse_all = row_lse(attention_scores(q, k_all, scale=trace.score_scale, softcap=trace.score_softcap))
+        weights = weights_from_scores(scores.double(), lse_all).float().numpy()
+    s = scores.numpy()
+    return MaskSteps(s, mask, masked.numpy(), weights, bool(trace.causal if own else apply_causal), not own,
+                     float(unscaled.std()), float(s.std()))

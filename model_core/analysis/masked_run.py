@@ -21,7 +21,7 @@ from model_core.analysis.masking import attention_change
 from model_core.families import Family, ForwardOutput
 from model_core.settings import Settings
 from model_core.trace.forward import head_gate, to_numpy, top_tokens
-from model_core.trace.gate import GATE
+from model_core.gate import GATE
 from model_core.trace.request import TraceRequest
 from model_core.trace.resolve import Models, resolve
 from model_core.trace.shape import arrays_nbytes, freeze_arrays

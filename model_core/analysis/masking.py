@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from model_core.analysis._common import markers, row_blocks
 from model_core.trace.trace import AttentionTrace
@@ -102,8 +103,6 @@ causal block computes little right of its last row (0.68 s for SmolLM2 at 512 to
 def _rows(x: Any, r0: int, r1: int, width: int) -> Any:
     """Query rows ``r0:r1`` of one layer's weights (numpy or torch, any device), keys up to ``width``, as a float64
     torch block on the CPU: a copy (even of a float64 CPU tensor), so the caller may change it in place."""
-    import torch
-
     if isinstance(x, np.ndarray):
         return torch.tensor(x[:, r0:r1, :width], dtype=torch.float64)
     return x[:, r0:r1, :width].to("cpu", torch.float64, copy=True)
@@ -117,8 +116,6 @@ def _pattern_change(a: Any, b: Any, allowed: np.ndarray, queries: np.ndarray) ->
     Shape: a, b (head, q_pos, k_pos), numpy or torch; allowed (q_pos, k_pos) bool; queries (q_pos,) bool
     -> (head,), (head,).
     """
-    import torch
-
     n_heads = a.shape[0]
     tv_sum = torch.zeros(n_heads, dtype=torch.float64)
     js_sum = torch.zeros(n_heads, dtype=torch.float64)

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
+from model_core.analysis.predictions import unembed_residual
 from model_core.trace.trace import AttentionTrace
 
 
@@ -30,10 +32,6 @@ def next_token_probs(family: Any, model: Any, trace: AttentionTrace, position: i
 
     Shape: -> (vocab,) float64, sums to 1.
     """
-    import torch
-
-    from model_core.analysis.predictions import unembed_residual
-
     n = trace.n_tokens
     pos = position + n if position < 0 else position
     if not 0 <= pos < n:

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_core.families.checks import require_decoder
+from model_core.gate import GATE
 from model_core.models.loading import LoadedModel
 from model_core.trace.forward import top_tokens
 from model_core.trace.trace import AttentionTrace
@@ -30,14 +32,14 @@ def unembed_residual(family: Any, model: Any, trace: AttentionTrace, position: i
     """
     param = next(model.parameters())
     hidden = torch.from_numpy(np.array(trace.hidden_states[layers, position]))  # a writable copy of read-only rows
-    with torch.inference_mode():
+    with GATE.turn(), torch.inference_mode():  # the model's final norm and unembedding run here
         return family.unembed(model, hidden.to(device=param.device, dtype=param.dtype))
 
 
 def _require_predictions(trace: AttentionTrace) -> None:
-    if not trace.is_decoder or trace.next_token_ids is None:
-        raise ValueError(f"A {trace.family.label} predicts no next tokens; trace a decoder language model "
-                         "(GPT-2 or a Llama-like model such as the bundled SmolLM2).")
+    require_decoder(trace.family, "reading next-token predictions")
+    if trace.next_token_ids is None:
+        raise ValueError("This trace kept no next-token predictions; trace the text again with its model.")
 
 
 def _check_position(trace: AttentionTrace, position: int) -> int:
@@ -159,10 +161,8 @@ def logit_lens(loaded: LoadedModel, trace: AttentionTrace, position: int, k: int
         ValueError: an encoder (model or trace), a model that did not produce this trace, or a bad position or k.
     """
     family = loaded.family
-    if not (family.is_decoder and trace.is_decoder):
-        raise ValueError(f"A {trace.family.label if not trace.is_decoder else family.label} predicts no next tokens: "
-                         "the logit lens needs a decoder language model (GPT-2 or a Llama-like model such as the "
-                         "bundled SmolLM2).")
+    require_decoder(trace.family, "the logit lens")
+    require_decoder(family, "the logit lens")
     config = loaded.model.config
     expected = (family.n_layers(config) + 1, trace.n_tokens, int(config.hidden_size))
     if family.name != trace.model_kind or trace.hidden_states.shape != expected:

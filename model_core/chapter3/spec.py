@@ -1,16 +1,12 @@
-"""What identifies one custom encoder (CustomSpec), and the factory that builds it."""
+"""What identifies one custom encoder (CustomSpec); ``model_core.models.custom`` builds it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
-from model_core.chapter3.from_bert import custom_from_bert
 from model_core.chapter3.config import EncoderConfig
-from model_core.chapter3.model import TransformerForSequenceClassification, build_random_model
-from model_core.models.loading import ModelLoadError, load_pretrained_uncached
+from model_core.chapter3.model import TransformerForSequenceClassification
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,23 +58,6 @@ class CustomSpec(CustomOptions):
             norm_placement=self.norm_placement,
             causal=self.causal,
         )
-
-
-def build_custom_model(spec: CustomSpec, device: torch.device | str = "cpu") -> TransformerForSequenceClassification:
-    """Build the custom encoder a spec describes, on ``device``, in eval mode."""
-    if spec.weights == "pretrained":
-        loaded = load_pretrained_uncached(spec.model_id, device="cpu")  # its weights are copied; no cache keeps it
-        if loaded.family.name != "bert":
-            raise ModelLoadError(
-                f"{spec.model_id!r} is a {loaded.model.config.model_type!r} model ({loaded.family.label}); the custom "
-                "encoder takes the weights of an encoder of the BERT family. Pick a BERT checkpoint, or choose "
-                "Pretrained model to look at this model itself.")
-        model = custom_from_bert(loaded.model, seed=spec.seed, causal=spec.causal)
-    else:
-        model = build_random_model(spec.config(), spec.seed)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model.to(device).eval()
 
 
 def describe_custom(spec: CustomSpec, model: TransformerForSequenceClassification) -> str:

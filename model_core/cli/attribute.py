@@ -52,6 +52,7 @@ def run_attribute(args: argparse.Namespace) -> Any:
     Raises:
         ValueError: an encoder, a text that cannot be traced, an answer or foil that is not one token.
     """
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.effects.attribution import (
         NotADecoder,
         attribute,
@@ -59,6 +60,7 @@ def run_attribute(args: argparse.Namespace) -> Any:
         top_two,
     )
     from model_core.effects.attribution_long import attribute_last, last_position_pass
+    from model_core.families.checks import require_decoder
     from model_core.trace.forward import check_full_size, trace_model
     from model_core.trace.request import TraceRequest
     from model_core.trace.resolve import resolve
@@ -69,10 +71,8 @@ def run_attribute(args: argparse.Namespace) -> Any:
                           "use `python -m model_core graph`.")
     request = TraceRequest(args.model, args.text, model_id=args.model_id)
     resolved = resolve(request, device=args.device)
-    if not resolved.family.is_decoder:
-        raise NotADecoder(f"{resolved.description} is an encoder: it has no next-token logit, so direct logit "
-                          "attribution needs a decoder (e.g. --model-id bundled:SmolLM2-135M-Instruct). For an "
-                          "encoder use `python -m model_core graph`.")
+    require_decoder(resolved.family, "direct logit attribution",
+                    instead="Pass one with --model-id; for an encoder use `python -m model_core graph`.")
     encoded = resolved.encode(request)
     family, model, n = resolved.family, resolved.model, encoded.input_ids.shape[1]
     pick = lambda text, fallback: fallback if text is None else token_id_of(resolved.tokenizer, text)

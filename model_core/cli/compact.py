@@ -37,6 +37,7 @@ def read_text(args: argparse.Namespace) -> str | None:
 
 def export_compact(args: argparse.Namespace, text: str) -> int:
     """``export --compact``: build, save, and say what was written; progress on stderr."""
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.compact.build import build_compact
     from model_core.trace.request import TraceRequest
 

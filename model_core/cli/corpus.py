@@ -7,12 +7,11 @@ import sys
 from typing import Any
 
 from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options, custom_options_misused
+from model_core.corpus.sample import DEFAULT_CAP
 
 
 def add_corpus_parser(sub: Any) -> None:
     """Add the ``corpus`` verb to the command line's subparsers."""
-    from model_core.corpus.sample import DEFAULT_CAP
-
     cor = sub.add_parser("corpus", help="run many texts through a model and keep corpus head statistics",
                          description="Stream texts through a model in padded, length-sorted batches and write a run "
                                      "folder: manifest.json, head_stats.npz, texts.parquet/. Ctrl-C leaves a valid "
@@ -52,7 +51,7 @@ def add_corpus_parser(sub: Any) -> None:
 
 
 def _read_corpus(args: argparse.Namespace):
-    from model_core.corpus import read_hub_dataset, read_path
+    from model_core.corpus.sources import read_hub_dataset, read_path  # csv and friends: ~25 ms off --help
 
     if args.input.startswith("hf:"):
         return read_hub_dataset(args.input[3:], split=args.split, column=args.column, pair_column=args.pair_column,
@@ -62,6 +61,7 @@ def _read_corpus(args: argparse.Namespace):
 
 def corpus_main(args: argparse.Namespace) -> int:
     """The ``corpus`` verb: read, run with a progress bar, print where the run is."""
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.corpus import CorpusModel, RunOptions, run_corpus
     from model_core.models.memory import fixed_mmap_threshold
 
@@ -84,7 +84,7 @@ def corpus_main(args: argparse.Namespace) -> int:
                              long=args.long, sample_cap=args.sample_cap if sampling else 0, keep_qk=args.qk,
                              index=args.index)
         if not args.quiet:
-            from tqdm import tqdm
+            from tqdm import tqdm  # 20-40 ms to import: only a run that shows its bar pays it, not --help
 
             bar = tqdm(total=len(corpus), unit="text", desc="corpus", dynamic_ncols=True)
 

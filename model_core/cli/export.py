@@ -49,6 +49,7 @@ def export_main(args: argparse.Namespace) -> int:
     if custom_options_misused(args):
         return 2
     try:
+        # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
         from model_core.io.export import write_trace
         from model_core.trace.request import TraceRequest, build_trace
 

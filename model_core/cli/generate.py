@@ -70,50 +70,34 @@ def generate_main(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> tuple[Any, Any]:
-    from model_core.generate.generation import (
-        DecodingOptions,
-        GenerationStream,
-        prompt_ids,
-    )
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
+    from model_core.generate.generation import DecodingOptions, generate
     from model_core.trace.request import TraceRequest
     from model_core.trace.resolve import resolve
 
     options = DecodingOptions(max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
                               top_p=args.top_p, seed=args.seed)
     resolved = resolve(TraceRequest("pretrained", "", model_id=args.model_id), device=args.device)
-    stream = GenerationStream(resolved.family, resolved.model, resolved.tokenizer,
-                              prompt_ids(resolved.tokenizer, args.prompt, args.chat), options,
-                              chat=args.chat, **_limit(resolved))
-    for _ in stream:
-        pass
-    return stream.result(), resolved
-
-
-def _limit(resolved: Any) -> dict[str, Any]:
-    """The whole sequence's token limit (AE_MAX_TOKENS within the model's positions), as ``GenerationStream`` takes
-    it: the reply must be traceable."""
-    limit = resolved.limit()
-    return {"limit": limit["max_tokens"], "limit_hint": limit["limit_hint"]}
+    return generate(resolved, args.prompt, chat=args.chat, options=options), resolved
 
 
 def _write(generation: Any, resolved: Any, args: argparse.Namespace) -> str:
     """Trace the whole sequence through the one route and write it: full where its weights fit, else compact."""
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.compact.views import choose_form
+    from model_core.generate.trace import compact_of
+    from model_core.io.export import write_trace
+    from model_core.trace.request import build_trace
 
     request = generation.request(resolved.loaded.source.model_id)
     config = resolved.model.config
     form = choose_form(resolved.family.n_layers(config), resolved.family.n_heads(config), len(generation.token_ids),
                        resolved.settings.full_trace_mb, can_compact=True)
     if not form.compact:
-        from model_core.io.export import write_trace
-        from model_core.trace.request import build_trace
-
         trace = build_trace(request, device=resolved.device)
         return f"{write_trace(trace, args.out)} ({trace.n_tokens} tokens, reply from {trace.reply_start})"
     if not args.out.lower().endswith(".npz"):
         raise ValueError(f"{len(generation.token_ids)} tokens are traced in compact form, which is written as .npz; "
                          "name --out FILE.npz.")
-    from model_core.generate.trace import compact_of
-
     trace = compact_of(request, resolved)
     return f"{trace.save(args.out)} (compact, {trace.n_tokens} tokens, reply from {trace.reply_start})"

@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+import numpy as np
+
 from model_core.cli.compact import read_text
 from model_core.cli.options import (
     MODEL_CHOICES,
@@ -67,6 +69,7 @@ def run_graph(args: argparse.Namespace, text: str) -> dict[str, Any]:
     Raises:
         ValueError: bad input (InputError, ModelLoadError, an option out of range).
     """
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.compact.build import build_compact, trace_form
     from model_core.effects.graph import build_graph, check_threshold
     from model_core.effects.graph_source import compact_flow, trace_flow
@@ -107,8 +110,7 @@ def run_graph(args: argparse.Namespace, text: str) -> dict[str, Any]:
 def reached_layers(flow: Any, graph: Any) -> list[dict[str, list[float | None]]]:
     """Per layer, the thresholded per-token vectors 'attention_residual' (at the graph's resid_mid nodes), 'ffn' and
     'ffn_residual' (at its resid_post nodes), None at the nodes the graph did not reach (a compact trace's JSON)."""
-    import numpy as np
-
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.effects.contributions import renormalise
 
     nodes = graph.nodes()

@@ -64,6 +64,7 @@ def kv_main(args: argparse.Namespace) -> int:
 
 def run_kv(args: argparse.Namespace):
     """Resolve the model, tokenise the text and compress (``model_core.generate.kv.kv_compress``)."""
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.generate.kv import kv_compress
     from model_core.trace.request import TraceRequest
     from model_core.trace.resolve import resolve

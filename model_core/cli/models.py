@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID
+
 
 def add_models_parser(sub: Any) -> None:
     """Add the ``models`` verb to the command line's subparsers."""
@@ -18,8 +20,8 @@ def add_models_parser(sub: Any) -> None:
 
 def models_listing() -> dict:
     """The bundled model ids (what each is) and the supported families with their transformers model types."""
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.families import FAMILIES
-    from model_core.settings import BUNDLED_DECODER_ID, BUNDLED_MODEL_ID
 
     return {
         "bundled": [
@@ -37,7 +39,7 @@ def models_listing() -> dict:
 def models_main(args: argparse.Namespace) -> int:
     """The ``models`` verb: list (as text or JSON), and with --prepare convert the bundled decoder now."""
     if args.prepare:
-        from model_core.models.bundled import ensure_bundled_decoder
+        from model_core.models.bundled import ensure_bundled_decoder  # its stdlib imports cost --help ~10 ms
 
         try:
             folder = ensure_bundled_decoder(progress=lambda message: print(message, file=sys.stderr))

@@ -23,6 +23,7 @@ def add_neighbours_parser(sub: Any) -> None:
 
 def neighbours_main(args: argparse.Namespace) -> int:
     """The ``neighbours`` verb: a JSON list of {text_index, position, token, text, score}, best first."""
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.corpus.neighbours import neighbours
 
     try:

@@ -1,5 +1,7 @@
 """The ``patch`` verb: ``python -m model_core patch --model pretrained --model-id ID --clean A --corrupt B --answer X
---foil Y [--json]``: activation patching of every head (and the residual stream), exact and by attribution."""
+--foil Y [--json]``: activation patching of every head (and the residual stream), exact and by attribution; with
+``--dataset FILE`` (JSONL, CSV or a generator spec such as ``ioi:8:0``) instead of the four texts, each head's mean
+effect and its spread over the pairs (``model_core.circuits.mean_patching``)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import argparse
 import json
 import sys
 from typing import Any
+
+import numpy as np
 
 from model_core.cli.options import MODEL_CHOICES
 
@@ -21,10 +25,14 @@ def add_patch_parser(sub: Any) -> None:
                        help="pretrained: a decoder (GPT-2, Llama-like); an encoder cannot be patched")
     patch.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id such as "
                                                         "bundled:SmolLM2-135M-Instruct")
-    patch.add_argument("--clean", required=True, help="the clean prompt")
-    patch.add_argument("--corrupt", required=True, help="the corrupted prompt, as many tokens as the clean one")
-    patch.add_argument("--answer", required=True, help="one token as written, leading space included (\" Paris\")")
-    patch.add_argument("--foil", required=True, help="one token as written (\" Rome\")")
+    patch.add_argument("--clean", help="the clean prompt (all four texts, or --dataset)")
+    patch.add_argument("--corrupt", help="the corrupted prompt, as many tokens as the clean one")
+    patch.add_argument("--answer", help="one token as written, leading space included (\" Paris\")")
+    patch.add_argument("--foil", help="one token as written (\" Rome\")")
+    patch.add_argument("--dataset", default=None, metavar="FILE",
+                       help="mean patching over pairs instead of one: a JSONL or CSV file (clean, corrupt, answer, "
+                            "foil) or a generator spec name:count:seed (ioi, greater-than, induction, facts; e.g. "
+                            "ioi:8:0). JSON: {n, heads, heads_std, residual, problems, clean, corrupt}")
     patch.add_argument("--no-residual", action="store_true", help="skip the residual stream's layer x position grid")
     patch.add_argument("--no-table", action="store_true", help="skip the table of attention beside effect")
     patch.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
@@ -34,6 +42,7 @@ def add_patch_parser(sub: Any) -> None:
 
 def patch_main(args: argparse.Namespace) -> int:
     """The ``patch`` verb: JSON (``--json``) or the metrics and the top heads; exit 1 with the message on bad input."""
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.effects.patching_inputs import CONTRIBUTIONS_HINT
     from model_core.effects.patching_run import patch_prompts
 
@@ -41,6 +50,13 @@ def patch_main(args: argparse.Namespace) -> int:
         print("error: activation patching compares next-token logits, and the chapter-3 encoder predicts no next "
               "token. Use --model pretrained with a decoder (e.g. --model-id bundled:SmolLM2-135M-Instruct). "
               + CONTRIBUTIONS_HINT, file=sys.stderr)
+        return 1
+    if args.dataset is not None:
+        return _dataset_main(args)
+    missing = [f"--{name}" for name in ("clean", "corrupt", "answer", "foil") if getattr(args, name) is None]
+    if missing:
+        print(f"error: give {', '.join(missing)} (a clean and a corrupted prompt, an answer and a foil), or "
+              "--dataset FILE for mean patching over pairs.", file=sys.stderr)
         return 1
     progress = None if args.json else _progress
     try:
@@ -58,13 +74,52 @@ def patch_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dataset_main(args: argparse.Namespace) -> int:
+    """``--dataset``: mean patching over the pairs; the progress line on stderr, JSON or a summary on stdout."""
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
+    from model_core.circuits.mean_patching import patch_dataset
+
+    given = [f"--{name}" for name in ("clean", "corrupt", "answer", "foil") if getattr(args, name) is not None]
+    if given:
+        print(f"error: --dataset takes its pairs from the file; leave out {', '.join(given)}.", file=sys.stderr)
+        return 1
+    try:
+        result = patch_dataset(args.dataset, model_id=args.model_id, device=args.device,
+                               residual=not args.no_residual, progress=_dataset_progress)
+    except (ValueError, OSError) as exc:  # DatasetError, NotADecoder, ModelLoadError are ValueErrors
+        print(file=sys.stderr)
+        print(f"error: {exc}" if str(exc) else f"error: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    print(file=sys.stderr)  # after the progress line
+    for problem in result.problems:
+        print(f"skipped {problem}", file=sys.stderr)
+    if result.residual_note and not args.no_residual:
+        print(result.residual_note, file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    _print_dataset(result)
+    return 0
+
+
+def _dataset_progress(done: float, total: int) -> None:
+    print(f"\rmean patching: {done:.1f}/{total} pairs", end="", file=sys.stderr, flush=True)
+
+
+def _print_dataset(result: Any) -> None:
+    print(f"{result.n} pairs; mean metric: clean {result.clean:.4f}, corrupt {result.corrupt:.4f}")
+    order = np.argsort(-np.abs(np.nan_to_num(result.heads)), axis=None)[:TOP]
+    print("top heads by |mean effect| (std over the pairs):")
+    for flat in order:
+        layer, head = np.unravel_index(flat, result.heads.shape)
+        print(f"  L{layer}H{head}: {result.heads[layer, head]:+.3f} ({result.heads_std[layer, head]:.3f})")
+
+
 def _progress(done: int, total: int) -> None:
     print(f"\rexact patching: {done}/{total} patched passes", end="", file=sys.stderr, flush=True)
 
 
 def _print_text(result: Any) -> None:
-    import numpy as np
-
     runs = result.runs
     inputs = runs.inputs
     print(f"metric logit({inputs.answer!r}) - logit({inputs.foil!r}): clean {runs.clean:.4f}, corrupt "

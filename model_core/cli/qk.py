@@ -56,7 +56,7 @@ def qk_main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
-    from model_core.qk.describe import describe  # as above
+    from model_core.qk.describe import describe  # start-up time, as above: torch only when the verb runs
 
     for line in describe(result):
         print(line)

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options
 
 if TYPE_CHECKING:  # the probes import torch: loaded when the verb runs, not for --help
@@ -33,6 +35,7 @@ def add_roles_parser(sub: Any) -> None:
 
 def run_roles(args: argparse.Namespace) -> tuple[RoleScores, dict[str, Any]]:
     """Score the model of ``args``: the four probes, then retrieval where the model is a decoder."""
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.roles.probes import ENCODER_NOTES, score_roles
     from model_core.roles.retrieval import retrieval_scores
     from model_core.trace.request import TraceRequest
@@ -44,8 +47,6 @@ def run_roles(args: argparse.Namespace) -> tuple[RoleScores, dict[str, Any]]:
     if args.no_retrieval:
         return scores, extra
     if not scores.is_decoder:
-        import numpy as np
-
         return scores.with_role("retrieval", np.full(scores.shape, np.nan), ENCODER_NOTES["retrieval"]), extra
     result = retrieval_scores(request, args.seed, device=args.device)
     extra = {"password": result.secret, "answers": list(result.answers), "copied": list(result.copied),
@@ -60,6 +61,7 @@ def roles_main(args: argparse.Namespace) -> int:
     if args.model == "custom" and args.model_id and args.weights != "pretrained":
         print("error: --model-id applies to --model custom only with --weights pretrained", file=sys.stderr)
         return 2
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.roles.probes import ROLE_TITLES
 
     try:

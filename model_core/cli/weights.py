@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+import numpy as np
+
 
 def add_weights_parser(sub: Any) -> None:
     """Add the ``weights`` verb to the command line's subparsers."""
@@ -20,8 +22,7 @@ def add_weights_parser(sub: Any) -> None:
 
 def weights_main(args: argparse.Namespace) -> int:
     """The ``weights`` verb: one window of exact weights into a .npy file."""
-    import numpy as np
-
+    # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.compact.trace import load_compact, parse_window
 
     if not args.out.lower().endswith(".npy"):

@@ -13,13 +13,14 @@ from model_core.compact.summary import summarise_layer
 from model_core.compact.trace import OVERVIEW_CELLS, QUERY_BLOCK, CompactTrace, LayerMask, Progress
 from model_core.compact.views import TraceForm, choose_form
 from model_core.families.capture import current_recorder
+from model_core.kernel import allowed_from_mask
 from model_core.models.memory import release_freed_memory
 from model_core.settings import Settings
 from model_core.trace.forward import top_predictions
-from model_core.generate.sequence import with_reply
-from model_core.trace.gate import GATE
+from model_core.trace.sequence import with_reply
+from model_core.gate import GATE
 from model_core.trace.request import TraceRequest
-from model_core.trace.encoding import EncodedInput
+from model_core.families.encoding import EncodedInput
 from model_core.trace.resolve import Models, Resolved, resolve
 
 COMPACT_MAX_TOKENS = 4096
@@ -44,8 +45,7 @@ def _layer_mask(raw: torch.Tensor | None, n: int, causal: bool) -> LayerMask:
         if raw is None:
             block = below if causal else torch.ones(r1 - r0, n, dtype=torch.bool)
         else:
-            block = raw[0, 0, r0:r1].cpu()
-            block = block if block.dtype == torch.bool else block > torch.finfo(block.dtype).min / 2
+            block = allowed_from_mask(raw[0, 0, r0:r1].cpu())
         allowed[r0:r1] = block
         future = future or bool((block & ~below).any())
         plain = plain and bool(torch.equal(block, below))

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model_core.compact.trace import QUERY_BLOCK, STAT_NAMES, LayerMask, _scores
+from model_core.compact.trace import QUERY_BLOCK, STAT_NAMES, LayerMask
+from model_core.kernel import (additive_mask, apply_mask, attention_scores, expand_kv, pair_scores, pair_weights,
+                               softmax_with_lse)
 
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """torch's fused CPU attention: (output, logsumexp) for given queries, keys and values."""
@@ -56,7 +58,6 @@ def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: 
     choosing = mask.choosing
     # Whether any query may see a later key (an encoder; a decoder's layer never): the mean distance then needs
     # the part past the diagonal too.
-    closed = ~allowed
     for r0 in range(0, n, block):
         r1 = min(r0 + block, n)
         if causal:  # a causal block sees keys 0..r1-1 and is masked only in its square on the diagonal
@@ -66,25 +67,19 @@ def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: 
             width = int(seen[-1]) + 1 if len(seen) else 1
         rows, cols = torch.arange(r0, r1), torch.arange(width)
         q_blk, k_blk = q[:, r0:r1], k[:, :width]
-        s = _scores(q_blk, k_blk, scale, softcap)  # (head, rows, width), finite
+        s = attention_scores(q_blk, k_blk, scale=scale, softcap=softcap)  # (head, rows, width), finite
         if causal:
-            s[:, :, r0:r1].masked_fill_(closed[r0:r1, r0:r1], float("-inf"))
+            apply_mask(s[:, :, r0:r1], allowed[r0:r1, r0:r1], inplace=True)
         else:
-            s.masked_fill_(closed[r0:r1, :width], float("-inf"))
-        # The softmax in place: e = exp(s - max) has its largest entry exactly 1, so the largest weight is 1 / Σe
-        # and lse = max + log Σe, with no second pass for either.
-        top = s.amax(-1, keepdim=True)  # (head, rows, 1)
-        w = s.sub_(top).exp_()  # s is spent: w holds exp(s - max), 0 where masked
-        total = w.sum(-1, keepdim=True)
-        w.div_(total)
-        row_lse = top[..., 0].double() + torch.log(total[..., 0].double())
-        w_max = 1.0 / total[..., 0]  # (head, rows)
+            apply_mask(s, allowed[r0:r1, :width], inplace=True)
+        # The softmax in place, with each row's lse and largest weight and no second pass for either; s is spent.
+        w, row_lse, w_max = softmax_with_lse(s, inplace=True)  # (head, rows, width), (head, rows) x 2
         lse[:, r0:r1] = row_lse
         mixed_k = torch.matmul(w, k_blk)  # Σ_j w_ij k_j: (head, rows, d_head)
         if softcap is None:  # Σ_j w_ij s_ij = scale · q_i · Σ_j w_ij k_j: no elementwise pass over the block
             w_s = scale * (q_blk * mixed_k).sum(-1)
         else:  # capped scores are not linear in k: recompute them (a softcap model's layers cost one pass more)
-            capped = _scores(q_blk, k_blk, scale, softcap)
+            capped = attention_scores(q_blk, k_blk, scale=scale, softcap=softcap)
             w_s = (w * capped).sum(-1)  # finite everywhere; w is 0 where masked
         sums["entropy"] += (row_lse - w_s.double()).sum(-1) / math.log(2.0)
         sums["to_first"] += w[..., 0].sum(-1).double()
@@ -151,7 +146,8 @@ def _row_max_scores(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: fl
     out = torch.empty(q.shape[:2], dtype=torch.float64)
     for r0 in range(0, q.shape[1], QUERY_BLOCK):
         r1 = min(r0 + QUERY_BLOCK, q.shape[1])
-        s = _scores(q[:, r0:r1], k, scale, softcap).masked_fill_(~mask.allowed[r0:r1], float("-inf"))
+        s = apply_mask(attention_scores(q[:, r0:r1], k, scale=scale, softcap=softcap), mask.allowed[r0:r1],
+                       inplace=True)
         out[:, r0:r1] = s.amax(-1).double()
     return out
 
@@ -161,7 +157,7 @@ def _largest(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, mask: LayerMas
     """Each head's largest weight over the queries that may see more than one key (as ``head_stats``).
 
     Shape: q, k (head, pos, d_head); lse (head, pos) float64 -> (head,) float64."""
-    w_max = torch.exp(_row_max_scores(q, k, mask, scale, softcap) - lse)
+    w_max = pair_weights(_row_max_scores(q, k, mask, scale, softcap), lse)  # each row's weight on its top key
     return w_max[:, mask.choosing].amax(-1).clamp(max=1.0)
 
 
@@ -172,7 +168,7 @@ def largest_weights(trace, progress: Callable[[float], None] | None = None) -> n
     kv = torch.from_numpy(trace.kv_heads)
     for layer in range(trace.n_layers):
         q = torch.from_numpy(trace.queries[layer])
-        k = torch.from_numpy(trace.keys[layer]).index_select(0, kv)
+        k = expand_kv(trace.keys[layer], kv)
         out[layer] = _largest(q, k, torch.from_numpy(trace.lse[layer]), trace.layer_mask(layer),
                               trace.score_scale, trace.score_softcap).numpy()
         if progress is not None:
@@ -206,7 +202,7 @@ def _additive(mask: LayerMask, dtype: torch.dtype) -> torch.Tensor | None:
     additive mask of the queries' dtype (the kernel refuses a bool one): sliding-window layers and the like."""
     if mask.causal:
         return None
-    return torch.zeros(mask.allowed.shape, dtype=dtype).masked_fill_(~mask.allowed, float("-inf"))
+    return additive_mask(mask.allowed, dtype)
 
 
 def _entries(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, allowed: torch.Tensor, scale: float,
@@ -218,8 +214,8 @@ def _entries(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, allowed: torch
     n = q.shape[1]
     rows = torch.arange(max(0, -offset), min(n, n - offset))
     cols = rows + offset
-    scores = (q[:, rows] * k[:, cols]).sum(-1).double() * scale
-    return torch.exp(scores - lse[:, rows]) * allowed[rows, cols].double()
+    scores = pair_scores(q[:, rows], k[:, cols], scale=scale)  # (head, rows) float64
+    return pair_weights(scores, lse[:, rows], allowed[rows, cols])
 
 
 def _summarise_fused(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: float,
@@ -272,5 +268,4 @@ def _summarise_fused(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: f
 def _first_key(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, allowed: torch.Tensor,
                scale: float) -> torch.Tensor:
     """Every row's weight on the first key. Shape: (head, pos, d_head) x 2, lse (head, pos) -> (head, pos) float64."""
-    scores = (q * k[:, :1]).sum(-1).double() * scale
-    return torch.exp(scores - lse) * allowed[:, 0].double()
+    return pair_weights(pair_scores(q, k[:, :1], scale=scale), lse, allowed[:, 0])

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model_core.kernel import apply_mask, attention_scores, expand_kv, pair_scores, pair_weights, weights_from_scores
 from model_core.trace.shape import TraceShape
 
 FORMAT = "attention-explorer-compact"
@@ -134,9 +135,9 @@ class CompactTrace(TraceShape):
         q = torch.from_numpy(np.ascontiguousarray(self.queries[layer, head, r0:r1]))
         k = torch.from_numpy(np.ascontiguousarray(self.keys[layer, int(self.kv_heads[head]), c0:c1]))
         allowed = torch.from_numpy(np.ascontiguousarray(self.masks[self.mask_of_layer[layer], r0:r1, c0:c1]))
-        scores = _scores(q, k, self.score_scale, self.score_softcap).masked_fill(~allowed, float("-inf"))
-        lse = torch.from_numpy(self.lse[layer, head, r0:r1])
-        return torch.exp(scores.double() - lse[:, None]).float().numpy()
+        scores = attention_scores(q, k, scale=self.score_scale, softcap=self.score_softcap)
+        masked = apply_mask(scores, allowed, inplace=True).double()
+        return weights_from_scores(masked, self.lse[layer, head, r0:r1], inplace=True).float().numpy()
 
     def layer_mask(self, layer: int):
         """The layer's mask as a ``LayerMask``, its checks (causal? a key ahead?) made once per distinct mask and
@@ -155,12 +156,10 @@ class CompactTrace(TraceShape):
         self._check(layer, 0)
         qi, ki = torch.as_tensor(q_pos, dtype=torch.long), torch.as_tensor(k_pos, dtype=torch.long)
         q = torch.from_numpy(self.queries[layer])[:, qi]  # (head, pairs, d_head)
-        k = torch.from_numpy(self.keys[layer]).index_select(0, torch.from_numpy(self.kv_heads))[:, ki]
-        scores = (q * k).sum(-1).double() * self.score_scale
-        if self.score_softcap is not None:
-            scores = self.score_softcap * torch.tanh(scores / self.score_softcap)
+        k = expand_kv(self.keys[layer], self.kv_heads)[:, ki]
+        scores = pair_scores(q, k, scale=self.score_scale, softcap=self.score_softcap)  # (head, pairs) float64
         allowed = torch.from_numpy(self.masks[self.mask_of_layer[layer]])[qi, ki]
-        return (torch.exp(scores - torch.from_numpy(self.lse[layer])[:, qi]) * allowed).numpy()
+        return pair_weights(scores, torch.from_numpy(self.lse[layer])[:, qi], allowed).numpy()
 
     def _check(self, layer: int, head: int) -> None:
         if not 0 <= layer < self.n_layers:
@@ -256,17 +255,6 @@ def load_compact(path: str | Path) -> CompactTrace:
         next_token_ids=arrays.get("next_token_ids"), next_token_probs=arrays.get("next_token_probs"),
         reply_start=meta.get("reply_start"),  # files written before generation have none
     )
-
-
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
-    """Scores as the model computes them: ``q·k`` times its scaling, capped where the model caps (Gemma 2).
-
-    Shape: q (..., q_pos, d_head), k (..., k_pos, d_head) -> (..., q_pos, k_pos) float32.
-    """
-    if softcap is None:  # the scale folded into the queries: one multiplication of (q_pos, d_head), not of the tile
-        return torch.matmul(q * scale, k.transpose(-1, -2))
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    return softcap * torch.tanh(scores / softcap)
 
 
 Progress = Callable[[str, float], None]

@@ -12,18 +12,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.compact.trace import QUERY_BLOCK, CompactTrace, _scores
+from model_core.compact.trace import QUERY_BLOCK, CompactTrace
 from model_core.compact.summary import group_shares
+from model_core.kernel import apply_mask, attention_scores, expand_kv, weights_from_scores
+from model_core.trace.forward import full_trace_bytes
 from model_core.words import piece_text, span_text
 
 MAX_GROUPS = 256
 """Most sentence or line groups a grouped view has: past it, neighbouring groups are merged."""
 _SENTENCE_END = re.compile(r"[.!?。！？]['\"”’)\]]*$")
-
-
-def full_trace_bytes(n_layers: int, n_heads: int, n_tokens: int) -> int:
-    """Bytes of a full trace's weights: layer x head x n² float32."""
-    return 4 * n_layers * n_heads * n_tokens * n_tokens
 
 
 @dataclass(frozen=True)
@@ -115,8 +112,9 @@ def group_means(trace: CompactTrace, layer: int, head: int, starts: np.ndarray) 
     out = torch.zeros(g, g, dtype=torch.float64)
     for r0 in range(0, n, QUERY_BLOCK):
         r1 = min(r0 + QUERY_BLOCK, n)
-        s = _scores(q[r0:r1], k, trace.score_scale, trace.score_softcap).masked_fill_(~allowed[r0:r1], float("-inf"))
-        w = torch.exp(s.double() - lse[r0:r1, None])  # (rows, pos)
+        s = attention_scores(q[r0:r1], k, scale=trace.score_scale, softcap=trace.score_softcap)
+        masked = apply_mask(s, allowed[r0:r1], inplace=True).double()
+        w = weights_from_scores(masked, lse[r0:r1], inplace=True)  # (rows, pos)
         by_key = torch.zeros(r1 - r0, g, dtype=torch.float64).index_add_(1, group_of, w)
         out.index_add_(0, group_of[r0:r1], by_key)
     return (out / counts[:, None]).numpy()
@@ -166,45 +164,6 @@ def describe(trace: CompactTrace) -> dict[str, Any]:
             "full_gb": full_trace_bytes(trace.n_layers, trace.n_heads, trace.n_tokens) / 1e9}
 
 
-def window_steps(trace: CompactTrace, layer: int, head: int, start: int, size: int,
-                 apply_causal: bool | None = None) -> Any:
-    """The causal page's four steps (``model_core.analysis.mask_steps.MaskSteps``) for a square window of one head on the
-    diagonal, positions ``start`` to ``start + size``, exact.
-
-    ``apply_causal=None`` gives the model's own numbers: its weights over the whole input, shown in the window (a
-    row sums to 1 only with the keys before the window). ``False`` on a causal trace drops the causal mask: the
-    softmax over every key of the input, its log-sum-exp computed for the window's rows from the queries and keys.
-
-    Raises:
-        ValueError: the layer, head or window is out of range.
-    """
-    from model_core.analysis.mask_steps import MaskSteps
-
-    trace._check(layer, head)
-    n = trace.n_tokens
-    if not (0 <= start and 1 <= size and start + size <= n):
-        raise ValueError(f"The window {start}:{start + size} is out of range: pick one inside 0:{n}.")
-    rows = slice(start, start + size)
-    q = torch.from_numpy(trace.queries[layer, head, rows])
-    k_all = torch.from_numpy(trace.keys[layer, int(trace.kv_heads[head])])
-    scores = _scores(q, k_all[rows], trace.score_scale, trace.score_softcap)  # (size, size)
-    mask = trace.masks[trace.mask_of_layer[layer], rows, rows]
-    unscaled = torch.matmul(q.double(), k_all[rows].double().T)
-    own = apply_causal is None or apply_causal == trace.causal
-    if own:
-        masked = scores.masked_fill(~torch.from_numpy(mask), float("-inf"))
-        weights = trace.weights(layer, head, rows, rows)
-    else:
-        if apply_causal:
-            raise ValueError("A compact trace is a decoder's: it has its causal mask already.")
-        mask = np.ones_like(mask)
-        masked = scores
-        lse_all = torch.logsumexp(_scores(q, k_all, trace.score_scale, trace.score_softcap).double(), dim=-1)
-        weights = torch.exp(scores.double() - lse_all[:, None]).float().numpy()
-    s = scores.numpy()
-    return MaskSteps(s, mask, masked.numpy(), weights, bool(trace.causal if own else apply_causal), not own,
-                     float(unscaled.std()), float(s.std()))
-
 
 def rollout_row(trace: CompactTrace, target: int = -1, residual: float = 0.5,
                 progress: Any = None) -> np.ndarray:
@@ -222,7 +181,7 @@ def rollout_row(trace: CompactTrace, target: int = -1, residual: float = 0.5,
     v = torch.zeros(n, dtype=torch.float64)
     v[target] = 1.0
     for step, layer in enumerate(reversed(range(trace.n_layers))):
-        k_all = torch.from_numpy(trace.keys[layer]).index_select(0, torch.from_numpy(trace.kv_heads))
+        k_all = expand_kv(trace.keys[layer], trace.kv_heads)
         allowed = torch.from_numpy(trace.masks[trace.mask_of_layer[layer]])
         mixed = torch.zeros(n, dtype=torch.float64)
         for r0 in range(0, n, QUERY_BLOCK):
@@ -234,11 +193,10 @@ def rollout_row(trace: CompactTrace, target: int = -1, residual: float = 0.5,
                 continue
             width = int(reach[-1]) + 1
             q = torch.from_numpy(trace.queries[layer, :, r0:r1])
-            s = _scores(q, k_all[:, :width], trace.score_scale, trace.score_softcap)  # (head, rows, width)
-            s.masked_fill_(~allowed[r0:r1, :width], float("-inf"))
-            lse = torch.from_numpy(trace.lse[layer, :, r0:r1])[..., None]
+            s = attention_scores(q, k_all[:, :width], scale=trace.score_scale, softcap=trace.score_softcap)
+            apply_mask(s, allowed[r0:r1, :width], inplace=True)  # (head, rows, width)
             # float32 tiles (each weight within 1e-6 of float64's); the products summed in float64
-            w = torch.exp(s.sub_(lse.float())).mean(0)  # (rows, width)
+            w = weights_from_scores(s, trace.lse[layer, :, r0:r1], inplace=True).mean(0)  # (rows, width)
             mixed[:width] += (v[r0:r1].float() @ w).double()
         v = residual * v + (1.0 - residual) * mixed
         v /= v.sum()

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -15,8 +16,8 @@ import torch
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.corpus.stats import N_STATS, BatchMasks, batch_head_stats
 from model_core.settings import CHARS_PER_TOKEN_BOUND
-from model_core.trace.encoding import clean_text
-from model_core.trace.gate import GATE
+from model_core.families.encoding import clean_text
+from model_core.gate import GATE
 from model_core.families import Family
 
 LongPolicy = Literal["truncate", "skip"]
@@ -193,8 +194,6 @@ def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: li
     ``on_batch(n)`` is called after each batch with the number of this shard's texts done so far.
     ``sample`` names this shard's sampled tokens; ``qk``/``hidden`` say which of their vectors to keep.
     """
-    import time
-
     start = time.perf_counter()
     limit = min(max_tokens, model.max_positions)
     encoded, skipped = encode_texts(model.tokenizer, texts, first_id, limit, long, model.family)

@@ -24,7 +24,7 @@ IVF_NPROBE = 32
 
 def _faiss() -> Any:
     try:
-        import faiss
+        import faiss  # optional engine, loaded by the neighbour search alone; its absence says what to install
     except ImportError:
         raise ValueError("Nearest contexts need FAISS: pip install faiss-cpu (it is in requirements.txt).") from None
     return faiss

@@ -8,12 +8,14 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
+from transformers import AutoConfig
 
 from model_core.corpus.stats import TokenClasses
 from model_core.chapter3.spec import CustomSpec
-from model_core.families import Family, family_of
-from model_core.models.loading import load_tokenizer
-from model_core.settings import BUNDLED_MODEL_ID, Settings
+from model_core.families import FAMILIES, Family, family_of, family_of_type
+from model_core.models.loading import load_tokenizer, resolve_model_source
+from model_core.settings import Settings, resolve_model_id
+from model_core.trace.request import TraceRequest
 from model_core.trace.resolve import Models, resolve
 
 if TYPE_CHECKING:
@@ -47,10 +49,11 @@ class CorpusModel:
 
     @classmethod
     def from_request(cls, request: "TraceRequest") -> "CorpusModel":
-        """The model of a trace request (its text and head mask play no part); no id means the bundled model."""
+        """The model of a trace request (its text and head mask play no part); no id means the deployment's default
+        (``resolve_model_id``: the bundled BERT unless AE_DEFAULT_MODEL says otherwise), as for a trace."""
         if request.model == "pretrained":
-            return cls("pretrained", request.model_id or BUNDLED_MODEL_ID)
-        spec = request.spec(BUNDLED_MODEL_ID)
+            return cls("pretrained", resolve_model_id(request.model_id))
+        spec = request.spec(resolve_model_id(None))
         return cls("custom", spec.model_id, spec)
 
     @classmethod
@@ -58,8 +61,6 @@ class CorpusModel:
                      causal: bool = False, norm_placement: str = "pre", num_hidden_layers: int = 12, num_attention_heads: int = 12,
                      hidden_size: int = 768) -> "CorpusModel":
         """From the command line's options (those that do not apply are ignored), through a TraceRequest."""
-        from model_core.trace.request import TraceRequest
-
         if model not in ("pretrained", "bert", "custom"):
             raise ValueError(f"--model must be 'pretrained' or 'custom', got {model!r}.")
         return cls.from_request(TraceRequest(
@@ -111,13 +112,8 @@ class CorpusModel:
 
     def family(self) -> Family:
         """The model's family, from its config alone (no weights loaded)."""
-        from model_core.families import FAMILIES, family_of_type
-
         if self.kind == "custom":
             return FAMILIES["custom"]
-        from transformers import AutoConfig
-
-        from model_core.models.loading import resolve_model_source
 
         source = resolve_model_source(self.model_id)
         config = AutoConfig.from_pretrained(source.location, local_files_only=source.kind != "hub")

@@ -26,7 +26,7 @@ def _require_index(run: CorpusRun) -> dict[str, Any]:
 def sample_tokens(run: CorpusRun):
     """The sample's tokens (row, text_id, position, token) as a pyarrow table, read once per run."""
     if "sample_tokens" not in run._texts:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # pyarrow costs ~0.3 s to import: only a run folder's readers pay it
 
         run._texts["sample_tokens"] = pq.read_table(array_path(run.path, "tokens").with_suffix(".parquet"))
     return run._texts["sample_tokens"]

@@ -67,14 +67,14 @@ def project(points: np.ndarray, method: str = "pca", seed: int = 0) -> np.ndarra
         return pca_2d(points)
     if method == "umap":
         try:
-            import umap
+            import umap  # optional engine (requirements-dev), seconds to import: only the UMAP view loads it
         except ImportError:
             raise ValueError("UMAP needs umap-learn: pip install umap-learn (in requirements-dev.txt); "
                              "PCA needs nothing.") from None
         return umap.UMAP(n_components=2, random_state=seed, n_neighbors=15).fit_transform(points)
     if method == "tsne":
         try:
-            from sklearn.manifold import TSNE
+            from sklearn.manifold import TSNE  # optional engine, slow to import: only the t-SNE view loads it
         except ImportError:
             raise ValueError("t-SNE needs scikit-learn: pip install scikit-learn; PCA needs nothing.") from None
         return TSNE(n_components=2, random_state=seed, init="pca").fit_transform(points)

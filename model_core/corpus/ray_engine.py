@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from model_core.corpus.batches import ChunkResult, process_chunk
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 
@@ -19,7 +21,7 @@ _WORKER_MODELS: dict[CorpusModel, LoadedCorpusModel] = {}
 
 def _ray() -> Any:
     try:
-        import ray
+        import ray  # optional engine (requirements-dev), seconds to import: only --engine ray loads it
     except ImportError:
         raise ValueError("--engine ray needs Ray: pip install 'ray[default]' (it is in requirements-dev.txt), "
                          "or use --engine local.") from None
@@ -47,8 +49,6 @@ def _connect(address: str | None, num_cpus: int | None) -> Any:
 
 def _worker_model(model: CorpusModel) -> LoadedCorpusModel:
     if model not in _WORKER_MODELS:
-        import torch
-
         ray = _ray()
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
         torch.set_num_threads(max(1, int(cpus)))

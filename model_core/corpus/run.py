@@ -16,6 +16,8 @@ from model_core.corpus.sample import array_path, create_arrays, plan_sample, wri
 from model_core.corpus.sources import Corpus
 from model_core.corpus.stats import PatternRules, StatSums
 import model_core.corpus.store as store
+from model_core.corpus.index import build_indexes
+from model_core.corpus.ray_engine import describe_remote, run_shards_on_ray
 from model_core.models.memory import release_freed_memory
 
 CORPUS_MAX_TOKENS = 512
@@ -82,6 +84,7 @@ def _plan_sample(out: Path, corpus: Corpus, tokenizer, options: RunOptions, limi
                  hidden_size: int, family: Family):
     """Plan the token sample from every text's tokens (tokenising is cheap; the model has not run yet) and
     allocate its arrays; a resume plans the same sample and keeps the rows already written."""
+    # pyarrow costs ~0.3 s to import: only a run that keeps a token sample pays it
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -167,8 +170,6 @@ def run_corpus(
         n_layers, n_heads, description, dev = local.n_layers, local.n_heads, local.description, str(local.device)
         max_positions, tokenizer, hidden_size = local.max_positions, local.tokenizer, local.hidden_size
     else:
-        from model_core.corpus.ray_engine import describe_remote
-
         n_layers, n_heads, description, dev, max_positions, hidden_size = describe_remote(model, ray_address,
                                                                                           ray_num_cpus)
         tokenizer = model.tokenizer() if options.sampling else None
@@ -240,16 +241,12 @@ def run_corpus(
                                  qk=options.keep_qk, hidden=options.index)
                    for index, first, texts in shards)
     else:
-        from model_core.corpus.ray_engine import run_shards_on_ray
-
         results = run_shards_on_ray(model, shards, options, ray_address, ray_num_cpus, sample_for)
     try:
         for result in results:
             save(result)
         manifest["complete"] = counts["done"] == len(corpus)
         if manifest["complete"] and options.index and plan is not None:
-            from model_core.corpus.index import build_indexes
-
             manifest["sample"]["index"] = build_indexes(out)
     finally:
         close = getattr(results, "close", None)

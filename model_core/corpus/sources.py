@@ -299,10 +299,10 @@ def read_hub_dataset(dataset_id: str, *, split: str = "train", column: str | Non
     if not dataset_id:
         raise CorpusInputError("Type a dataset id, such as imdb or glue, or a local dataset folder.")
     try:
-        import datasets
+        import datasets  # Hugging Face datasets: seconds to import, needed by hub dataset ids alone
     except ImportError:
         raise CorpusInputError("Reading hub datasets needs the `datasets` package: pip install datasets.") from None
-    from model_core.models.loading import _hub_reachable
+    from model_core.models.loading import _hub_reachable  # loading brings torch: reading a local corpus does not
 
     local = Path(dataset_id).expanduser().exists()
     if not local and not _hub_reachable():

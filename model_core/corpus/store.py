@@ -19,6 +19,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,6 @@ class CorpusRunError(ValueError):
 
 def package_versions() -> dict[str, str]:
     """Versions of the packages that shape the numbers."""
-    from importlib import metadata
-
     out = {"python": platform.python_version()}
     for name in ("torch", "transformers", "tokenizers", "numpy", "pyarrow"):
         try:
@@ -66,6 +65,7 @@ def done_parts(run: Path) -> list[int]:
 
 def write_part(run: Path, result: ChunkResult, texts: list[tuple[str, str | None]]) -> None:
     """Write one shard's rows (atomically: a half-written part never has the final name)."""
+    # pyarrow costs ~0.3 s to import: only the run folder's writers and readers pay it
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -92,7 +92,7 @@ def write_part(run: Path, result: ChunkResult, texts: list[tuple[str, str | None
 
 def read_part(path: Path, n_layers: int, n_heads: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(stats, columns) of one part: stats (text, stat, layer, head) float32; n_tokens, truncated, skipped."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # ~0.3 s to import: only a run folder's readers pay it
 
     table = pq.read_table(path, columns=[*STAT_NAMES, "n_tokens", "truncated", "skipped"])
     stats = np.stack([_list_column(table[name], n_layers, n_heads) for name in STAT_NAMES], axis=1)
@@ -209,7 +209,7 @@ class CorpusRun:
     def texts(self):
         """The per-text table (pandas), read once and kept."""
         if "table" not in self._texts:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # ~0.3 s to import: only a run folder's readers pay it
 
             if not done_parts(self.path):
                 raise CorpusRunError(f"{str(self.path)!r} has no texts yet.")

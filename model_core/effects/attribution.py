@@ -31,29 +31,14 @@ from model_core.effects.attribution_readout import (
     output_projections,
     project,
 )
+from model_core.families import checks
+from model_core.families.checks import NotADecoder, NotOneToken, token_id_of  # noqa: F401 - this module's API too
 from model_core.trace.shape import LayerHeadGrid, freeze_arrays
 
 CHECK_TOLERANCE = 1e-4
 """How far (relative to the larger of the logit and 1) the parts' sum may be from the model's own logit."""
 
 
-class NotADecoder(ValueError):
-    """Direct logit attribution was asked of an encoder, which has no next-token logit."""
-
-
-class NotOneToken(ValueError):
-    """An answer or foil that the tokenizer splits into several pieces (or none); ``pieces`` lists them."""
-
-    def __init__(self, text: str, pieces: tuple[str, ...]) -> None:
-        self.text, self.pieces = text, pieces
-        if not pieces:
-            message = "Give a token to attribute, as written with its leading space (e.g. \" Paris\")."
-        else:
-            shown = " + ".join(repr(p) for p in pieces)
-            message = (f"{text!r} is {len(pieces)} tokens for this model's tokenizer ({shown}), not one: give a "
-                       "single token, e.g. its first piece, or a word the vocabulary holds whole (a leading space "
-                       "is part of the token: \" Paris\", not \"Paris\").")
-        super().__init__(message)
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,24 +136,9 @@ class Attribution(LayerHeadGrid):
         return out
 
 
-def token_id_of(tokenizer: Any, text: str) -> int:
-    """The one token ``text`` is, as written (a leading space included: " Paris").
-
-    Raises:
-        NotOneToken: ``text`` is empty or several tokens; its ``pieces`` list them.
-    """
-    ids = tokenizer.encode(text, add_special_tokens=False) if text else []
-    if len(ids) != 1:
-        raise NotOneToken(text, tuple(tokenizer.decode([int(i)]) for i in ids))
-    return int(ids[0])
-
-
 def require_decoder_family(family: Any) -> None:
-    """Raise ``NotADecoder`` (a ValueError) unless the family is a decoder's."""
-    if not family.is_decoder:
-        raise NotADecoder(f"A {family.label} has no next-token logit, so there is nothing to attribute: direct logit "
-                          "attribution needs a decoder language model (GPT-2 or a Llama-like model such as the "
-                          "bundled SmolLM2). The contribution graph works for encoders.")
+    """Raise ``NotADecoder`` (a ValueError) unless the family is a decoder's (``families.checks.require_decoder``)."""
+    checks.require_decoder(family, "direct logit attribution", instead="The contribution graph works for encoders.")
 
 
 def require_decoder(trace: Any, family: Any) -> None:

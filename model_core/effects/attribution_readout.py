@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from model_core.effects.norms import FrozenNorm, freeze
+from model_core.gate import GATE
 
 
 def to_cpu64(frozen: FrozenNorm) -> FrozenNorm:
@@ -81,9 +82,9 @@ def final_readout(model: Any, family: Any, resid: np.ndarray, answer_id: int, fo
     param = next(model.parameters())
     norm = family.final_norm(model)
     x = torch.from_numpy(np.array(resid)).to(device=param.device, dtype=param.dtype)
-    frozen = to_cpu64(freeze(norm, x))
     row, b_unembed = unembedding_row(model, answer_id, foil_id)
-    with torch.inference_mode():
+    with GATE.turn(), torch.inference_mode():  # the model's final norm and unembedding run here
+        frozen = to_cpu64(freeze(norm, x))
         logits = model.get_output_embeddings()(norm(x)).float()  # the model's own read-out, before any softcap
     logit = float(logits[answer_id] - (0.0 if foil_id is None else logits[foil_id]))
     bias = bias_of(frozen)
@@ -92,30 +93,19 @@ def final_readout(model: Any, family: Any, resid: np.ndarray, answer_id: int, fo
 
 
 def attention_output_norm(family: Any, model: Any, layer: int) -> Any | None:
-    """The norm a block applies to its attention output before the residual sum, or None.
-
-    Gemma 2/3 and OLMo 2 normalise both sub-blocks' outputs (``post_attention_layernorm`` and
-    ``post_feedforward_layernorm``); in Llama-like blocks without the latter, ``post_attention_layernorm`` is the MLP's
-    input norm instead.
-    """
-    block = family.layers(model)[layer]
-    if getattr(block, "post_feedforward_layernorm", None) is not None:
-        return block.post_attention_layernorm
-    return None
+    """The norm a block applies to its attention output before the residual sum (Gemma 2/3, OLMo 2), or None
+    (``BlockParts.attn_post_norm``)."""
+    return family.parts(model, layer).attn_post_norm
 
 
 def projection_modules(family: Any, model: Any) -> list[Any]:
-    """Every layer's output projection module (Llama's o_proj, Phi's dense, GPT-2's c_proj)."""
-    out = []
-    for block in family.layers(model):
-        attn = getattr(block, "self_attn", None) or block.attn
-        out.append(next(getattr(attn, name) for name in ("o_proj", "dense", "c_proj") if hasattr(attn, name)))
-    return out
+    """Every layer's output projection module, where the family says it is (``BlockParts.o_proj``)."""
+    return [family.parts(model, layer).o_proj for layer in range(family.n_layers(model.config))]
 
 
 def output_projections(family: Any, model: Any) -> list[tuple[torch.Tensor, np.ndarray | None]]:
     """Every layer's output projection W_O as the model holds it (``Family.output_weights``, no copy), and its bias
-    (GPT-2's c_proj, Phi's dense; None for most Llamas).
+    (GPT-2's and Phi's; None for most Llamas).
 
     Shape: -> layer pairs of (d_model, head * d_head) on the model's device, (d_model,) float64 or None.
     """
@@ -167,7 +157,8 @@ def layer_readout(family: Any, model: Any, layer: int, output: np.ndarray, bias:
         return LayerReadout(direction=direction, written=output, rest=rest)
     param = next(model.parameters())
     x = torch.from_numpy(output).to(device=param.device, dtype=param.dtype)
-    frozen = to_cpu64(freeze(norm, x))
+    with GATE.turn():  # the model's post-attention norm runs here
+        frozen = to_cpu64(freeze(norm, x))
     pulled = pull_back(frozen, direction)
     norm_bias = bias_of(frozen)
     written = frozen.apply(torch.from_numpy(output)).numpy() + (0.0 if norm_bias is None else norm_bias)
@@ -178,34 +169,23 @@ def layer_readout(family: Any, model: Any, layer: int, output: np.ndarray, bias:
 def mlp_write(family: Any, model: Any, layer: int, resid_pre: np.ndarray, resid_mid: np.ndarray) -> np.ndarray | None:
     """Block ``layer``'s MLP write into the residual stream at one position, from running the block's own MLP modules
     (its input norm, the MLP, any post-MLP norm) on one vector: an independent read of what the attribution otherwise
-    gets as the layer's update minus the attention write. None where the block is not one this knows.
+    gets as the layer's update minus the attention write. None for a post-norm block or one whose MLP has no input
+    norm (OLMo 2).
 
-    Llama-like blocks read ``resid_mid`` through ``post_attention_layernorm`` (Gemma 2/3: ``pre_feedforward_layernorm``,
-    then ``post_feedforward_layernorm`` on the output); GPT-2 through ``ln_2``; Phi's parallel block reads ``resid_pre``
-    through ``input_layernorm``, as its attention does.
+    A pre-norm block's MLP reads ``resid_mid`` through ``ln2`` (then Gemma 2/3's ``mlp_post_norm`` on its output); a
+    parallel block's (Phi) reads ``resid_pre`` through ``ln1``, as its attention does (``BlockParts``).
 
     Shape: resid_pre, resid_mid (d_model,) -> (d_model,) float64.
     """
-    block = family.layers(model)[layer]
-    mlp = getattr(block, "mlp", None)
-    if mlp is None:
+    parts = family.parts(model, layer)
+    if parts.post_norm or parts.mlp is None:
         return None
-    post = getattr(block, "post_feedforward_layernorm", None)
-    if post is not None:
-        norm, x = getattr(block, "pre_feedforward_layernorm", None), resid_mid
-    elif getattr(block, "ln_2", None) is not None:
-        norm, x = block.ln_2, resid_mid
-    elif getattr(block, "post_attention_layernorm", None) is not None:
-        norm, x = block.post_attention_layernorm, resid_mid
-    elif type(block).__name__ == "PhiDecoderLayer":  # attention and MLP side by side on one normed input
-        norm, x = block.input_layernorm, resid_pre
-    else:
-        return None
+    norm, x = (parts.ln1, resid_pre) if parts.mlp_reads_resid_pre else (parts.ln2, resid_mid)
     if norm is None:
         return None
     param = next(model.parameters())
     t = torch.from_numpy(np.ascontiguousarray(x)).to(device=param.device, dtype=param.dtype)[None, None]
-    with torch.inference_mode():
-        out = mlp(norm(t))
-        out = out if post is None else post(out)
+    with GATE.turn(), torch.inference_mode():  # the block's own MLP modules run here
+        out = parts.mlp(norm(t))
+        out = out if parts.mlp_post_norm is None else parts.mlp_post_norm(out)
     return out[0, 0].to("cpu", torch.float64).numpy()

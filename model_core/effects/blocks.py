@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from model_core.effects.norms import freeze
-from model_core.trace.gate import GATE
+from model_core.families.parts import BlockParts
+from model_core.gate import GATE
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,7 +98,7 @@ class BlockMap:
         self.kv_heads = torch.as_tensor(family.kv_heads(config))
         weights = family.output_weights(model)
         self.d_head = int(weights[0].shape[1]) // self.n_heads
-        self._layers = [_layer_of(family.name, model, i, weights[i]) for i in range(self.n_layers)]
+        self._layers = [_layer_of(family.parts(model, i), weights[i]) for i in range(self.n_layers)]
 
     # -- the terms -------------------------------------------------------------------------
     @torch.no_grad()
@@ -178,55 +179,11 @@ class BlockMap:
         return v.index_select(0, self.kv_heads)
 
 
-def _layer_of(name: str, model: Any, index: int, o_weight: torch.Tensor) -> _Layer:
-    """Block ``index``'s modules for family ``name``."""
-    if name == "gpt2":
-        block = model.transformer.h[index]
-        d = block.attn.c_proj.weight.shape[0]
-        v_of = lambda x: block.attn.c_attn(block.ln_1(x))[..., 2 * d:]
-        return _Layer(o_weight.detach(), block.attn.c_proj.bias, v_of=v_of)
-    if name == "bert":
-        block = model.encoder.layer[index]
-        out = block.attention.output
-        ffn = lambda x: block.output.dense(block.intermediate(x))
-        return _Layer(o_weight.detach(), out.dense.bias, post_ln1=out.LayerNorm, ffn=ffn, post_ln2=block.output.LayerNorm,
-                      v_of=block.attention.self.value)
-    if name == "custom":
-        block = model.encoder.layers[index]
-        bias = block.attention.output_linear.bias
-        if block.norm_placement == "post":
-            return _Layer(o_weight.detach(), bias, post_ln1=block.layer_norm_1, ffn=block.feed_forward,
-                          post_ln2=block.layer_norm_2)
-        return _Layer(o_weight.detach(), bias)
-    block = model.model.layers[index]  # Llama-like
-    attn = block.self_attn
-    o_proj = attn.o_proj if hasattr(attn, "o_proj") else attn.dense  # Phi: dense
-    # Gemma 2/3 and OLMo 2 normalise each sublayer's output before the sum (they have a post-feed-forward norm).
-    attn_norm = block.post_attention_layernorm if getattr(block, "post_feedforward_layernorm", None) is not None \
-        else None
-    return _Layer(o_weight.detach(), o_proj.bias, attn_norm=attn_norm, v_of=_llama_values(block, model.config))
-
-
-def _llama_values(block: Any, config: Any) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A Llama-like block's values from its input: its input norm (where it has one), then v_proj (Phi-3: the
-    last third of the fused qkv_proj)."""
-    attn = block.self_attn
-    norm = getattr(block, "input_layernorm", None)
-
-    def values(x: torch.Tensor) -> torch.Tensor:
-        h = x if norm is None else norm(x.to(_dtype(norm)))
-        if hasattr(attn, "v_proj"):
-            v = attn.v_proj(h)
-        else:  # Phi-3: rows are q (heads), then k and v (kv_heads each)
-            qkv = attn.qkv_proj(h)
-            v = qkv[..., -config.num_key_value_heads * attn.head_dim:]
-        v_norm = getattr(attn, "v_norm", None)
-        if v_norm is not None:
-            v = v_norm(v.view(*v.shape[:-1], -1, attn.head_dim)).flatten(-2)
-        return v
-    return values
-
-
-def _dtype(module: Any) -> torch.dtype:
-    p = next(module.parameters(), None)
-    return torch.float32 if p is None else p.dtype
+def _layer_of(parts: BlockParts, o_weight: torch.Tensor) -> _Layer:
+    """One block's modules as the graph needs them, from the family's ``BlockParts``."""
+    bias = getattr(parts.o_proj, "bias", None)
+    if parts.post_norm:  # BERT, the chapter-3 encoder with post-LN: the MLP runs again from resid_mid
+        return _Layer(o_weight.detach(), bias, post_ln1=parts.post_ln1, ffn=parts.mlp, post_ln2=parts.post_ln2,
+                      v_of=parts.values)
+    # Gemma 2/3 and OLMo 2 normalise the attention output before the sum (attn_post_norm); the others do not.
+    return _Layer(o_weight.detach(), bias, attn_norm=parts.attn_post_norm, v_of=parts.values)

@@ -178,12 +178,19 @@ class ContributionFlow:
 
     # -- what the pages read besides --------------------------------------------------------
     @torch.no_grad()
+    def joins(self, layer: int, positions: list[int] | np.ndarray) -> tuple[Any, Any]:
+        """The attention block's and the MLP block's joins at some query positions: each block's output as its
+        parts (``scale``, ``residual``, ``rest``, ``whole``), which every contribution is a share of; the
+        attention's read over the keys up to the last position (causal) or all of them."""
+        pos = np.asarray(positions, dtype=np.int64)
+        n_keys = int(pos.max()) + 1 if self.source.causal else self.n_tokens
+        return self._joins(layer, pos, self.source.rows(layer, pos, n_keys), self.source.values(layer)[:, :n_keys])
+
+    @torch.no_grad()
     def vectors(self, layer: int, positions: list[int]) -> BlockVectors:
         """The layer's residual stream and block outputs at some positions (the tokens a block promotes)."""
         pos = np.asarray(positions, dtype=np.int64)
-        n_keys = int(pos.max()) + 1 if self.source.causal else self.n_tokens
-        values = self.source.values(layer)[:, :n_keys]
-        join, mlp = self._joins(layer, pos, self.source.rows(layer, pos, n_keys), values)
+        join, mlp = self.joins(layer, pos)
         resid_pre = self.source.hidden[layer][pos].float()
         return BlockVectors(resid_pre, join.whole - resid_pre, join.whole, mlp.whole - join.whole, mlp.whole)
 

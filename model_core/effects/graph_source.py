@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from model_core.effects.blocks import BlockMap
-from model_core.trace.gate import GATE
+from model_core.effects.graph_flow import ContributionFlow
+from model_core.gate import GATE
+from model_core.kernel import apply_mask, attention_scores, expand_kv, weights_from_scores
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -77,15 +79,13 @@ class CompactSource:
         """
         ct = self.compact
         q = _tensor(ct.queries[layer][:, positions])  # (head, rows, d_head)
-        k = _tensor(ct.keys[layer][:, :n_keys]).index_select(0, _tensor(ct.kv_heads))
-        scores = torch.matmul(q, k.transpose(-1, -2)) * ct.score_scale  # (head, rows, key)
-        if ct.score_softcap is not None:
-            scores = ct.score_softcap * torch.tanh(scores / ct.score_softcap)
+        k = expand_kv(_tensor(ct.keys[layer][:, :n_keys]), ct.kv_heads)
+        scores = attention_scores(q, k, scale=ct.score_scale, softcap=ct.score_softcap)  # (head, rows, key)
         allowed = _tensor(np.ascontiguousarray(ct.masks[ct.mask_of_layer[layer]][positions, :n_keys]))
         lse = _tensor(ct.lse[layer][:, positions])  # (head, rows) float64
         # masked scores first: a masked key's score may be huge (exp -> inf, and inf * 0 is NaN)
-        masked = scores.double().masked_fill(~allowed.bool(), float("-inf"))
-        weights = torch.exp(masked - lse[..., None]).float()
+        masked = apply_mask(scores.double(), allowed, inplace=True)
+        weights = weights_from_scores(masked, lse, inplace=True).float()
         return weights.transpose(0, 1).contiguous()
 
     def values(self, layer: int) -> torch.Tensor:
@@ -118,15 +118,11 @@ def residual_pass(compact: Any, model: Any, family: Any,
 
 def trace_flow(trace: Any, model: Any, family: Any):
     """The ``ContributionFlow`` of a full trace of ``model`` (of ``family``)."""
-    from model_core.effects.graph_flow import ContributionFlow
-
     blocks = BlockMap(family, model)
     return ContributionFlow(TraceSource(trace, blocks), blocks)
 
 
 def compact_flow(compact: Any, model: Any, family: Any, on_layer: Callable[[int], None] | None = None):
     """The ``ContributionFlow`` of a compact trace of ``model``: runs one compact pass for the residual stream."""
-    from model_core.effects.graph_flow import ContributionFlow
-
     blocks = BlockMap(family, model)
     return ContributionFlow(CompactSource(compact, blocks, residual_pass(compact, model, family, on_layer)), blocks)

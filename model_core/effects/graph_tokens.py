@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from model_core.effects.norms import freeze
-from model_core.trace.gate import GATE
+from model_core.families.checks import require_decoder
+from model_core.gate import GATE
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,7 @@ def block_tokens(flow: Any, model: Any, family: Any, tokenizer: Any, layer: int,
     Raises:
         ValueError: the model is not a decoder (an encoder has no unembedding).
     """
-    if not family.is_decoder:
-        raise ValueError(f"A {family.label} predicts no tokens; promoted and suppressed tokens need a decoder.")
+    require_decoder(family, "reading a block's promoted and suppressed tokens")
     vec = flow.vectors(layer, [position])
     unembed = model.get_output_embeddings().weight  # (vocab, d_model)
     norm = family.final_norm(model)

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from model_core.families.parts import adds_one, norm_eps
+
 CHECK_TOLERANCE = 1e-4
 """How far (relative) the frozen map may be from the module itself before the norm is called unsupported."""
 
@@ -51,8 +53,7 @@ def _gain(module: Any, d_model: int, like: torch.Tensor) -> torch.Tensor:
     if weight is None:
         return torch.ones(d_model, dtype=like.dtype, device=like.device)
     weight = weight.detach()
-    # Gemma's RMSNorms scale by (1 + w); their classes say so in the name (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm).
-    return weight + 1.0 if type(module).__name__.startswith("Gemma") else weight
+    return weight + 1.0 if adds_one(module) else weight  # Gemma's RMSNorms scale by (1 + w)
 
 
 def _is_layer_norm(module: Any) -> bool:
@@ -64,8 +65,16 @@ def _is_layer_norm(module: Any) -> bool:
 def _is_rms_norm(module: Any) -> bool:
     """An RMSNorm: torch's, or a class named so (Llama's, Gemma's...), or a module with a gain and an epsilon."""
     return (isinstance(module, getattr(torch.nn, "RMSNorm", ())) or "rmsnorm" in type(module).__name__.lower()
-            or (getattr(module, "weight", None) is not None
-                and (hasattr(module, "variance_epsilon") or hasattr(module, "eps"))))
+            or (getattr(module, "weight", None) is not None and _eps(module) is not None))
+
+
+def _eps(module: Any) -> float | None:
+    """A norm's epsilon (``model_core.families.parts.norm_eps``), or None where it has none (torch's
+    ``RMSNorm(eps=None)``)."""
+    try:
+        return norm_eps(module)
+    except ValueError:
+        return None
 
 
 def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
@@ -82,13 +91,13 @@ def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
     d_model = int(x.shape[-1])
     bias = getattr(module, "bias", None)
     if _is_layer_norm(module):
-        eps = float(getattr(module, "eps", getattr(module, "variance_epsilon", 1e-5)))
+        eps = _eps(module)
+        eps = 1e-5 if eps is None else eps
         var = xf.var(dim=-1, keepdim=True, unbiased=False)
         frozen = FrozenNorm(scale=torch.rsqrt(var + eps).to(x.dtype), weight=_gain(module, d_model, x),
                             bias=None if bias is None else bias.detach(), centred=True)
     elif _is_rms_norm(module):
-        eps = getattr(module, "variance_epsilon", None)
-        eps = getattr(module, "eps", None) if eps is None else eps
+        eps = _eps(module)
         eps = float(torch.finfo(xf.dtype).eps if eps is None else eps)  # torch's RMSNorm(eps=None)
         rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
         frozen = FrozenNorm(scale=rms.to(x.dtype), weight=_gain(module, d_model, x), bias=None, centred=False)

@@ -25,7 +25,7 @@ from model_core.effects.patching import (
 )
 from model_core.effects.patching_inputs import PatchInputs
 from model_core.families import Family
-from model_core.trace.gate import GATE
+from model_core.gate import GATE
 from model_core.trace.trace import AttentionTrace
 
 

@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from model_core.families import Family
+from model_core.families import Family, checks
+from model_core.families.checks import token_id_of
+from model_core.trace.request import TraceRequest
 
 CONTRIBUTIONS_HINT = ("The Contributions page (python -m model_core graph) works for encoders: it follows what each "
                       "head and block adds to any token.")
@@ -54,34 +56,14 @@ def require_decoder(family: Family) -> None:
     """Refuse an encoder: patching reads next-token logits.
 
     Raises:
-        PatchingError: the family is not a decoder language model.
+        NotADecoder: the family is not a decoder language model (``families.checks.require_decoder``).
     """
-    if not family.is_decoder:
-        raise PatchingError(f"Activation patching compares next-token logits, and a {family.label} predicts no next "
-                            "token (it reads the whole text at once). Pick a decoder such as SmolLM2-135M-Instruct. "
-                            + CONTRIBUTIONS_HINT)
+    checks.require_decoder(family, "activation patching (it compares next-token logits)", instead=CONTRIBUTIONS_HINT)
 
 
 def token_texts(tokenizer: Any, ids: np.ndarray | list[int]) -> tuple[str, ...]:
     """Each id as text, the way the pages show tokens (" John", "\\n")."""
     return tuple(tokenizer.decode([int(i)]) for i in ids)
-
-
-def one_token(tokenizer: Any, text: str, role: str) -> int:
-    """The id of ``text`` as written (leading space included), which must be one token.
-
-    Raises:
-        PatchingError: empty, or more than one token; the message shows its pieces.
-    """
-    if not text:
-        raise PatchingError(f"The {role} is empty; type one token, with its leading space (e.g. \" Paris\").")
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    if len(ids) != 1:
-        pieces = " + ".join(repr(p) for p in token_texts(tokenizer, ids)) or "nothing"
-        hint = "" if text.startswith(" ") else " A word in running text usually starts with a space (\" Paris\")."
-        raise PatchingError(f"The {role} {text!r} is {len(ids)} tokens for this model: {pieces}. The metric compares "
-                            f"two single tokens; use one of these pieces or a shorter word.{hint}")
-    return int(ids[0])
 
 
 def describe_difference(clean: tuple[str, ...], corrupt: tuple[str, ...]) -> str:
@@ -113,8 +95,9 @@ def check_inputs(tokenizer: Any, family: Family, clean_ids: np.ndarray, corrupt_
         answer, foil: one token each, as written.
 
     Raises:
-        PatchingError: an encoder, prompts of different lengths (both counts and which tokens differ), the same
-            prompt twice, an answer or foil that is not one token (its pieces), or the answer equal to the foil.
+        PatchingError: prompts of different lengths (both counts and which tokens differ), the same prompt twice,
+            or the answer equal to the foil. NotADecoder: an encoder. NotOneToken: an answer or foil that is not one
+            token (its pieces). All three are ValueErrors.
     """
     require_decoder(family)
     clean_ids = np.asarray(clean_ids, dtype=np.int64).ravel()
@@ -129,7 +112,7 @@ def check_inputs(tokenizer: Any, family: Family, clean_ids: np.ndarray, corrupt_
     if differing.size == 0:
         raise PatchingError("The clean and corrupted prompts are the same tokens, so their metrics are equal and no "
                             "effect can be normalised. Change a word of the corrupted prompt (e.g. swap a name).")
-    answer_id, foil_id = one_token(tokenizer, answer, "answer"), one_token(tokenizer, foil, "foil")
+    answer_id, foil_id = token_id_of(tokenizer, answer, "answer"), token_id_of(tokenizer, foil, "foil")
     if answer_id == foil_id:
         raise PatchingError(f"The answer and the foil are the same token ({answer!r}), so the metric logit(answer) − "
                             "logit(foil) is always 0. Choose a foil the corrupted prompt would give instead.")
@@ -147,8 +130,6 @@ def prepare_inputs(resolved: Any, clean: str, corrupt: str, answer: str, foil: s
     Raises:
         PatchingError: as ``check_inputs``; InputError: a prompt is empty or too long.
     """
-    from model_core.trace.request import TraceRequest
-
     require_decoder(resolved.family)
     encoded = [resolved.encode(TraceRequest("pretrained", text, "")) for text in (clean, corrupt)]
     return check_inputs(resolved.tokenizer, resolved.family, encoded[0].input_ids[0].numpy(),

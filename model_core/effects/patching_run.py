@@ -1,7 +1,8 @@
-"""Activation patching from end to end, for the command line and the notebook: resolve the model, check the inputs,
-run both prompts, attribution patching, exact patching, and the table of attention beside effect.
+"""Activation patching from end to end: resolve the model, check the inputs, run both prompts, attribution patching,
+exact patching, and the table of attention beside effect.
 
-The app runs the same steps one by one (``ui.patching``), caching each and showing exact patching's progress.
+``PatchingPipeline`` holds each step once. ``patch_prompts`` (the command line, the notebook) runs them all; the app
+(``ui.patching``) runs the same steps one by one, caching each and showing exact patching's progress.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_core.effects.attribution import attribute
 from model_core.effects.patching import (
     ExactPatching,
     PatchRuns,
@@ -25,11 +27,14 @@ from model_core.effects.patching_attribution import (
     rank_correlation,
     runs_and_attribution,
 )
-from model_core.effects.patching_inputs import prepare_inputs, require_decoder
+from model_core.effects.patching_inputs import PatchInputs, prepare_inputs
 from model_core.effects.patching_table import (
     AttentionBesideEffect,
     attention_beside_effect,
 )
+from model_core.roles.scores import TEXT_ROLES, role_scores
+from model_core.trace.request import TraceRequest, build_trace
+from model_core.trace.resolve import resolve
 from model_core.trace.trace import AttentionTrace
 
 
@@ -52,8 +57,7 @@ class PatchingResult:
     @property
     def rank_correlation(self) -> dict[str, float]:
         """Spearman's rank correlation of attribution patching with exact patching, per grid."""
-        return {"heads": rank_correlation(self.attribution.heads, self.exact.heads),
-                "residual": rank_correlation(self.attribution.residual, self.exact.residual)}
+        return estimate_correlation(self.attribution, self.exact)
 
     def to_json(self) -> dict[str, Any]:
         """The command line's JSON: metrics, the L × H grids, the residual grids, correlations (NaN as null)."""
@@ -73,6 +77,13 @@ class PatchingResult:
         return out
 
 
+def estimate_correlation(attribution: AttributionPatching, exact: ExactPatching) -> dict[str, float]:
+    """Spearman's rank correlation of attribution patching's estimate with exact patching: {"heads", "residual"}
+    (cells a stopped run did not reach are left out)."""
+    return {"heads": rank_correlation(attribution.heads, exact.heads),
+            "residual": rank_correlation(attribution.residual, exact.residual)}
+
+
 def _listed(value: Any) -> Any:
     """Arrays as nested lists and NaN as None (JSON has no NaN)."""
     if isinstance(value, np.ndarray):
@@ -88,14 +99,10 @@ def _listed(value: Any) -> Any:
 
 def head_dla(trace: AttentionTrace, model: Any, family: Any, answer_id: int, foil_id: int) -> np.ndarray | None:
     """Each head's direct logit attribution to logit(answer) − logit(foil) at the clean prompt's last token
-    (``model_core.effects.attribution``), or None where it cannot be computed (the module or the model's norms).
+    (``model_core.effects.attribution``), or None where it cannot be computed (the model's norms).
 
     Shape: -> (layer, head).
     """
-    try:
-        from model_core.effects.attribution import attribute
-    except ImportError:
-        return None
     try:
         return np.asarray(attribute(trace, model, family, answer_id, foil_id).heads, dtype=np.float64)
     except (ValueError, RuntimeError) as exc:
@@ -105,24 +112,79 @@ def head_dla(trace: AttentionTrace, model: Any, family: Any, answer_id: int, foi
 
 def text_roles(trace: AttentionTrace) -> dict[str, np.ndarray]:
     """The role scores that mean something on any text (previous-token, duplicate-token, sink), on ``trace``."""
-    from model_core.roles.scores import TEXT_ROLES, role_scores
-
     return role_scores(trace, TEXT_ROLES)
 
 
-def table_for(trace: AttentionTrace, model: Any, family: Any, runs: PatchRuns, exact: ExactPatching,
-              attribution: AttributionPatching) -> AttentionBesideEffect:
-    """Attention beside effect from the clean prompt's trace, with its DLA and text role scores.
+TableParts = tuple[np.ndarray | None, dict[str, np.ndarray]]
+"""The table's columns that read only the clean prompt's trace and the model: each head's DLA (or None) and its text
+role scores."""
+
+
+def table_parts(trace: AttentionTrace, model: Any, family: Any, answer_id: int, foil_id: int) -> TableParts:
+    """``head_dla`` and ``text_roles`` of the clean prompt's trace: what the table reads besides the patching grids."""
+    return head_dla(trace, model, family, answer_id, foil_id), text_roles(trace)
+
+
+def table_for(trace: AttentionTrace, inputs: PatchInputs, heads: np.ndarray, attribution: np.ndarray,
+              parts: TableParts) -> AttentionBesideEffect:
+    """Attention beside effect from the clean prompt's trace, its ``table_parts`` and the patching grids.
+
+    Args:
+        heads: exact patching's effects (NaN where not patched yet). Shape: (layer, head).
+        attribution: attribution patching's estimate. Shape: (layer, head).
 
     Raises:
         ValueError: ``trace`` is not the clean prompt's.
     """
-    if tuple(int(i) for i in trace.token_ids) != tuple(int(i) for i in runs.inputs.clean_ids):
+    if tuple(int(i) for i in trace.token_ids) != tuple(int(i) for i in inputs.clean_ids):
         raise ValueError("The trace is not the clean prompt's: trace the clean prompt with the same model.")
-    inputs = runs.inputs
-    return attention_beside_effect(trace, inputs.differing, exact.heads, attribution.heads,
-                                   dla=head_dla(trace, model, family, inputs.answer_id, inputs.foil_id),
-                                   roles=text_roles(trace))
+    dla, roles = parts
+    return attention_beside_effect(trace, inputs.differing, heads, attribution, dla=dla, roles=roles)
+
+
+@dataclass(frozen=True, eq=False)
+class PatchingPipeline:
+    """Activation patching of one checked prompt pair on one model, step by step; each step is written only here.
+
+    ``patch_prompts`` runs every step at once; the app runs them one at a time (the passes in the gate's turn, exact
+    patching when asked, with progress, a Stop and a resume; the table's parts in a thread of their own).
+
+    Attributes:
+        resolved: the model (``model_core.trace.resolve.Resolved``, a decoder).
+        inputs: the prompts as the model reads them, and the answer and foil (``prepare_inputs``).
+    """
+
+    resolved: Any
+    inputs: PatchInputs
+
+    @classmethod
+    def prepare(cls, resolved: Any, clean: str, corrupt: str, answer: str, foil: str) -> PatchingPipeline:
+        """Check the prompts, the answer and the foil on ``resolved``'s model (``prepare_inputs``).
+
+        Raises:
+            PatchingError, NotADecoder, NotOneToken, InputError: the message says what to change.
+        """
+        return cls(resolved, prepare_inputs(resolved, clean, corrupt, answer, foil))
+
+    def runs(self, clean_trace: AttentionTrace | None = None) -> tuple[PatchRuns, AttributionPatching]:
+        """Both prompts' runs and attribution patching (``runs_and_attribution``; the clean run read from the clean
+        prompt's trace when given)."""
+        return runs_and_attribution(self.resolved.family, self.resolved.model, self.inputs, clean_trace=clean_trace)
+
+    def exact(self, runs: PatchRuns, **options: Any) -> ExactPatching:
+        """Exact patching of ``runs`` (``exact_patching``'s options: residual, progress, stop, keep, resume)."""
+        return exact_patching(self.resolved.family, self.resolved.model, runs, **options)
+
+    def table_parts(self, trace: AttentionTrace) -> TableParts:
+        """The table's DLA and role scores on the clean prompt's ``trace`` (``table_parts``)."""
+        return table_parts(trace, self.resolved.model, self.resolved.family, self.inputs.answer_id,
+                           self.inputs.foil_id)
+
+    def table(self, trace: AttentionTrace, heads: np.ndarray, attribution: np.ndarray,
+              parts: TableParts | None = None) -> AttentionBesideEffect:
+        """Attention beside effect (``table_for``); ``parts`` when already computed, else computed here."""
+        return table_for(trace, self.inputs, heads, attribution,
+                         self.table_parts(trace) if parts is None else parts)
 
 
 def patch_prompts(clean: str, corrupt: str, answer: str, foil: str, *, model_id: str | None = None,
@@ -140,20 +202,17 @@ def patch_prompts(clean: str, corrupt: str, answer: str, foil: str, *, model_id:
         progress, stop: exact patching's (``exact_patching``).
 
     Raises:
-        PatchingError: the inputs cannot be patched (an encoder, different lengths, not one token, equal metrics).
+        PatchingError, NotADecoder, NotOneToken: the inputs cannot be patched (different lengths, equal metrics; an
+            encoder; an answer or foil that is not one token).
         InputError, ModelLoadError: a prompt or the model cannot be used.
     """
-    from model_core.trace.request import TraceRequest, build_trace
-    from model_core.trace.resolve import resolve
-
     request = TraceRequest("pretrained", clean, "", model_id=model_id)
     resolved = resolve(request, device=device, settings=settings, models=models)
-    require_decoder(resolved.family)
-    inputs = prepare_inputs(resolved, clean, corrupt, answer, foil)
+    pipeline = PatchingPipeline.prepare(resolved, clean, corrupt, answer, foil)
     trace = None
     if table:  # the clean prompt's trace: the table reads it, and the clean run is read from it (no second pass)
         trace = build_trace(request, device=resolved.device, settings=resolved.settings, models=resolved.models)
-    runs, attribution = runs_and_attribution(resolved.family, resolved.model, inputs, clean_trace=trace)
-    exact = exact_patching(resolved.family, resolved.model, runs, residual=residual, progress=progress, stop=stop)
-    rows = None if trace is None else table_for(trace, resolved.model, resolved.family, runs, exact, attribution)
+    runs, attribution = pipeline.runs(trace)
+    exact = pipeline.exact(runs, residual=residual, progress=progress, stop=stop)
+    rows = None if trace is None else pipeline.table(trace, exact.heads, attribution.heads)
     return PatchingResult(runs, exact, attribution, rows)

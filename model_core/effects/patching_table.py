@@ -52,11 +52,16 @@ class AttentionBesideEffect:
     def shape(self) -> tuple[int, int]:
         return self.attention.shape  # type: ignore[return-value]
 
+    def attention_correlation(self, estimate: bool = False) -> float:
+        """Spearman's ρ of each head's attention with its |effect| (the scatter's), or with attribution patching's
+        |estimate| when ``estimate`` (before exact patching has run)."""
+        return rank_correlation(self.attention, np.abs(self.attribution if estimate else self.effect))
+
     def correlations(self) -> dict[str, float]:
         """Spearman's rank correlations of the attention columns with the effect (signed and absolute), and of
         attribution patching with exact patching."""
         out = {"attention_vs_effect": rank_correlation(self.attention, self.effect),
-               "attention_vs_abs_effect": rank_correlation(self.attention, np.abs(self.effect)),
+               "attention_vs_abs_effect": self.attention_correlation(),
                "norm_weighted_vs_abs_effect": rank_correlation(self.norm_weighted, np.abs(self.effect)),
                "attribution_vs_effect": rank_correlation(self.attribution, self.effect)}
         if self.dla is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from model_core.chapter3.model import TransformerForSequenceClassification
 from model_core.families.base import Family, ForwardOutput
 from model_core.families.bert import BertFamily
 from model_core.families.custom import CustomFamily
@@ -43,8 +44,6 @@ def family_of_type(model_type: str | None) -> Family | None:
 
 def family_of(model: Any) -> Family:
     """The adapter of a loaded model (transformers or the chapter-3 encoder)."""
-    from model_core.chapter3.model import TransformerForSequenceClassification
-
     if isinstance(model, TransformerForSequenceClassification):
         return FAMILIES["custom"]
     family = family_of_type(getattr(model.config, "model_type", None))

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from model_core.families.encoding import encode_decoder
 from model_core.families.hf import TransformersFamily
 
 
@@ -26,8 +27,6 @@ class DecoderFamily(TransformersFamily):
 
     def encode(self, tokenizer: Any, text: str, text_b: str = "", *, max_tokens: int, truncate: bool = False,
                limit_hint: str = "") -> Any:
-        from model_core.trace.encoding import encode_decoder
-
         return encode_decoder(tokenizer, text, text_b, max_tokens=max_tokens, truncate=truncate,
                               limit_hint=limit_hint)
 

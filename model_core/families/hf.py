@@ -10,6 +10,7 @@ import torch
 from model_core.families.base import Family, ForwardOutput
 from model_core.families.capture import current_recorder, recording
 from model_core.gate import GATE
+from model_core.kernel import allowed_from_mask
 
 
 class TransformersFamily(Family):
@@ -131,7 +132,7 @@ class TransformersFamily(Family):
     def _allowed(self, mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
         """The mask the first layer received as booleans. Shape: -> (batch, q_pos, k_pos), True = may attend."""
         if mask is not None:
-            return (mask[:, 0] > torch.finfo(mask.dtype).min / 2) if mask.dtype != torch.bool else mask[:, 0]
+            return allowed_from_mask(mask[:, 0])
         n = input_ids.shape[1]
         allowed = torch.ones(n, n, dtype=torch.bool, device=input_ids.device)
         return (allowed.tril() if self.is_decoder else allowed)[None].expand(len(input_ids), -1, -1)

@@ -6,7 +6,7 @@ sampling with a temperature, top-p and a seed. Each step keeps the model's top n
 ``GenerationStream`` yields each new token as it comes (a page streams them) and ends at an end-of-sequence token
 (kept), at ``max_new_tokens``, or when its ``stop`` callable says so, keeping what it generated. ``Generation`` is
 the result; ``Generation.request`` names its whole sequence (prompt and reply) as a ``TraceRequest``, so the one
-trace builder traces it exactly (``model_core.generate.sequence``) with the reply's start marked.
+trace builder traces it exactly (``model_core.trace.sequence``) with the reply's start marked.
 """
 
 from __future__ import annotations
@@ -19,9 +19,15 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
-from model_core.trace.encoding import clean_text
+from model_core.families.checks import require_decoder
+from model_core.families.encoding import clean_text
+from model_core.gate import GATE
+from model_core.settings import Settings, load_settings
 from model_core.trace.forward import top_tokens
+from model_core.trace.request import TraceRequest
+from model_core.trace.resolve import token_limit
 
 TOP_CANDIDATES = 10
 """How many next-token candidates each step keeps."""
@@ -196,8 +202,6 @@ class Generation:
         Raises:
             ValueError: nothing was generated (no reply to trace).
         """
-        from model_core.trace.request import TraceRequest
-
         if self.n_new == 0:
             raise ValueError("Nothing was generated yet, so there is no reply to trace; generate again.")
         return TraceRequest("pretrained", self.text, "", model_id=model_id, token_ids=tuple(self.token_ids.tolist()),
@@ -249,9 +253,7 @@ class GenerationStream:
                  stop: Callable[[], bool] | None = None, limit: int | None = None, limit_hint: str = "",
                  chat: bool = False, top_k: int = TOP_CANDIDATES,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        if not family.is_decoder:
-            raise ValueError(f"A {family.label} does not generate text: it reads a whole text at once. Pick a decoder "
-                             "language model (the bundled SmolLM2-135M-Instruct, GPT-2, a Llama-like model).")
+        require_decoder(family, "generating text")
         self.family, self.model, self.tokenizer = family, model, tokenizer
         self.prompt = [int(i) for i in prompt]
         self.options, self.stop, self.chat, self.top_k = options, stop, chat, top_k
@@ -265,8 +267,6 @@ class GenerationStream:
         self._printed = 0
 
     def __iter__(self) -> Iterator[Step]:
-        from transformers import DynamicCache
-
         model, options = self.model, self.options
         device = next(model.parameters()).device
         cache = DynamicCache(config=model.config)
@@ -326,7 +326,7 @@ class GenerationStream:
         weights_mb = 4 * family.n_layers(config) * family.n_heads(config) * ids.shape[1] ** 2 / 1e6
         out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden="last", past=cache,
                              compact=not prefill or weights_mb > EAGER_PREFILL_MB)
-        with torch.inference_mode():
+        with GATE.turn(), torch.inference_mode():  # the final norm and the unembedding: the model's weights
             return family.unembed(model, out.hidden[-1][:, -1])[0].float()
 
     def _step(self, logits: torch.Tensor, position: int, generator: torch.Generator | None) -> Step:
@@ -361,21 +361,35 @@ def choose_token(logits: torch.Tensor, options: DecodingOptions, generator: torc
     return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
 
 
-def generate(loaded: Any, prompt: str, *, chat: bool = False, options: DecodingOptions | None = None,
-             stop: Callable[[], bool] | None = None, limit: int | None = None, limit_hint: str = "") -> Generation:
-    """Generate a reply to ``prompt`` with a loaded decoder (``model_core.models.loading.LoadedModel``).
+def start_generation(loaded: Any, prompt: str, *, chat: bool = False, options: DecodingOptions | None = None,
+                     settings: Settings | None = None, stop: Callable[[], bool] | None = None) -> GenerationStream:
+    """The one way into generation (the app's page, the notebook, the command line and ``generate`` all start here):
+    the prompt's ids (``prompt_ids``) and a stream whose whole sequence must stay within the token limit
+    (``AE_MAX_TOKENS`` within the model's positions, ``token_limit``), so that the reply can be traced.
+
+    Args:
+        loaded: a decoder: a ``LoadedModel`` or a ``Resolved`` (its family, model, tokenizer and max_positions).
+        settings: the deployment's (default: a ``Resolved``'s own, else read from the environment).
 
     Raises:
-        ValueError: an empty prompt, no chat template for ``chat``, an encoder, or no room (``check_room``).
+        ValueError: an empty prompt, no chat template, an encoder (``NotADecoder``), or no room (``check_room``).
     """
-    options = options or DecodingOptions()
-    stream = GenerationStream(loaded.family, loaded.model, loaded.tokenizer,
-                              prompt_ids(loaded.tokenizer, prompt, chat), options, stop=stop, limit=limit,
-                              limit_hint=limit_hint, chat=chat)
+    settings = settings or getattr(loaded, "settings", None) or load_settings()
+    limit = token_limit(settings, loaded.max_positions)
+    return GenerationStream(loaded.family, loaded.model, loaded.tokenizer, prompt_ids(loaded.tokenizer, prompt, chat),
+                            options or DecodingOptions(), stop=stop, chat=chat, limit=limit["max_tokens"],
+                            limit_hint=limit["limit_hint"])
+
+
+def generate(loaded: Any, prompt: str, *, chat: bool = False, options: DecodingOptions | None = None,
+             settings: Settings | None = None, stop: Callable[[], bool] | None = None) -> Generation:
+    """Generate a reply to ``prompt`` with a loaded decoder: ``start_generation`` (and its errors), run to its end."""
+    stream = start_generation(loaded, prompt, chat=chat, options=options, settings=settings, stop=stop)
     for _ in stream:
         pass
     return stream.result()
 
 
 __all__ = ["DecodingOptions", "EAGER_PREFILL_MB", "Generation", "GenerationStream", "Step", "TOP_CANDIDATES",
-           "assemble", "check_room", "choose_token", "eos_ids", "generate", "has_chat_template", "prompt_ids"]
+           "assemble", "check_room", "choose_token", "eos_ids", "generate", "has_chat_template", "prompt_ids",
+           "start_generation"]

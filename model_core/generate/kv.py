@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from model_core.generate.kv_sources import QKSource, _check_decoder
+from model_core.kernel import allowed_from_mask
 from model_core.generate.presses import (
     PRESSES,
     WINDOW,
@@ -93,8 +95,6 @@ def gather_rows(positions: np.ndarray, n: int, device: torch.device) -> torch.Te
 def cache_of(pre: Prefill, kept: np.ndarray | None) -> Any:
     """A transformers ``DynamicCache`` of the prefill's keys and values at the ``kept`` positions of each key/value
     head (None: every position). Shape: kept (layer, kv_head, k) int64."""
-    from transformers import DynamicCache
-
     cache = DynamicCache()
     for layer, (k, v) in enumerate(zip(pre.keys, pre.values)):
         if kept is not None:
@@ -129,8 +129,6 @@ def prefill(family: Any, model: Any, token_ids: np.ndarray, *,
     Raises:
         ValueError: the model is not a decoder, or the text has fewer than 3 tokens.
     """
-    from transformers import DynamicCache
-
     ids_np = np.asarray(token_ids, dtype=np.int64)
     _check_decoder(bool(family.is_decoder), len(ids_np))
     dev = _device(model)
@@ -148,8 +146,7 @@ def prefill(family: Any, model: Any, token_ids: np.ndarray, *,
         m = masks[layer]
         if m is None:
             return None
-        m = m[0, 0].cpu()
-        return m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
+        return allowed_from_mask(m[0, 0].cpu())
 
     source = QKSource(queries=[q[0].cpu() for q in out.queries], key_states=[k[0].cpu() for k in out.keys],
                       kv_heads=kv_heads, scales=list(out.layer_scales), softcaps=list(out.layer_softcaps),

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from model_core.generate.kv import (
     RATIOS,
@@ -36,8 +37,6 @@ def padded_cache(pre: Prefill, kept: Sequence[np.ndarray]) -> tuple[Any, torch.T
     Shape: kept: each (layer, kv_head, k_b) int64 -> cache layers (batch, kv_head, max k_b, d_head), mask
     (batch, max k_b + 1) long.
     """
-    from transformers import DynamicCache
-
     lengths = [k.shape[-1] for k in kept]
     longest, batch = max(lengths), len(kept)
     n_layers, n_kv = kept[0].shape[:2]

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from model_core.compact.trace import CompactTrace
+from model_core.kernel import apply_mask, attention_scores, causal_allowed, expand_kv, weights_from_scores
 from model_core.trace.shape import LayerHeadGrid
 from model_core.trace.trace import AttentionTrace
 
@@ -69,16 +70,13 @@ class QKSource(LayerHeadGrid):
     def _weights(self, layer: int, r0: int, r1: int, c1: int) -> torch.Tensor:
         """The softmax of rows r0:r1 over keys 0:c1, in float32 as the model computes it. Shape: (head, rows, c1)."""
         q = self.queries[layer][:, r0:r1].float()  # (head, rows, d_head)
-        k = self.key_states[layer][:, :c1].float().index_select(0, torch.from_numpy(self.kv_heads))
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scales[layer]  # (head, rows, c1)
-        cap = self.softcaps[layer]
-        if cap is not None:
-            scores = cap * torch.tanh(scores / cap)
-        seen = torch.arange(c1)[None, :] <= torch.arange(r0, r1)[:, None]  # causal, within the prefill
+        k = expand_kv(self.key_states[layer][:, :c1].float(), self.kv_heads)
+        scores = attention_scores(q, k, scale=self.scales[layer], softcap=self.softcaps[layer])  # (head, rows, c1)
+        seen = causal_allowed(range(r0, r1), range(c1))  # causal, within the prefill
         mask = self.allowed(layer)
         if mask is not None:
             seen = seen & mask[r0:r1, :c1]
-        return torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+        return weights_from_scores(apply_mask(scores, seen, inplace=True))
 
     def rows(self, layer: int, r0: int, r1: int, c1: int | None = None) -> np.ndarray:
         """Shape: -> (head, r1 - r0, c1) float64 (see ``AttentionSource.rows``)."""
@@ -89,24 +87,16 @@ class QKSource(LayerHeadGrid):
         past its last row, and only its diagonal tile needs the causal mask. Shape: -> (head, n_prefill) float64."""
         n, cap, scale = self.n_prefill, self.softcaps[layer], self.scales[layer]
         q = self.queries[layer][:, :n].float()
-        q = q * scale if cap is None else q  # the scale folded into the queries: (head, n, d_head), not each tile
-        k = self.key_states[layer][:, :n].float().index_select(0, torch.from_numpy(self.kv_heads))
+        k = expand_kv(self.key_states[layer][:, :n].float(), self.kv_heads)
         lse = None if self.lse is None else self.lse(layer)[:, :n].float()
         mask = self.allowed(layer)
         sums = torch.zeros(self.n_heads, n, dtype=torch.float64)
         for r0 in range(0, n, block):
             r1 = min(n, r0 + block)
-            scores = torch.matmul(q[:, r0:r1], k[:, :r1].transpose(-1, -2))  # (head, rows, r1)
-            if cap is not None:
-                scores = cap * torch.tanh(scores * scale / cap)
-            future = torch.ones(r1 - r0, r1 - r0, dtype=torch.bool).triu(1)
-            scores[:, :, r0:r1].masked_fill_(future, float("-inf"))
-            if mask is not None:
-                scores.masked_fill_(~mask[r0:r1, :r1], float("-inf"))
-            if lse is None:
-                weights = torch.softmax(scores, dim=-1)
-            else:
-                weights = scores.sub_(lse[:, r0:r1, None]).exp_()
+            scores = attention_scores(q[:, r0:r1], k[:, :r1], scale=scale, softcap=cap)  # (head, rows, r1)
+            apply_mask(scores[:, :, r0:r1], causal_allowed(range(r0, r1), range(r0, r1)), inplace=True)
+            apply_mask(scores, None if mask is None else mask[r0:r1, :r1], inplace=True)
+            weights = weights_from_scores(scores, None if lse is None else lse[:, r0:r1], inplace=True)
             sums[:, :r1] += weights.sum(1)
         return sums.numpy()
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from model_core.compact.build import build_compact
+
 
 def compact_of(request: Any, resolved: Any, progress: Any = None) -> Any:
     """The compact trace (``model_core.compact.build.build_compact``) of a generated request
@@ -15,8 +17,6 @@ def compact_of(request: Any, resolved: Any, progress: Any = None) -> Any:
         ValueError: the compact builder read other tokens than the generated ids (its text re-tokenised otherwise);
             the message says what to do.
     """
-    from model_core.compact.build import build_compact
-
     trace = build_compact(request, device=resolved.device, settings=resolved.settings, models=resolved.models,
                           max_tokens=resolved.limit()["max_tokens"], progress=progress)
     ids = trace.token_ids.tolist()

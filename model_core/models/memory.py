@@ -3,6 +3,7 @@ bounded by the bytes they hold."""
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 import weakref
@@ -20,8 +21,6 @@ def release_freed_memory() -> None:
     in the allocator's arenas; without a trim a long corpus run or a server grows by the fragments.
     """
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
@@ -35,8 +34,6 @@ def fixed_mmap_threshold(threshold: int = 1 << 20) -> None:
     24% above a 1,000-text one. A fixed threshold keeps the peak flat. A no-op where there is no glibc.
     """
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass

@@ -284,6 +284,10 @@ def _members(heads: FoldedHeads) -> torch.Tensor:
 
 
 def _scores(heads: FoldedHeads) -> dict[str, np.ndarray]:
+    """The three kinds' grids from the folded weights, by the factors of the module's docstring ("Speed").
+
+    Shape: -> kind -> (layer * head, layer * head) float64, NaN where the pair cannot compose.
+    """
     L, H = heads.n_layers, heads.n_heads
     kv = heads.head_kv()  # (L * H,) index into the flattened key/value heads
     W_K, W_V = heads.W_K.flatten(0, 1), heads.W_V.flatten(0, 1)  # (L * kv, d_model, d_head)

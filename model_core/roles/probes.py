@@ -30,7 +30,7 @@ import torch
 
 from model_core.analysis._common import is_special
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
-from model_core.trace.gate import GATE
+from model_core.gate import GATE
 from model_core.trace.request import Models, TraceRequest
 from model_core.roles.scores import PROBE_ROLES, RoleInput, role_scores
 
@@ -101,6 +101,19 @@ def probe_texts(tokenizer: Any, seed: int, n_sequences: int = N_SEQUENCES, seq_l
     return tuple(texts)
 
 
+def top_heads(grid: np.ndarray, k: int = 10) -> list[tuple[int, int, float]]:
+    """The ``k`` highest-scoring (layer, head, score) of a role's grid, best first (ties in head order); heads where
+    the score is undefined (NaN) are left out.
+
+    Shape: grid (layer, head).
+    """
+    grid = np.asarray(grid, dtype=np.float64)
+    order = np.argsort(np.nan_to_num(grid, nan=-np.inf).ravel(), kind="stable")[::-1]
+    n_heads = grid.shape[1]
+    return [(int(i // n_heads), int(i % n_heads), float(grid.ravel()[i]))
+            for i in order[:k] if np.isfinite(grid.ravel()[i])]
+
+
 @dataclass(frozen=True, eq=False)
 class RoleScores:
     """Every head's score for each role, with what produced them.
@@ -133,11 +146,7 @@ class RoleScores:
 
     def top_heads(self, role: str, k: int = 10) -> list[tuple[int, int, float]]:
         """The ``k`` highest-scoring (layer, head, score) of ``role``, best first; none where it is undefined."""
-        grid = self.scores[role]
-        order = np.argsort(np.nan_to_num(grid, nan=-np.inf).ravel(), kind="stable")[::-1]
-        n_heads = grid.shape[1]
-        return [(int(i // n_heads), int(i % n_heads), float(grid.ravel()[i]))
-                for i in order[:k] if np.isfinite(grid.ravel()[i])]
+        return top_heads(self.scores[role], k)
 
     def with_role(self, role: str, grid: np.ndarray, note: str | None = None) -> RoleScores:
         """A copy with one more role (e.g. retrieval, scored apart because it generates)."""

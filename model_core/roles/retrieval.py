@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
-from model_core.trace.gate import GATE
+from model_core.gate import GATE
 from model_core.trace.request import Models, TraceRequest
 from model_core.roles.haystack import HAYSTACK, haystack_prompt, password
 from model_core.roles.probes import ENCODER_NOTES
@@ -91,8 +92,6 @@ def _one_depth(loaded: LoadedCorpusModel, prompt: str, needle: str, secret: str,
     compact form (no n x n weights: the haystack is long), then one turn of the gate per generated token, so other
     users' passes go between the steps.
     """
-    from transformers import DynamicCache
-
     tok, model, family = loaded.tokenizer, loaded.module, loaded.family
     ids, answer = password_positions(tok, prompt, needle, secret)
     wanted = set(ids[answer].tolist())

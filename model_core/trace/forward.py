@@ -1,7 +1,7 @@
 """Run any family's model once on an encoded input and collect its AttentionTrace: the one forward route.
 
 Every family's adapter (``model_core.families``) runs the model and reports the same ``ForwardOutput``; this module
-turns a batch of one into a trace, holding a turn of the route's gate (``model_core.trace.gate``) until the trace's
+turns a batch of one into a trace, holding a turn of the route's gate (``model_core.gate``) until the trace's
 arrays are numpy. Every other pass calls the same ``Family.forward``; a decoder's next-token predictions, wherever
 they are kept, come from ``top_predictions``.
 """
@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from model_core.families import Family, ForwardOutput, family_of
+from model_core.families.encoding import EncodedInput, InputError
+from model_core.gate import GATE
 from model_core.models.loading import LoadedModel
-from model_core.trace.encoding import EncodedInput
-from model_core.trace.gate import GATE
+from model_core.settings import load_settings
 from model_core.trace.trace import AttentionTrace
 from model_core.trace.value_norms import value_norms
 
@@ -38,16 +39,17 @@ def _input_fields(encoded: EncodedInput) -> dict:
                 sentence_b_start=encoded.sentence_b_start)
 
 
+def full_trace_bytes(n_layers: int, n_heads: int, n_tokens: int) -> int:
+    """Bytes of a full trace's weights: layer x head x n² float32."""
+    return 4 * n_layers * n_heads * n_tokens * n_tokens
+
+
 def check_full_size(n_layers: int, n_heads: int, n_tokens: int, full_trace_mb: int | None = None) -> None:
     """Refuse a full trace whose weights (layer x head x n² float32) would pass AE_FULL_TRACE_MB.
 
     Raises:
         InputError: with the size, the limit, and the compact form to use instead.
     """
-    from model_core.compact.views import full_trace_bytes
-    from model_core.trace.encoding import InputError
-    from model_core.settings import load_settings
-
     limit = load_settings().full_trace_mb if full_trace_mb is None else full_trace_mb
     size = full_trace_bytes(n_layers, n_heads, n_tokens)
     if size > limit * 1e6:

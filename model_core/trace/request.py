@@ -3,8 +3,8 @@
 The sidebar, the walk-through, the command line and the tests describe what they want as a ``TraceRequest``.
 ``resolve`` (``model_core.trace.resolve``) loads its model once and tokenises its text once; ``build_trace`` then
 runs the family's one forward pass (``Family.forward``, ``model_core.trace.forward``) under the route's gate
-(``model_core.trace.gate``) into an ``AttentionTrace``. Every other pass takes the same steps: a long input's
-compact trace (``model_core.compact.build``), both walks (``build_walkthrough``), head masking's second run
+(``model_core.gate``) into an ``AttentionTrace``. Every other pass takes the same steps: a long input's
+compact trace (``model_core.compact.build``), both walks (``model_core.walk.build``), head masking's second run
 (``model_core.analysis.masked_run``) and a corpus's padded batches (``CorpusModel.load``). The app only caches
 these.
 """
@@ -18,17 +18,14 @@ import numpy as np
 import torch
 
 from model_core.chapter3.spec import CustomOptions, CustomSpec
-from model_core.generate.sequence import with_reply
-from model_core.settings import Settings
-from model_core.trace.encoding import DEFAULT_TEXT_A
+from model_core.families.encoding import DEFAULT_TEXT_A
+from model_core.settings import Settings, resolve_model_id
 from model_core.trace.forward import trace_custom, trace_pretrained
 from model_core.trace.resolve import Models, resolve, token_limit
+from model_core.trace.sequence import with_reply
 from model_core.trace.trace import AttentionTrace
-from model_core.walk.decoder import DecoderWalk, walk_decoder_layer
-from model_core.walk.encoder import Walkthrough, encoded_from_trace, walk_layer
 
-__all__ = ["MODEL_FIELDS", "Models", "REQUEST_FIELDS", "TEXT_FIELDS", "TraceRequest", "build_trace",
-           "build_walkthrough", "token_limit"]
+__all__ = ["MODEL_FIELDS", "Models", "REQUEST_FIELDS", "TEXT_FIELDS", "TraceRequest", "build_trace", "token_limit"]
 
 _CUSTOM_ONLY = tuple(f.name for f in fields(CustomOptions))
 _SHAPE = ("norm_placement", "num_hidden_layers", "num_attention_heads", "hidden_size")
@@ -80,7 +77,7 @@ class TraceRequest(CustomOptions):
         defaults = {f.name: f.default for f in fields(self)}
         put("text_a", self.text_a or "")
         put("text_b", self.text_b or "")
-        put("model_id", (self.model_id or "").strip() or None)
+        put("model_id", resolve_model_id(self.model_id, default=False))  # None: the default it is resolved under
         for name in ("seed", "num_hidden_layers", "num_attention_heads", "hidden_size"):
             put(name, int(getattr(self, name)))
         put("causal", bool(self.causal))
@@ -186,19 +183,3 @@ def build_trace(request: TraceRequest, *, device: str | torch.device | None = No
         return with_reply(trace_pretrained(resolved.loaded, encoded, request.head_mask_array()), request, encoded)
     return trace_custom(resolved.model, encoded, resolved.description, request.head_mask_array())
 
-
-def build_walkthrough(request: TraceRequest, layer: int, trace: AttentionTrace, *,
-                      device: str | torch.device | None = None, settings: Settings | None = None,
-                      models: Models | None = None) -> Walkthrough | DecoderWalk:
-    """Walk through ``layer`` on the tokens of ``trace``, the trace ``build_trace(request)`` gave, so the walk reads
-    exactly what every page reads: an encoder's in the chapter-3 encoder (``TraceRequest.walk_spec``), a
-    Llama-like decoder's block in the model itself (``model_core.walk.decoder.DecoderWalk``).
-
-    Raises:
-        ValueError: the layer does not exist, an option is out of range, or the decoder's family has no block walk
-            (GPT-2, Phi).
-    """
-    resolved = resolve(request, device=device, settings=settings, models=models, walk=not trace.is_decoder)
-    if trace.is_decoder:  # a decoder block's own walk (Llama-like families; the others say why not)
-        return walk_decoder_layer(resolved.family, resolved.model, resolved.tokenizer, trace, layer)
-    return walk_layer(resolved.model, encoded_from_trace(trace), layer)

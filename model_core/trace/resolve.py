@@ -14,11 +14,13 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from model_core.chapter3.spec import CustomSpec, build_custom_model, describe_custom
+from model_core.chapter3.spec import CustomSpec, describe_custom
 from model_core.families import Family, family_of
+from model_core.models.custom import build_custom_model
 from model_core.models.loading import LoadedModel, load_pretrained, load_tokenizer, select_device
-from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings
-from model_core.trace.encoding import EncodedInput
+from model_core.settings import BUNDLED_MODEL_ID, Settings, load_settings, resolve_model_id
+from model_core.families.encoding import EncodedInput
+from model_core.trace.sequence import encode_ids
 
 ENCODED_KEPT = 16
 """How many recent encodings ``Resolved.encode`` keeps: the form decision's tokens serve the build that follows."""
@@ -60,7 +62,7 @@ def model_id_of(choice: ModelChoice, settings: Settings | None = None) -> str | 
     none), or the BERT whose weights a custom encoder takes (None for random weights)."""
     settings = settings or load_settings()
     if choice.model == "pretrained":
-        return choice.model_id or settings.default_model
+        return resolve_model_id(choice.model_id, settings)
     return choice.spec(settings.default_model).model_id
 
 
@@ -129,8 +131,6 @@ class Resolved:
         """
         limit = self.limit(max_tokens)
         if getattr(request, "token_ids", None) is not None:  # a generated sequence: its own ids, while they fit its text
-            from model_core.generate.sequence import encode_ids
-
             found = encode_ids(self.tokenizer, request, **limit)
             if found is not None:
                 return found

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from functools import cached_property
 
+import numpy as np
+
+from model_core.families import family_named
+from model_core.words import is_byte_level, readable_tokens
+
 
 class TraceShape:
     """Sizes and family shared by both trace kinds (a mixin: the dataclasses hold the fields)."""
@@ -32,16 +37,12 @@ class TraceShape:
     @property
     def family(self):
         """This trace's family adapter (``model_core.families``)."""
-        from model_core.families import family_named
-
         return family_named(self.model_kind)
 
     @cached_property
     def byte_level(self) -> bool:
         """Whether the tokens are byte-level BPE pieces (``model_core.words.is_byte_level``), judged on the text's
         own pieces: a special token may hold any characters (DeepSeek's ``<｜begin▁of▁sentence｜>``)."""
-        from model_core.words import is_byte_level
-
         specials = getattr(self, "special_tokens", frozenset())
         return self.family.word_rule == "bpe" and is_byte_level([t for t in self.tokens if t not in specials])
 
@@ -49,8 +50,6 @@ class TraceShape:
     def labels(self) -> tuple[str, ...]:
         """The tokens as the views label them: byte-level pieces decoded, BPE space marks shown as "␣"
         (``model_core.words.readable_tokens``); WordPieces as they are."""
-        from model_core.words import readable_tokens
-
         return readable_tokens(self.tokens, self.family.word_rule, self.byte_level)
 
     @property
@@ -73,8 +72,6 @@ class LayerHeadGrid:
 
 def freeze_arrays(result: object) -> None:
     """Mark every numpy array a result holds read-only: results are cached and shared by every page and session."""
-    import numpy as np
-
     for value in vars(result).values():
         if isinstance(value, np.ndarray):
             value.setflags(write=False)
@@ -82,6 +79,4 @@ def freeze_arrays(result: object) -> None:
 
 def arrays_nbytes(result: object) -> int:
     """Bytes held by the numpy arrays of a result (what a cache bounded by bytes counts)."""
-    import numpy as np
-
     return sum(value.nbytes for value in vars(result).values() if isinstance(value, np.ndarray))

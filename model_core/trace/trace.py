@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from model_core.families import FAMILIES
+from model_core.kernel import apply_mask, attention_scores
 from model_core.trace.shape import TraceShape, arrays_nbytes, freeze_arrays
-
-NEG_INF = float("-inf")
+from model_core.words import WordSpans
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,8 +90,6 @@ class AttentionTrace(TraceShape):
         assert self.value_norms.shape == (n_layers, n_heads, n)
         assert self.hidden_states.shape[:2] == (n_layers + 1, n)
         assert self.token_type_ids.shape == (n,) and self.token_ids.shape == (n,)
-        from model_core.families import FAMILIES
-
         assert self.model_kind in FAMILIES, self.model_kind
         if self.head_mask is None:
             object.__setattr__(self, "head_mask", np.ones((n_layers, n_heads), dtype=bool))
@@ -108,8 +107,6 @@ class AttentionTrace(TraceShape):
     # -- sizes ---------------------------------------------------------------------------
     def words(self):
         """The words of the tokens, joined by this family's rule (``model_core.words.WordSpans``)."""
-        from model_core.words import WordSpans
-
         return WordSpans.from_tokens(self.tokens, rule=self.family.word_rule, specials=self.special_tokens)
 
     @property
@@ -128,31 +125,27 @@ class AttentionTrace(TraceShape):
         Shape: (q_pos, k_pos).
         """
         self._check_head(layer, head)
-        q = self.queries[layer, head].astype(np.float32)
-        k = self.keys[layer, head].astype(np.float32)
-        return self._cap((q @ k.T) * np.float32(self.score_scale))
+        return self._scores(self.queries[layer, head], self.keys[layer, head])
 
     def layer_scores(self, layer: int) -> np.ndarray:
         """Scores QKᵀ·scale of every head of one layer, before any mask. Shape: (head, q_pos, k_pos)."""
         self._check_head(layer, 0)
-        return self._cap(np.matmul(self.queries[layer], np.swapaxes(self.keys[layer], -1, -2))
-                         * np.float32(self.score_scale))
+        return self._scores(self.queries[layer], self.keys[layer])
 
     @property
     def scores(self) -> np.ndarray:
         """All scores QKᵀ·scale before any mask. Shape: (layer, head, q_pos, k_pos)."""
-        return self._cap(np.matmul(self.queries, np.swapaxes(self.keys, -1, -2)) * np.float32(self.score_scale))
+        return self._scores(self.queries, self.keys)
 
-    def _cap(self, scores: np.ndarray) -> np.ndarray:
-        if self.score_softcap is None:
-            return scores
-        cap = np.float32(self.score_softcap)
-        return (np.tanh(scores / cap) * cap).astype(np.float32)
+    def _scores(self, q: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The score kernel's scores (``model_core.kernel``) in float32, Gemma 2's cap included."""
+        return attention_scores(q.astype(np.float32, copy=False), k.astype(np.float32, copy=False),
+                                scale=self.score_scale, softcap=self.score_softcap).numpy()
 
     @property
     def masked_scores(self) -> np.ndarray:
         """All scores with -inf where masked. Shape: (layer, head, q_pos, k_pos)."""
-        return np.where(self.mask, self.scores, np.float32(NEG_INF))
+        return apply_mask(self.scores, self.mask, inplace=True).numpy()
 
     def _check_head(self, layer: int, head: int) -> None:
         if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):

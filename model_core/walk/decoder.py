@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_core.families.parts import BlockNotes
+from model_core.gate import GATE
+from model_core.kernel import apply_mask
 from model_core.trace.forward import top_predictions
-from model_core.trace.gate import GATE
 from model_core.trace.trace import AttentionTrace
 from model_core.walk.steps import WalkArrays, encoded_from_trace, kept_steps
 from model_core.walk.steps import to_array as _np
@@ -40,7 +42,10 @@ class DecoderWalk(WalkArrays):
         labels: the pieces as people read them (``model_core.words.readable_tokens``).
         token_ids: Shape: (pos,).
         layer: the block walked through.
-        model_type: transformers' ``model_type`` ("llama", "qwen2", "gemma2"...).
+        norm_plus_one, qk_norm, sandwich_norms, activation_name, lookup_scale: what the page says about the block
+            that differs by family (``model_core.families.parts.BlockNotes``): RMSNorm scales by (1 + w) (Gemma);
+            per-head q/k norms before the rotary embedding (Qwen3, Gemma 3); norms around each sublayer (Gemma 2/3);
+            "SiLU" or "GELU"; what the embedding module multiplies its lookup by (Gemma's √hidden), else 1.
         kv_heads: the key/value head each query head reads. Shape: (head,) int64.
         score_scale: what the model multiplies q·k by (1/√d_head, or Gemma's query_pre_attn_scalar^-0.5).
         rms_eps: the RMSNorm epsilon.
@@ -71,7 +76,11 @@ class DecoderWalk(WalkArrays):
     """
 
     labels: tuple[str, ...]
-    model_type: str
+    norm_plus_one: bool
+    qk_norm: bool
+    sandwich_norms: bool
+    activation_name: str
+    lookup_scale: float
     kv_heads: np.ndarray
     score_scale: float
     rms_eps: float
@@ -120,6 +129,7 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: Attention
     if not 0 <= layer < len(blocks):
         raise ValueError(f"layer {layer} is out of range: this model has layers 0-{len(blocks) - 1}.")
     parts = family.block_parts(model, layer)
+    notes = family.block_notes(model, layer)
     block = blocks[layer]
     encoded = encoded_from_trace(trace)
     me = threading.get_ident()  # the model is shared: another session's pass must not fill this walk
@@ -146,16 +156,15 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: Attention
         with GATE.turn(), kept_steps(steps, lambda name: inside[0] or name == "token_embeddings") as seen:
             out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
                                  vectors=True, hidden=False, stop_after=layer)
-            return _walk_of(family, model, tokenizer, trace, layer, parts, out, {**seen, **around})
+            return _walk_of(family, model, tokenizer, trace, layer, notes, out, {**seen, **around})
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _walk_of(family: Any, model: Any, tokenizer: Any, trace: AttentionTrace, layer: int,
-             parts: dict[str, tuple[torch.nn.Module, str]], out: Any, seen: dict[str, Any]) -> DecoderWalk:
+def _walk_of(family: Any, model: Any, tokenizer: Any, trace: AttentionTrace, layer: int, notes: BlockNotes,
+             out: Any, seen: dict[str, Any]) -> DecoderWalk:
     """The pass's tensors of block ``layer``, the trace's last block output and the next tokens as a ``DecoderWalk``."""
-    block = family.layers(model)[layer]
     device = next(model.parameters()).device
     with torch.inference_mode():
         dtype = next(model.parameters()).dtype  # a copy: the trace's arrays are read-only
@@ -169,25 +178,27 @@ def _walk_of(family: Any, model: Any, tokenizer: Any, trace: AttentionTrace, lay
     q, k, v = out.queries[layer][0], out.keys[layer][0], out.values[layer][0]  # (head | kv_head, pos, d_head)
     d_head, n = q.shape[-1], q.shape[1]
     scores = trace.layer_scores(layer)  # (head, q_pos, k_pos), Gemma 2's cap included
-    masked = np.where(trace.mask, scores, np.float32(-np.inf))
+    masked = apply_mask(scores, trace.mask).numpy()
     weights = out.weights[layer][0]
     concat = seen["concat"]
     # A block without the rotary embedding (SmolLM3's no-RoPE layers) is given none: cos 1 and sin 0, no turn.
     cos, sin = seen.get("rotary", (torch.ones(n, d_head), torch.zeros(n, d_head)))
     embeddings = seen["token_embeddings"]
-    scale = getattr(parts["token_embeddings"][0], "embed_scale", None)  # Gemma's lookup multiplies by √hidden
-    if scale is not None:
-        embeddings = embeddings / scale
-    norm = block.input_layernorm
+    if notes.lookup_scale != 1.0:  # Gemma's lookup multiplies by √hidden: show the lookup itself
+        embeddings = embeddings / notes.lookup_scale
     return DecoderWalk(
         tokens=tuple(trace.tokens),
         labels=trace.labels,
         token_ids=np.array(trace.token_ids, dtype=np.int64),
         layer=layer,
-        model_type=str(config.model_type),
+        norm_plus_one=notes.norm_plus_one,
+        qk_norm=notes.qk_norm,
+        sandwich_norms=notes.sandwich,
+        activation_name=notes.activation,
+        lookup_scale=notes.lookup_scale,
         kv_heads=np.asarray(kv_heads, dtype=np.int64),
         score_scale=float(out.score_scale),
-        rms_eps=float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0))),
+        rms_eps=notes.norm_eps,
         token_embeddings=_np(embeddings),
         layer_input=_np(seen["layer_input"]),
         attention_input=_np(seen["attention_input"]),

@@ -17,8 +17,8 @@ import torch
 
 from model_core.chapter3.model import TransformerForSequenceClassification
 from model_core.families import FAMILIES
-from model_core.trace.encoding import EncodedInput
-from model_core.trace.gate import GATE
+from model_core.families.encoding import EncodedInput
+from model_core.gate import GATE
 from model_core.walk.steps import WalkArrays, encoded_from_trace, kept_steps
 from model_core.walk.steps import to_array as _np
 
@@ -103,38 +103,24 @@ def walk_layer(model: TransformerForSequenceClassification, encoded: EncodedInpu
 
     Args:
         model: the from-scratch encoder (random, or BERT's weights via ``custom_from_bert``), eval mode.
-        encoded: the tokenised input (``model_core.trace.encoding.encode``).
+        encoded: the tokenised input (``model_core.families.encoding.encode``).
         layer: which encoder layer to walk through.
 
     Raises:
         ValueError: ``layer`` is out of range, or the model is in training mode (dropout would
             make the numbers random).
     """
-    n_layers = len(model.encoder.layers)
+    family = FAMILIES["custom"]
+    n_layers = family.n_layers(model.config)
     if not 0 <= layer < n_layers:
         raise ValueError(f"layer {layer} is out of range: this model has layers 0-{n_layers - 1}.")
     if model.training:
         raise ValueError("The model is in training mode; call model.eval() so dropout is off.")
-    emb = model.encoder.embeddings
-    block = model.encoder.layers[layer]
-    modules = [
-        (emb.token_embeddings, "token_embeddings", "output"),
-        (emb.position_embeddings, "position_embeddings", "output"),
-        (emb.token_type_embeddings, "token_type_embeddings", "output"),
-        (emb.layer_norm, "embedding_sum", "input"),
-        (block.layer_norm_1, "ln1_in", "input"),
-        (block.layer_norm_1, "ln1_out", "output"),
-        (block.layer_norm_2, "ln2_in", "input"),
-        (block.layer_norm_2, "ln2_out", "output"),
-        (block.feed_forward.linear_1, "ffn_input", "input"),
-        (block.feed_forward.linear_1, "ffn_hidden", "output"),
-        (block.feed_forward.gelu, "ffn_activation", "output"),
-        (block.feed_forward, "ffn_output", "output"),
-    ]
+    modules = [(module, name, what) for name, (module, what) in family.block_parts(model, layer).items()]
     device = next(model.parameters()).device
     with GATE.turn(), kept_steps(modules) as seen:  # the turn lasts until the walk's arrays are numpy
-        out = FAMILIES["custom"].forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
-                                         vectors=False, hidden=False).model_output
+        out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
+                             vectors=False, hidden=False).model_output
         return _walk_of(model, encoded, layer, out, seen)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.trace.encoding import EncodedInput
+from model_core.families.encoding import EncodedInput
 from model_core.trace.shape import arrays_nbytes, freeze_arrays
 from model_core.trace.trace import AttentionTrace
 
