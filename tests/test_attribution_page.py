@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from harness.apptest import open_page
 from model_core.settings import BUNDLED_DECODER_ID
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,17 +22,7 @@ TEXT = "The capital of France is"
 
 def _open(model_id: str | None, text: str = TEXT, **state) -> AppTest:
     """app.py with ``model_id`` (None: the default encoder) on ``text``, then the attribution page."""
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.query_params["model"] = "pretrained"
-    if model_id is not None:
-        at.query_params["model_id"] = model_id
-    at.query_params["text_a"] = text
-    at.query_params["text_b"] = ""
-    for key, value in state.items():
-        at.session_state[key] = value
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    at.switch_page(PAGE).run()
+    at = open_page(PAGE, model_id=model_id, query={"text_a": text, "text_b": ""}, state=state)
     _ok(at)
     return at
 

@@ -49,6 +49,15 @@ def _run(model: torch.nn.Module, ids: torch.Tensor, **kwargs) -> None:
         model(ids, **kwargs)
 
 
+def _run_watched(model: torch.nn.Module, rec: _Recorder, vocab: int, n: int) -> None:
+    """Run ``model`` on ``n`` seeded random ids below ``vocab`` while ``rec`` watches, then stop watching."""
+    ids = torch.randint(1, vocab, (1, n), generator=torch.Generator().manual_seed(0))
+    try:
+        _run(model, ids)
+    finally:
+        rec.close()
+
+
 def _expected_qkv(lw: LayerWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v of every head from the weights. Shape: x (pos, d_model) -> (pos, head|kv_head, d_head) each."""
     xn = lw.normed(x)
@@ -97,11 +106,7 @@ def test_decoder_weights_reproduce_projections(tiny_decoder):
         for name in ("c_attn", "q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "dense", "c_proj"):
             if hasattr(attn, name):
                 rec.watch(f"{i}.{name}", getattr(attn, name))
-    ids = torch.randint(1, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
-    try:
-        _run(model, ids)
-    finally:
-        rec.close()
+    _run_watched(model, rec, model.config.vocab_size, 9)
     for i, lw in enumerate(weights):
         x, o = rec.inputs[f"{i}.block"], rec.outputs
         n_q, n_kv = lw.n_heads * lw.d_head, lw.n_kv_heads * lw.d_head
@@ -156,11 +161,7 @@ def test_bert_weights_reproduce_projections():
         for name in ("query", "key", "value"):
             rec.watch(f"{i}.{name}", getattr(sa, name))
         rec.watch(f"{i}.dense", layer.attention.output.dense)
-    ids = torch.randint(1, 120, (1, 7), generator=torch.Generator().manual_seed(0))
-    try:
-        _run(model, ids)
-    finally:
-        rec.close()
+    _run_watched(model, rec, 120, 7)
     for i, lw in enumerate(weights):
         assert lw.ln1_kind is None and lw.ln1_w is None  # post-LN: nothing normalises the layer's input
         o = rec.outputs
@@ -185,11 +186,7 @@ def test_custom_encoder_weights_reproduce_projections(placement):
             for name in ("q", "k", "v"):
                 rec.watch(f"{i}.{h}.{name}", getattr(head, name))
         rec.watch(f"{i}.out", layer.attention.output_linear)
-    ids = torch.randint(1, 100, (1, 6), generator=torch.Generator().manual_seed(0))
-    try:
-        _run(model, ids)
-    finally:
-        rec.close()
+    _run_watched(model, rec, 100, 6)
     for i, lw in enumerate(weights):
         assert (lw.ln1_kind is None) == (placement == "post")
         o = rec.outputs

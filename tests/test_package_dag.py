@@ -15,6 +15,8 @@ import re
 import tokenize
 from collections import defaultdict
 
+from test_import_cycles import _base  # the one reading of a relative import
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "model_core"
 
@@ -47,15 +49,6 @@ def package_of(module: str) -> str:
 def module_name(path: pathlib.Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
-    """The absolute module of a ``from ... import``, relative levels resolved against ``module``."""
-    if not node.level:
-        return node.module or ""
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    package = package[:len(package) - (node.level - 1)]
-    return ".".join(package + ([node.module] if node.module else []))
 
 
 def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:

@@ -14,8 +14,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from tiny_models import build_tiny_decoder
 
+from harness.apptest import open_page
+
 ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "app.py")
 PAGE = "pages/patching.py"
 PAIRS = [{"clean": "The cat sat on the mat", "corrupt": "The bank sat on the mat", "answer": " cat", "foil": " bank"},
          {"clean": "The cat sat on the mat", "corrupt": "The dog sat on the mat", "answer": " cat", "foil": " bank"},
@@ -30,18 +31,7 @@ def llama(tmp_path_factory) -> Path:
 
 def _open(model_id: str, **state) -> AppTest:
     """app.py on ``model_id``, then the patching page in dataset mode, with ``state`` set first."""
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params["model"] = "pretrained"
-    at.query_params["model_id"] = model_id
-    at.session_state["patch_mode"] = "dataset"
-    for key, value in state.items():
-        at.session_state[key] = value
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    at.switch_page(PAGE).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert at.title[0].value == "Activation patching"
-    return at
+    return open_page(PAGE, "Activation patching", model_id=model_id, state={"patch_mode": "dataset", **state})
 
 
 def _upload(at: AppTest, name: str, content: bytes) -> AppTest:

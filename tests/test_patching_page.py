@@ -11,8 +11,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from tiny_models import build_tiny_decoder
 
+from harness.apptest import open_page
+
 ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "app.py")
 PAGE = "pages/patching.py"
 TINY_PAIR = {"pg_clean": "The cat sat on the mat", "pg_corrupt": "The bank sat on the mat",
              "pg_patch_answer": " cat", "pg_patch_foil": " bank"}
@@ -25,20 +26,7 @@ def llama(tmp_path_factory) -> Path:
 
 def _open(model_id: str | None, query: dict | None = None, **state) -> AppTest:
     """app.py on ``model_id`` (None: the default encoder), then the patching page, with ``state`` set first."""
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params["model"] = "pretrained"
-    if model_id is not None:
-        at.query_params["model_id"] = model_id
-    for name, value in (query or {}).items():
-        at.query_params[name] = value
-    for key, value in state.items():
-        at.session_state[key] = value
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    at.switch_page(PAGE).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert at.title[0].value == "Activation patching"
-    return at
+    return open_page(PAGE, "Activation patching", model_id=model_id, query=query, state=state)
 
 
 def _charts(at: AppTest) -> list[str]:

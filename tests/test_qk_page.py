@@ -3,32 +3,20 @@ the row view, the ready induction example and a bad choice of keys."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from harness.apptest import open_page
 from model_core.settings import BUNDLED_DECODER_ID
 from ui.qk import INDUCTION_TEXT
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "app.py")
 PAGE = "pages/why_this_key.py"
 TEXT = "The cat sat on the mat. The cat sat on the"
 
 
 def _open(model_id: str | None, text: str = TEXT, layer: int = 3, head: int = 2) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params["model"] = "pretrained"
-    if model_id is not None:
-        at.query_params["model_id"] = model_id
-    at.query_params["text_a"] = text
-    at.query_params["text_b"] = ""
-    at.query_params["layer"] = str(layer)
-    at.query_params["head"] = str(head)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    at.switch_page(PAGE).run()
+    at = open_page(PAGE, "Why this key", model_id=model_id,
+                   query={"text_a": text, "text_b": "", "layer": layer, "head": head})
     _ok(at)
     return at
 
@@ -73,7 +61,7 @@ def test_the_ready_example_focuses_the_strongest_induction_head():
     at = _open(BUNDLED_DECODER_ID, INDUCTION_TEXT, layer=0, head=0)
     at.button(key="qk_example").click().run()
     _ok(at)
-    layer, head = at.session_state["_focused_head"]  # ui.focus keeps the focused head here
+    layer, _head = at.session_state["_focused_head"]  # ui.focus keeps the focused head here
     assert layer > 0  # an induction head reads a previous-token head's writes: never in layer 0
     at.toggle(key="qk_row").set_value(True).run()
     _ok(at)

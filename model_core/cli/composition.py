@@ -8,22 +8,20 @@ import json
 import sys
 from typing import Any
 
-from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options
+from model_core.cli.options import (
+    add_custom_options,
+    add_model_options,
+    custom_request_fields,
+    print_error,
+)
 
 
 def add_composition_parser(sub: Any) -> None:
     """Add the ``composition`` verb to the command line's subparsers."""
     comp = sub.add_parser("composition", help="Q-, K- and V-composition scores of every pair of heads (Elhage et "
                                               "al., 2021) from the weights, beside a random baseline")
-    comp.add_argument("--model", choices=MODEL_CHOICES, required=True,
-                      help="pretrained: a transformers model of any supported family; custom: the chapter-3 encoder")
-    comp.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id such as "
-                                                       "bundled:SmolLM2-135M-Instruct (default: the bundled BERT)")
-    comp.add_argument("--weights", choices=["random", "pretrained"], default="random", help="custom encoder only")
-    comp.add_argument("--weights-seed", type=int, default=0, help="custom encoder with random weights only")
-    comp.add_argument("--norm-placement", choices=["pre", "post"], default="pre",
-                      help="custom encoder with random weights only: LayerNorm before attention or after the sum")
-    add_encoder_shape_options(comp)
+    add_model_options(comp, "pretrained: a transformers model of any supported family; custom: the chapter-3 encoder")
+    add_custom_options(comp)
     comp.add_argument("--seed", type=int, default=0, help="draws the random baseline's matrices")
     comp.add_argument("--top", type=int, default=10, help="how many top pairs of each kind to print (without --json)")
     comp.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
@@ -43,16 +41,12 @@ def composition_main(args: argparse.Namespace) -> int:
     from model_core.trace.request import TraceRequest
 
     try:
-        request = TraceRequest(args.model, "", model_id=args.model_id, weights=args.weights, seed=args.weights_seed,
-                               norm_placement=args.norm_placement, num_hidden_layers=args.layers,
-                               num_attention_heads=args.heads, hidden_size=args.hidden)
+        request = TraceRequest(args.model, "", model_id=args.model_id, **custom_request_fields(args))
         if not args.json:
             print("reading the weights and composing every pair of heads...", file=sys.stderr)
         scores = composition_for_request(request, device=args.device, seed=args.seed)
     except (ValueError, OSError) as exc:  # ModelLoadError is a ValueError
-        message = str(exc).strip().splitlines()
-        print(f"error: {message[0]}" if message else f"error: {type(exc).__name__}", file=sys.stderr)
-        return 1
+        return print_error(exc)
     if args.json:
         print(json.dumps(scores.to_json()))
         return 0

@@ -6,7 +6,11 @@ import argparse
 import sys
 from typing import Any
 
-from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options, custom_options_misused
+from model_core.cli.options import (
+    MODEL_CHOICES,
+    add_encoder_shape_options,
+    custom_options_misused,
+)
 from model_core.corpus.sample import DEFAULT_CAP
 
 
@@ -51,7 +55,10 @@ def add_corpus_parser(sub: Any) -> None:
 
 
 def _read_corpus(args: argparse.Namespace):
-    from model_core.corpus.sources import read_hub_dataset, read_path  # csv and friends: ~25 ms off --help
+    from model_core.corpus.sources import (  # csv and friends: ~25 ms off --help
+        read_hub_dataset,
+        read_path,
+    )
 
     if args.input.startswith("hf:"):
         return read_hub_dataset(args.input[3:], split=args.split, column=args.column, pair_column=args.pair_column,
@@ -84,7 +91,9 @@ def corpus_main(args: argparse.Namespace) -> int:
                              long=args.long, sample_cap=args.sample_cap if sampling else 0, keep_qk=args.qk,
                              index=args.index)
         if not args.quiet:
-            from tqdm import tqdm  # 20-40 ms to import: only a run that shows its bar pays it, not --help
+            from tqdm import (
+                tqdm,  # 20-40 ms to import: only a run that shows its bar pays it, not --help
+            )
 
             bar = tqdm(total=len(corpus), unit="text", desc="corpus", dynamic_ncols=True)
 

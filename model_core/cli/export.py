@@ -8,7 +8,11 @@ import sys
 from typing import Any
 
 from model_core.cli.compact import add_export_options, export_compact, read_text
-from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options, custom_options_misused
+from model_core.cli.options import (
+    MODEL_CHOICES,
+    add_encoder_shape_options,
+    custom_options_misused,
+)
 
 
 def add_export_parser(sub: Any) -> None:

@@ -56,7 +56,7 @@ def generate_main(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"prompt_tokens": int(len(generation.prompt_ids)),
+        print(json.dumps({"prompt_tokens": len(generation.prompt_ids),
                           "token_ids": [int(i) for i in generation.new_ids], "tokens": list(generation.tokens),
                           "text": generation.reply}, ensure_ascii=False))
     else:

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+from model_core.cli.attribute import add_attribute_parser, attribute_main
+from model_core.cli.circuit import add_circuit_parser, circuit_main
+from model_core.cli.composition import add_composition_parser, composition_main
 from model_core.cli.corpus import add_corpus_parser, corpus_main
 from model_core.cli.export import add_export_parser, export_main
+from model_core.cli.generate import add_generate_parser, generate_main
+from model_core.cli.graph import add_graph_parser, graph_main
+from model_core.cli.kv import add_kv_parser, kv_main
 from model_core.cli.models import add_models_parser, models_main
 from model_core.cli.neighbours import add_neighbours_parser, neighbours_main
+from model_core.cli.patch import add_patch_parser, patch_main
+from model_core.cli.qk import add_qk_parser, qk_main
 from model_core.cli.roles import add_roles_parser, roles_main
 from model_core.cli.weights import add_weights_parser, weights_main
-from model_core.cli.graph import add_graph_parser, graph_main
-from model_core.cli.attribute import add_attribute_parser, attribute_main
-from model_core.cli.patch import add_patch_parser, patch_main
-from model_core.cli.generate import add_generate_parser, generate_main
-from model_core.cli.kv import add_kv_parser, kv_main
-from model_core.cli.composition import add_composition_parser, composition_main
-from model_core.cli.circuit import add_circuit_parser, circuit_main
-from model_core.cli.qk import add_qk_parser, qk_main
 
 VERBS = {"export": export_main, "weights": weights_main, "roles": roles_main, "corpus": corpus_main,
          "models": models_main, "neighbours": neighbours_main, "graph": graph_main, "attribute": attribute_main,

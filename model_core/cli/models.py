@@ -39,7 +39,9 @@ def models_listing() -> dict:
 def models_main(args: argparse.Namespace) -> int:
     """The ``models`` verb: list (as text or JSON), and with --prepare convert the bundled decoder now."""
     if args.prepare:
-        from model_core.models.bundled import ensure_bundled_decoder  # its stdlib imports cost --help ~10 ms
+        from model_core.models.bundled import (
+            ensure_bundled_decoder,  # its stdlib imports cost --help ~10 ms
+        )
 
         try:
             folder = ensure_bundled_decoder(progress=lambda message: print(message, file=sys.stderr))

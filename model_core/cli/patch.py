@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from model_core.cli.options import MODEL_CHOICES
+from model_core.cli.options import MODEL_ID_HELP, add_model_options
 
 TOP = 10
 
@@ -21,10 +21,7 @@ def add_patch_parser(sub: Any) -> None:
     """Add the ``patch`` verb to the command line's subparsers."""
     patch = sub.add_parser("patch", help="activation patching: each head's effect on logit(answer) - logit(foil) "
                                          "when its output is taken from the clean prompt into the corrupted one")
-    patch.add_argument("--model", choices=MODEL_CHOICES, required=True,
-                       help="pretrained: a decoder (GPT-2, Llama-like); an encoder cannot be patched")
-    patch.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id such as "
-                                                        "bundled:SmolLM2-135M-Instruct")
+    add_model_options(patch, "pretrained: a decoder (GPT-2, Llama-like); an encoder cannot be patched", MODEL_ID_HELP)
     patch.add_argument("--clean", help="the clean prompt (all four texts, or --dataset)")
     patch.add_argument("--corrupt", help="the corrupted prompt, as many tokens as the clean one")
     patch.add_argument("--answer", help="one token as written, leading space included (\" Paris\")")

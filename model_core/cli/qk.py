@@ -9,27 +9,26 @@ import json
 import sys
 from typing import Any
 
-from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options
+from model_core.cli.options import (
+    add_custom_options,
+    add_model_options,
+    custom_request_fields,
+    print_error,
+)
 
 
 def add_qk_parser(sub: Any) -> None:
     """Add the ``qk`` verb to the command line's subparsers."""
     qk = sub.add_parser("qk", help="why a head attends from a query to a key: its score split into the query's and "
                                    "the key's components (embeddings, each earlier head, each MLP)")
-    qk.add_argument("--model", choices=MODEL_CHOICES, required=True,
-                    help="pretrained: any supported family; custom: the chapter-3 encoder")
-    qk.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id such as "
-                                                     "bundled:SmolLM2-135M-Instruct (default: the bundled BERT)")
+    add_model_options(qk, "pretrained: any supported family; custom: the chapter-3 encoder")
     qk.add_argument("--text", required=True, help="the text; positions index tokenizer(text).input_ids")
     qk.add_argument("--layer", type=int, required=True)
     qk.add_argument("--head", type=int, required=True)
     qk.add_argument("--query", type=int, default=-1, help="query position (negative: from the end; default: last)")
     qk.add_argument("--key", type=int, default=None, help="key position (default: the key the query attends to most)")
     qk.add_argument("--versus", type=int, default=None, help="a second key (default: the runner-up)")
-    qk.add_argument("--weights", choices=["random", "pretrained"], default="random", help="custom encoder only")
-    qk.add_argument("--weights-seed", type=int, default=0, help="custom encoder with random weights only")
-    qk.add_argument("--norm-placement", choices=["pre", "post"], default="pre", help="custom encoder only")
-    add_encoder_shape_options(qk)
+    add_custom_options(qk)
     qk.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
     qk.add_argument("--json", action="store_true",
                     help='print {"tokens", "layer", "head", "query", "key", "score", "weight", "components", '
@@ -43,20 +42,18 @@ def qk_main(args: argparse.Namespace) -> int:
     from model_core.trace.request import TraceRequest
 
     try:
-        request = TraceRequest(args.model, args.text, model_id=args.model_id, weights=args.weights,
-                               seed=args.weights_seed, norm_placement=args.norm_placement,
-                               num_hidden_layers=args.layers, num_attention_heads=args.heads, hidden_size=args.hidden)
+        request = TraceRequest(args.model, args.text, model_id=args.model_id, **custom_request_fields(args))
         if not args.json:
             print("running the model once through its hook points...", file=sys.stderr)
         result = qk_for_request(request, args.layer, args.head, args.query, args.key, args.versus, device=args.device)
     except (ValueError, OSError) as exc:  # ModelLoadError and InputError are ValueErrors
-        message = str(exc).strip().splitlines()
-        print(f"error: {message[0]}" if message else f"error: {type(exc).__name__}", file=sys.stderr)
-        return 1
+        return print_error(exc)
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
-    from model_core.qk.describe import describe  # start-up time, as above: torch only when the verb runs
+    from model_core.qk.describe import (
+        describe,  # start-up time, as above: torch only when the verb runs
+    )
 
     for line in describe(result):
         print(line)

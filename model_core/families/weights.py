@@ -80,20 +80,15 @@ class LayerWeights:
         assert self.ln1_kind in ("rms", "layer", None), self.ln1_kind
 
     @property
-    def n_heads(self) -> int:
-        return int(self.W_Q.shape[0])
+    def shape(self) -> tuple[int, int, int, int]:
+        """(head, kv_head, d_model, d_head)."""
+        n_heads, d_model, d_head = (int(x) for x in self.W_Q.shape)
+        return n_heads, int(self.W_K.shape[0]), d_model, d_head
 
-    @property
-    def n_kv_heads(self) -> int:
-        return int(self.W_K.shape[0])
-
-    @property
-    def d_model(self) -> int:
-        return int(self.W_Q.shape[1])
-
-    @property
-    def d_head(self) -> int:
-        return int(self.W_Q.shape[2])
+    n_heads = property(lambda self: self.shape[0])
+    n_kv_heads = property(lambda self: self.shape[1])
+    d_model = property(lambda self: self.shape[2])
+    d_head = property(lambda self: self.shape[3])
 
     def normed(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` through the norm before attention, from these weights (the identity where there is none).
