@@ -163,7 +163,8 @@ def test_a_patch_reaches_only_its_point(models):
 
 
 @pytest.mark.parametrize("family_name,point", [("llama", "blocks.1.hook_k_input"), ("gpt2", "blocks.1.hook_q_input"),
-                                               ("gemma2", "blocks.0.hook_v_input")])
+                                               ("gemma2", "blocks.0.hook_v_input"), ("gpt2", "blocks.0.hook_mlp_in"),
+                                               ("llama", "blocks.1.hook_mlp_in"), ("llama", "blocks.1.hook_resid_mid")])
 def test_gradients_at_split_inputs_equal_finite_differences(tiny_decoders, family_name, point):
     model = load_pretrained_uncached(str(tiny_decoders[family_name]), device="cpu").model.double()  # our own copy
     if True:
@@ -173,7 +174,10 @@ def test_gradients_at_split_inputs_equal_finite_differences(tiny_decoders, famil
         metric(out.logits).backward()
         grad = out.cache[point].grad
         direction = torch.zeros_like(grad)
-        direction[:, :, 1] = torch.randn_like(direction[:, :, 1])  # head 1 alone, at every position
+        if direction.dim() == 4:
+            direction[:, :, 1] = torch.randn_like(direction[:, :, 1])  # head 1 alone, at every position
+        else:
+            direction = torch.randn_like(direction)
         # The tiny models are sharpened (peaked attention), so the step is small; Llama's RMSNorm computes in float32
         # even in a float64 model, so not smaller than 1e-4 (its rounding, 1e-7, stays small beside the step).
         eps = 1e-4

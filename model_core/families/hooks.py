@@ -229,7 +229,7 @@ def _install_block(family: Any, model: Any, layer: int, parts: BlockParts) -> No
         # As TransformerLens's: the MLP's own copy of the residual stream, before its norm (a write reaches the MLP
         # alone); a parallel block's MLP shares attention's normed input, so there it is that input.
         entry = parts.ln2 if parts.ln2 is not None and not parts.parallel else parts.mlp_input_module
-        entry.register_forward_pre_hook(_input_point(f"{b}.hook_mlp_in"))
+        entry.register_forward_pre_hook(_input_point(f"{b}.hook_mlp_in", own_copy=True))
         parts.mlp_output_module.register_forward_hook(_output_point(f"{b}.hook_mlp_out"))
     if parts.ln2 is not None:
         parts.ln2.register_forward_pre_hook(_scale_point(f"{b}.ln2.hook_scale", parts.ln2))
@@ -311,12 +311,14 @@ def _embed_point(_module: Any, _args: Any, output: torch.Tensor) -> torch.Tensor
     return run.visit("hook_embed", output) if run.wants("hook_embed") else output
 
 
-def _input_point(name: str):
+def _input_point(name: str, own_copy: bool = False):
+    """A point at a module's input; ``own_copy``: the module reads its own copy of a tensor the model also uses
+    elsewhere (the MLP's input is the residual stream itself), so a write, or a gradient, reaches this module alone."""
     def hook(_module: Any, args: tuple) -> Any:
         run = _RUN.get()
         if run is None or not run.wants(name):
             return None
-        return (run.visit(name, args[0]), *args[1:])
+        return (run.visit(name, args[0].clone() if own_copy else args[0]), *args[1:])
     return hook
 
 
