@@ -20,7 +20,7 @@ from model_core.effects.attribution import (
     decompose,
     require_decoder_family,
 )
-from model_core.families.hooks import HookRun, hook_run
+from model_core.families.hooks import HookRun, hook_run, install_hook_points
 from model_core.gate import GATE
 from model_core.trace.forward import top_predictions
 from model_core.trace.shape import freeze_arrays
@@ -62,6 +62,7 @@ def last_position_pass(family: Any, model: Any, token_ids: np.ndarray, k: int = 
             kept[layer] = z[0, -1].detach().to("cpu", torch.float64).numpy()
         return read
     n_layers = family.n_layers(model.config)
+    install_hook_points(model, family, n_layers)  # once; a model not loaded by model_core.models (a test's) needs it
     reads = HookRun(hooks=[(f"blocks.{i}.attn.hook_z", keep(i)) for i in range(n_layers)])
     with GATE.turn(), hook_run(reads):  # until the tensors are numpy
         out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden=True, compact=True)

@@ -27,7 +27,7 @@ import torch
 
 from model_core.effects.patching_inputs import PatchingError, PatchInputs
 from model_core.families import Family
-from model_core.families.hooks import HookRun, hook_run
+from model_core.families.hooks import HookRun, hook_run, install_hook_points
 from model_core.gate import GATE
 from model_core.trace.shape import LayerHeadGrid
 
@@ -112,7 +112,9 @@ def resid_hooks(family: Family, model: Any, edit: Callable[[int, torch.Tensor], 
     def hook_for(layer: int):
         return lambda resid, _point: edit(layer, resid)
 
-    hooks = [(f"blocks.{i}.hook_resid_pre", hook_for(i)) for i in range(family.n_layers(model.config))]
+    n_layers = family.n_layers(model.config)
+    install_hook_points(model, family, n_layers)  # once; a model not loaded by model_core.models (a test's) needs it
+    hooks = [(f"blocks.{i}.hook_resid_pre", hook_for(i)) for i in range(n_layers)]
     with hook_run(HookRun(hooks=hooks)):
         yield
 
