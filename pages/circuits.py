@@ -7,48 +7,42 @@ import pandas as pd
 import streamlit as st
 
 from attention_explorer.circuits import circuit_graph_figure, faithfulness_figure
-from model_core.circuits.datasets import validate
 from model_core.circuits.eap import CircuitModelError
 from model_core.circuits.faithfulness import FRACTIONS
 from model_core.circuits.graph import edge_budget
-from model_core.settings import BUNDLED_DECODER_ID
 from ui.analysis_widgets import csv_button, how_to_read, show_figure
 from ui.circuits import (
+    DATASET_PREFIX,
+    DEFAULT_COUNT,
     FRACTION_KEY,
+    KEPT,
     RUN_KEY,
     STOPPED_KEY,
     circuit_model_of,
-    dataset_fields,
-    finished,
     head_rows,
     method_fields,
     run,
+)
+from ui.context import require_request
+from ui.dataset_fields import (
+    checked_pairs,
+    pair_counts,
+    pair_source,
+    run_when_asked,
     show_problems,
 )
-from ui.context import get_context
 from ui.patching import model_request
-from ui.state import choose_model
+from ui.state import use_bundled_decoder
 
 st.title("Circuits")
 # The page runs its own prompt pairs: only the sidebar's model matters, so it reads the request, not its trace.
-ctx = get_context()
-request = ctx.request
-if request is None:  # the sidebar's options do not fit together: it says why
-    st.info(ctx.error or "Pick a model in the sidebar.", icon=":material/info:")
-    st.stop()
-
-
-def _use_decoder() -> None:
-    st.session_state["ctl_model"] = "pretrained"
-    choose_model(BUNDLED_DECODER_ID)
-
-
+request = require_request().request
 model = model_request(request)
 try:
     cm = circuit_model_of(model) if request.model == "pretrained" else None
 except CircuitModelError as exc:  # an encoder, a post-norm or a parallel block
     st.info(str(exc), icon=":material/info:")
-    st.button("Use SmolLM2-135M-Instruct", on_click=_use_decoder, type="primary")
+    st.button("Use SmolLM2-135M-Instruct", on_click=use_bundled_decoder, type="primary")
     st.stop()
 except ValueError as exc:  # ModelLoadError: a model id that does not load
     st.error(str(exc), icon=":material/error:")
@@ -56,7 +50,7 @@ except ValueError as exc:  # ModelLoadError: a model id that does not load
 if cm is None:
     st.info("Edge attribution compares next-token logits, and an encoder (BERT, the chapter-3 encoder) predicts no "
             "next token: pick a decoder such as SmolLM2 in the sidebar.", icon=":material/info:")
-    st.button("Use SmolLM2-135M-Instruct", on_click=_use_decoder, type="primary")
+    st.button("Use SmolLM2-135M-Instruct", on_click=use_bundled_decoder, type="primary")
     st.stop()
 
 how_to_read(
@@ -73,30 +67,20 @@ how_to_read(
     "Syed et al. (2023), Attribution Patching Outperforms Automated Circuit Discovery; Hanna et al. (2024), Have "
     "Faith in Faithfulness (EAP-IG); Mueller et al. (2025), MIB: a Mechanistic Interpretability Benchmark.",
 )
-picked = dataset_fields()
+picked = pair_source(DATASET_PREFIX, DEFAULT_COUNT)
 if picked is None:
     st.stop()
 source_key, dataset = picked
 method, steps = method_fields()
-checked = validate(dataset, cm.tokenizer)
-if not checked.pairs:
-    st.error(f"No pair of {dataset.source or 'the dataset'} can run on this model: every one has a problem (listed "
-             "below). Fix the pairs, or pick a generator.", icon=":material/error:")
-    show_problems(checked.messages, "cannot run")
+checked = checked_pairs(dataset, cm.tokenizer)
+if checked is None:
     st.stop()
-st.caption(f"{len(dataset.pairs) + len(dataset.problems)} pairs, {len(checked.pairs)} valid; "
-           f"{cm.graph.n_edges:,} edges in {cm.n_layers} layers × {cm.n_heads} heads.")
+st.caption(f"{pair_counts(dataset, checked)}{cm.graph.n_edges:,} edges in {cm.n_layers} layers × {cm.n_heads} heads.")
 key = (model, source_key, method, steps)
-result = finished(key)
-if result is None:
-    show_problems(checked.messages, "cannot run")
-wanted = (result is None or result.partial) and st.button(
-    f"Run {method.upper()} on {len(checked.pairs)} pairs", type="primary", key=RUN_KEY,
-    help="Edge scores in batches of pairs, then the faithfulness curve; a Stop keeps the batches finished.")
-if wanted:
-    result = run(key, cm, dataset, method, steps)
-    if not result.partial:
-        st.rerun()  # drawn again from the finished result, without the Run button
+result = run_when_asked(
+    KEPT.finished(key), checked, f"Run {method.upper()} on {len(checked.pairs)} pairs", RUN_KEY,
+    "Edge scores in batches of pairs, then the faithfulness curve; a Stop keeps the batches finished.",
+    lambda: run(key, cm, dataset, method, steps))
 if result is None:
     st.stop()
 

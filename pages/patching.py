@@ -14,9 +14,8 @@ from attention_explorer.patching import (
 from model_core.effects.patching import passes_needed
 from model_core.effects.patching_run import estimate_correlation, table_for
 from model_core.io.tables import grid_to_csv, matrix_to_csv, rows_to_csv
-from model_core.settings import BUNDLED_DECODER_ID
 from ui.analysis_widgets import clicked_cell, csv_button, how_to_read, show_figure
-from ui.context import get_context
+from ui.context import require_request
 from ui.fields import PAGE_PARAMS
 from ui.focus import set_focus
 from ui.guard import view_guard
@@ -33,7 +32,7 @@ from ui.patching import (
     table_parts,
 )
 from ui.patching_dataset import MODE_KEY, dataset_mode
-from ui.state import choose_model, open_page_if_requested
+from ui.state import open_page_if_requested, use_bundled_decoder
 
 OPEN_FLAG = "_patch_open_heatmaps"
 CONTRIB_FLAG = "_patch_open_contributions"
@@ -46,18 +45,8 @@ open_page_if_requested(CONTRIB_FLAG, "pages/contributions.py")
 st.title("Activation patching")
 # Patching runs its own prompts: only the sidebar's model matters, so the page reads the request, not its trace, and
 # works whatever the sidebar's text is (empty, too long, or one the model fails on).
-ctx = get_context()
+ctx = require_request()
 request = ctx.request
-if request is None:  # the sidebar's options do not fit together: it says why
-    st.info(ctx.error or "Pick a model in the sidebar.", icon=":material/info:")
-    st.stop()
-
-
-def _use_decoder() -> None:
-    st.session_state["ctl_model"] = "pretrained"
-    choose_model(BUNDLED_DECODER_ID)
-
-
 try:
     loaded = pretrained_for(request, ctx.settings) if request.model == "pretrained" else None  # the model only
 except ValueError as exc:  # ModelLoadError: a model id that does not load
@@ -69,7 +58,7 @@ if loaded is None or not loaded.family.is_decoder:
             "sidebar. The Contributions page works for encoders: it follows what each head and block adds to any "
             "token.", icon=":material/info:")
     left, right = st.columns(2)
-    left.button("Use SmolLM2-135M-Instruct", on_click=_use_decoder, type="primary")
+    left.button("Use SmolLM2-135M-Instruct", on_click=use_bundled_decoder, type="primary")
     right.button("Open the Contributions page", key="patch_to_graph",
                  on_click=lambda: st.session_state.__setitem__(CONTRIB_FLAG, True))
     st.stop()

@@ -12,7 +12,7 @@ from model_core.circuits.datasets import Dataset
 from model_core.circuits.faithfulness import FRACTIONS
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_circuits_eap import TINY_PAIRS  # noqa: E402  the tiny tokenizer's one-token words
+from test_circuits_eap import TINY_PAIRS
 
 
 def test_circuit_returns_the_edges_the_curve_and_the_figures(tiny_decoders):
@@ -26,7 +26,7 @@ def test_circuit_returns_the_edges_the_curve_and_the_figures(tiny_decoders):
     graph = figures["graph"]
     kept = got.result.scores.circuit(0.1).sum()
     assert graph.layout.title.text.startswith(f"The circuit at 0.1 of the edges: {kept} edges")
-    hover = [t for t in graph.data if t.hovertemplate == "%{text}<extra></extra>"][0]
+    hover = next(t for t in graph.data if t.hovertemplate == "%{text}<extra></extra>")
     assert len(hover.text) == kept  # one hover point an edge, the circuit's edges only
     colours = {t.line.color for t in graph.data if t.mode == "lines" and t.x and t.x[0] is not None}
     assert colours <= {"#1f77b4", "#d62728"} and colours

@@ -6,31 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 from tiny_models import build_tiny_decoder
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "app.py")
+from harness.apptest import open_page
+
 PAGE = "pages/circuits.py"
 SMOL = "bundled:SmolLM2-135M-Instruct"
 
 
 def _open(model_id: str | None, **state) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=600)
-    at.query_params["model"] = "pretrained"
-    if model_id is not None:
-        at.query_params["model_id"] = model_id
-    for key, value in state.items():
-        at.session_state[key] = value
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    at.switch_page(PAGE).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert at.title[0].value == "Circuits"
-    return at
+    """app.py on ``model_id``, then the Circuits page, with ``state`` set first."""
+    return open_page(PAGE, "Circuits", model_id=model_id, state=state, timeout_s=600)
 
 
 def _titles(at: AppTest) -> list[str]:

@@ -16,7 +16,6 @@ from tiny_models import build_tiny_decoder
 
 from harness.apptest import open_page
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGE = "pages/patching.py"
 PAIRS = [{"clean": "The cat sat on the mat", "corrupt": "The bank sat on the mat", "answer": " cat", "foil": " bank"},
          {"clean": "The cat sat on the mat", "corrupt": "The dog sat on the mat", "answer": " cat", "foil": " bank"},

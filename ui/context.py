@@ -197,6 +197,17 @@ def _stored_context() -> AppContext:
     return st.session_state[_KEY]
 
 
+def require_request() -> AppContext:
+    """The context of a page that runs its own prompts (only the sidebar's model matters, so it reads the request,
+    not its trace), or stop the page with the reason there is no request (the sidebar's options do not fit)."""
+    track_page(sys._getframe(1).f_globals)
+    ctx = _stored_context()
+    if ctx.request is None:
+        st.info(ctx.error or "Pick a model in the sidebar.", icon=":material/info:")
+        st.stop()
+    return ctx
+
+
 def require_trace(compact: bool = False) -> AppContext:
     """The context, or stop the page with the reason there is no trace (the sidebar keeps working).
 

@@ -1,5 +1,6 @@
-"""Activation patching over a dataset in the app: the pairs' widgets (a generator with its count and seed, or an
-uploaded JSONL or CSV), the check of every pair, mean patching with a progress bar and a Stop, and the result.
+"""Activation patching over a dataset in the app: the pairs' widgets (``ui.dataset_fields``: a generator with its
+count and seed, or an uploaded JSONL or CSV), the check of every pair, mean patching with a progress bar and a Stop
+(``ui.kept_run``), and the result.
 
 Mean patching runs one pair after another, each through the single-pair pipeline, so it takes about as long as
 exact patching once a pair: it runs when asked (the Run button). The result (or, after a Stop, the pairs finished) is
@@ -8,7 +9,6 @@ kept in the session that ran it.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import streamlit as st
@@ -20,97 +20,42 @@ from attention_explorer.patching import (
     residual_figure,
 )
 from model_core import TraceRequest
-from model_core.circuits.datasets import (
-    Dataset,
-    DatasetError,
-    Validated,
-    from_generator,
-    parse_pairs,
-    validate,
-)
-from model_core.circuits.generators import GENERATORS
+from model_core.circuits.datasets import Dataset
 from model_core.circuits.mean_patching import MeanPatching, mean_patching
 from model_core.io.tables import grid_to_csv, matrix_to_csv
 from ui.analysis_widgets import csv_button, how_to_read, show_figure
+from ui.dataset_fields import (
+    checked_pairs,
+    pair_counts,
+    pair_source,
+    run_when_asked,
+    show_problems,
+)
+from ui.kept_run import KeptRun
 
 MODE_KEY = "patch_mode"
 """The page's mode: "pair" (one clean/corrupted pair, as before) or "dataset"."""
-SOURCE_KEY, GENERATOR_KEY = "patch_ds_source", "patch_ds_generator"
-COUNT_KEY, SEED_KEY, UPLOAD_KEY = "patch_ds_count", "patch_ds_seed", "patch_ds_upload"
+DATASET_PREFIX = "patch_ds_"
+"""The dataset widgets' keys (``ui.dataset_fields.pair_source``): patch_ds_source, patch_ds_generator, patch_ds_count,
+patch_ds_seed, patch_ds_upload."""
 RUN_KEY, STOP_BUTTON_KEY = "patch_ds_run", "patch_ds_stop"
 RESULT_KEY = "_patch_ds_result"
 """Session state: (run key, MeanPatching) of this session's latest run, partial while it runs or when stopped."""
 STOPPED_KEY = "_patch_ds_stopped"
-DEFAULT_COUNT, MAX_COUNT = 8, 256
-GENERATOR_TITLES = {"ioi": "Names (IOI)", "greater-than": "Greater-than (years)", "induction": "Induction (words)",
-                    "facts": "Factual recall"}
-
-
-def dataset_fields() -> tuple[tuple, Dataset] | None:
-    """The source of the pairs: a generator (count, seed) or an upload. Returns (a key naming the pairs, the
-    dataset), or None (nothing uploaded yet, or a file that cannot be read: the message is shown)."""
-    source = st.radio("Pairs from", ["generator", "upload"], horizontal=True, key=SOURCE_KEY,
-                      format_func={"generator": "A generator", "upload": "My file (JSONL or CSV)"}.get)
-    if source == "generator":
-        left, mid, right = st.columns([2, 1, 1])
-        name = left.selectbox("Generator", list(GENERATORS), key=GENERATOR_KEY, format_func=GENERATOR_TITLES.get,
-                              help="Written by the team; the same pairs for the same seed.")
-        count = mid.number_input("Pairs", 1, MAX_COUNT, DEFAULT_COUNT, key=COUNT_KEY)
-        seed = right.number_input("Seed", 0, 2**31 - 1, 0, key=SEED_KEY)
-        spec = f"{name}:{int(count)}:{int(seed)}"
-        return ("generator", spec), from_generator(spec)
-    upload = st.file_uploader("Pairs: JSONL (one object a line) or CSV, with clean, corrupt, answer, foil",
-                              key=UPLOAD_KEY)
-    if upload is None:
-        st.info('Upload a file of pairs: JSONL lines such as {"clean": "...", "corrupt": "...", "answer": " Mary", '
-                '"foil": " John"}, or a CSV whose header is clean,corrupt,answer,foil.', icon=":material/upload:")
-        return None
-    data = upload.getvalue()
-    try:
-        dataset = parse_pairs(data, upload.name)
-    except DatasetError as exc:
-        st.error(str(exc), icon=":material/error:")
-        return None
-    return ("upload", upload.name, hashlib.sha256(data).hexdigest()), dataset
-
-
-def show_problems(problems: list[str] | tuple[str, ...], ran: str) -> None:
-    """Every pair that does not run, one line each, under a warning that says how many."""
-    if problems:
-        st.warning(f"{len(problems)} pair{'s' if len(problems) != 1 else ''} {ran}; the others run. Each line "
-                   "names the pair's row and what to change.", icon=":material/warning:")
-        st.code("\n".join(problems), language=None, wrap_lines=True)
-
-
-def _stop() -> None:
-    st.session_state[STOPPED_KEY] = True
-
-
-def finished(key: tuple) -> MeanPatching | None:
-    """This session's result for ``key`` (partial when stopped), or None."""
-    kept = st.session_state.get(RESULT_KEY)
-    return kept[1] if kept is not None and kept[0] == key else None
+KEPT = KeptRun(RESULT_KEY, STOPPED_KEY, STOP_BUTTON_KEY)
+DEFAULT_COUNT = 8
 
 
 def run_mean(key: tuple, resolved: Any, dataset: Dataset) -> MeanPatching:
     """Mean patching with a progress bar and a Stop button. Each finished pair is kept in the session as it goes, so
     a Stop (any click reruns the page and ends this run at its next progress message) keeps the pairs done."""
-    st.session_state[STOPPED_KEY] = False
-    bar = st.progress(0.0, text="Mean patching: starting…")
-    stop_slot = st.empty()
-    stop_slot.button("Stop", key=STOP_BUTTON_KEY, on_click=_stop, icon=":material/stop:",
-                     help="Keeps the pairs finished; the one under way is dropped.")
+    with KEPT.running("Mean patching: starting…", "Keeps the pairs finished; the one under way is dropped.") as bar:
 
-    def progress(done: float, total: int) -> None:
-        bar.progress(min(done / total, 1.0), text=f"Mean patching: pair {min(int(done) + 1, total)} of {total}")
+        def progress(done: float, total: int) -> None:
+            bar.progress(min(done / total, 1.0), text=f"Mean patching: pair {min(int(done) + 1, total)} of {total}")
 
-    def keep(result: MeanPatching) -> None:
-        st.session_state[RESULT_KEY] = (key, result)
-
-    result = mean_patching(resolved, dataset, progress=progress, keep=keep)
-    keep(result)
-    bar.empty()
-    stop_slot.empty()
+        result = mean_patching(resolved, dataset, progress=progress, keep=lambda done: KEPT.keep(key, done))
+        KEPT.keep(key, result)
     return result
 
 
@@ -182,31 +127,22 @@ def dataset_mode(model: TraceRequest) -> None:
     """The whole dataset mode of the patching page on the decoder ``model`` names (its request without text)."""
     resolved = resolved_model(model)
     explain()
-    picked = dataset_fields()
+    picked = pair_source(DATASET_PREFIX, DEFAULT_COUNT)
     if picked is None:
         return
     source_key, dataset = picked
-    checked: Validated = validate(dataset, resolved.tokenizer)
-    if not checked.pairs:
-        st.error(f"No pair of {dataset.source or 'the dataset'} can run on this model: every one has a problem "
-                 "(listed below). Fix the pairs, or pick a generator.", icon=":material/error:")
-        show_problems(checked.messages, "cannot run")
+    checked = checked_pairs(dataset, resolved.tokenizer)
+    if checked is None:
         return
     shared = checked.n_tokens
-    st.caption(f"{len(dataset.pairs) + len(dataset.problems)} pairs, {len(checked.pairs)} valid; "
+    st.caption(pair_counts(dataset, checked)
                + (f"{shared} tokens each (one template)." if shared is not None else
                   "of different token counts, so the residual stream is left out."))
     key = (model, source_key)
-    result = finished(key)
-    if result is None:
-        show_problems(checked.messages, "cannot run")
-    wanted = (result is None or result.partial) and st.button(
-        f"Run mean patching ({len(checked.pairs)} pairs)", type="primary", key=RUN_KEY,
-        help="Exact patching of every pair, one after another; a Stop keeps the pairs finished.")
-    if wanted:
-        result = run_mean(key, resolved, dataset)
-        if not result.partial:
-            st.rerun()  # drawn again from the finished result, without the Run button
+    result = run_when_asked(
+        KEPT.finished(key), checked, f"Run mean patching ({len(checked.pairs)} pairs)", RUN_KEY,
+        "Exact patching of every pair, one after another; a Stop keeps the pairs finished.",
+        lambda: run_mean(key, resolved, dataset))
     if result is None:
         return
     show_result(result, "Columns: the positions, labelled with the first pair's clean tokens.")

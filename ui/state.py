@@ -111,6 +111,12 @@ def choose_model(model_id: str) -> None:
     st.session_state[OTHER_KEY] = False
 
 
+def use_bundled_decoder() -> None:
+    """A callback for a decoder-only page's "Use SmolLM2" button: the pretrained model, the bundled decoder."""
+    st.session_state["ctl_model"] = "pretrained"
+    choose_model(BUNDLED_DECODER_ID)
+
+
 def _on_pretrained_choice() -> None:
     choice = st.session_state[CHOICE_KEY]
     if choice == OTHER:
