@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 import numpy as np
 import streamlit as st
 
-from model_core.qk.describe import component_label, describe_pairs
+from model_core.qk.describe import component_label, describe_pairs, role_labels
 from model_core.settings import BUNDLED_DECODER_ID
 from ui.analysis_widgets import csv_button, how_to_read, show_figure
 from ui.composition import cached_composition, model_key, render_composition
@@ -23,6 +23,8 @@ from ui.qk import (
     terms_csv,
     terms_figure,
 )
+from ui.roles import model_key as roles_model_key
+from ui.roles import probe_scores
 from ui.state import choose_model, open_page_if_requested
 
 OPEN_FLAG = "_qk_open_heatmaps"
@@ -114,7 +116,12 @@ if result.softcap is not None:
             f"linear: the split is of the score before the cap ({result.score:+.3f}; capped "
             f"{result.capped_score:+.3f}). The log-odds are of the capped scores and are not split.",
             icon=":material/info:")
-st.markdown("\n".join(f"- {line}" for line in describe_pairs(result, result.terms, result.score, 3)))
+roles = None
+if st.toggle("Name heads by their roles", key="qk_roles",
+             help="Scores every head once per model on repeated random sequences (the Head roles page's probe) and "
+                  "names a head for its strongest role where that scores at least 0.4."):
+    roles = role_labels(probe_scores(roles_model_key(ctx.request), 0).scores)
+st.markdown("\n".join(f"- {line}" for line in describe_pairs(result, result.terms, result.score, 3, roles)))
 st.caption(f"Check: the {len(result.components)}² terms sum to {float(result.terms.sum()):+.5f}; the model's score "
            f"is {result.score:+.5f}.")
 
@@ -141,7 +148,7 @@ with tab_vs:
     else:
         diff = result.terms - v.terms
         st.markdown(f"s − s′ = **{result.score - v.score:+.3f}** (key {fmt(k)} against key {fmt(v.key)}):")
-        st.markdown("\n".join(f"- {line}" for line in describe_pairs(result, diff, result.score - v.score, 3)))
+        st.markdown("\n".join(f"- {line}" for line in describe_pairs(result, diff, result.score - v.score, 3, roles)))
         with view_guard("versus"):
             show_figure(bars_figure(result, diff.sum(axis=0), "Key side of s − s′"), "qk_versus_key",
                         key="qk_versus_bars")
@@ -164,7 +171,7 @@ if heads:
     order = sorted(heads, key=lambda c: -abs(float(result.key_side[result.components.index(c)])))
     pick_col, go_col = st.columns([3, 1])
     pick = pick_col.selectbox("Open a component's head on the heatmaps", order[:30], key="qk_open_pick",
-                              format_func=component_label)
+                              format_func=lambda c: component_label(c, roles))
     layer_h, head_h = (int(x) for x in pick[1:].split("H"))
     go_col.button("Open", on_click=_open, args=(layer_h, head_h), key="qk_open_btn")
 

@@ -157,3 +157,13 @@ def test_the_qk_verb_prints_its_contract_on_smollm2():
     bad = _cli("--model", "pretrained", "--model-id", BUNDLED_DECODER_ID, "--text", text, "--layer", "3",
                "--head", "2", "--query", "2", "--key", "5", "--json")
     assert bad.returncode == 1 and "cannot see key" in bad.stderr and bad.stdout == ""
+
+
+def test_role_labels_name_a_head_for_its_strongest_role_above_the_threshold():
+    from model_core.qk.describe import component_label, role_labels
+
+    scores = {"previous_token": np.array([[0.9, 0.1], [0.2, np.nan]]),
+              "induction": np.array([[0.5, 0.3], [0.7, 0.1]]), "retrieval": np.ones((2, 2))}
+    labels = role_labels(scores)
+    assert labels == {"L0H0": "a previous-token head", "L1H0": "an induction head"}  # retrieval is not a probe role
+    assert component_label("L1H0", labels) == "L1 H0 (an induction head)" and component_label("L0H1", labels) == "L0 H1"

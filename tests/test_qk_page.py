@@ -54,6 +54,9 @@ def test_the_page_reads_an_encoder():
     total, score = _check(at)
     assert abs(total - score) <= 1e-4
     assert at.selectbox(key="qk_query").value == 0  # an encoder's default query: the first token
+    at.toggle(key="qk_roles").set_value(True).run()  # the Head roles probe names the heads
+    _ok(at)
+    assert any("gives" in m.value for m in at.markdown)
 
 
 @pytest.mark.slow

@@ -22,6 +22,29 @@ def component_label(name: str, roles: Mapping[str, str] | None = None) -> str:
     return {"embed": "token embedding", "pos": "position embedding", "bias": "constant biases"}.get(name, name)
 
 
+ROLE_WORDS = {"previous_token": "a previous-token head", "duplicate_token": "a duplicate-token head",
+              "induction": "an induction head", "sink": "a sink head"}
+ROLE_THRESHOLD = 0.4
+"""A head is named for its strongest role when that role's score (the probe's mean attention) is at least this."""
+
+
+def role_labels(scores: Mapping[str, np.ndarray], threshold: float = ROLE_THRESHOLD) -> dict[str, str]:
+    """Component name ("L3H5") -> its role in words, for heads whose strongest role scores at least ``threshold``.
+
+    Args:
+        scores: role -> (layer, head) scores (``model_core.roles.RoleScores.scores``).
+    """
+    known = {role: np.nan_to_num(np.asarray(grid, dtype=np.float64), nan=-np.inf)
+             for role, grid in scores.items() if role in ROLE_WORDS}
+    if not known:
+        return {}
+    roles = list(known)
+    stacked = np.stack([known[r] for r in roles])  # (role, layer, head)
+    best, value = stacked.argmax(0), stacked.max(0)
+    return {f"L{layer}H{head}": ROLE_WORDS[roles[int(best[layer, head])]]
+            for layer, head in zip(*np.nonzero(value >= threshold))}
+
+
 def describe_pairs(result: QKTerms, terms: np.ndarray, total: float, n: int = 3,
                    roles: Mapping[str, str] | None = None) -> list[str]:
     """The ``n`` largest terms in words, each with its share of ``total``."""
