@@ -82,6 +82,10 @@ result = run_when_asked(
     "Edge scores in batches of pairs, then the faithfulness curve; a Stop keeps the batches finished.",
     lambda: run(key, cm, dataset, method, steps))
 if result is None:
+    st.info(f"Press **Run** to score every edge on these pairs ({method.upper()}"
+            f"{f', {steps} steps' if method == 'eap-ig' else ''}), then the faithfulness curve; the circuit, its curve "
+            "and each node's edges are drawn here. On two CPU cores 16 IOI pairs take a minute or two.",
+            icon=":material/info:")
     st.stop()
 
 m1, m2, m3, m4 = st.columns(4)

@@ -23,7 +23,7 @@ MAX_EXPORT_BYTES = 10_000_000
 # predictions page is for decoders (its two charts go through ui.analysis_widgets.show_figure, as every
 # analysis page's do).
 NO_CHARTS = {"pages/bertviz.py", "pages/predictions.py", "pages/attribution.py", "pages/patching.py",
-             "pages/generate.py", "pages/kv_cache.py"}  # the default model is BERT
+             "pages/generate.py", "pages/kv_cache.py", "pages/circuits.py"}  # the default model is BERT
 
 
 def _pages() -> list[str]:
