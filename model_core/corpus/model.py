@@ -12,7 +12,7 @@ from transformers import AutoConfig
 
 from model_core.corpus.stats import TokenClasses
 from model_core.chapter3.spec import CustomSpec
-from model_core.families import FAMILIES, Family, family_of, family_of_type
+from model_core.families import FAMILIES, Family, family_of, family_of_config
 from model_core.models.loading import load_tokenizer, resolve_model_source
 from model_core.settings import Settings, resolve_model_id
 from model_core.trace.request import TraceRequest
@@ -117,10 +117,7 @@ class CorpusModel:
 
         source = resolve_model_source(self.model_id)
         config = AutoConfig.from_pretrained(source.location, local_files_only=source.kind != "hub")
-        family = family_of_type(getattr(config, "model_type", None))
-        if family is None:
-            raise ValueError(f"{self.model_id!r} is a {config.model_type!r} model, which no family serves.")
-        return family
+        return family_of_config(config, self.model_id)
 
     def tokenizer(self) -> Any:
         """The model's tokenizer (for the bundled BERT vocabulary, without loading a model)."""

@@ -98,11 +98,6 @@ def attention_output_norm(family: Any, model: Any, layer: int) -> Any | None:
     return family.parts(model, layer).attn_post_norm
 
 
-def projection_modules(family: Any, model: Any) -> list[Any]:
-    """Every layer's output projection module, where the family says it is (``BlockParts.o_proj``)."""
-    return [family.parts(model, layer).o_proj for layer in range(family.n_layers(model.config))]
-
-
 def output_projections(family: Any, model: Any) -> list[tuple[torch.Tensor, np.ndarray | None]]:
     """Every layer's output projection W_O as the model holds it (``Family.output_weights``, no copy), and its bias
     (GPT-2's and Phi's; None for most Llamas).
@@ -110,8 +105,8 @@ def output_projections(family: Any, model: Any) -> list[tuple[torch.Tensor, np.n
     Shape: -> layer pairs of (d_model, head * d_head) on the model's device, (d_model,) float64 or None.
     """
     out = []
-    for w, proj in zip(family.output_weights(model), projection_modules(family, model), strict=True):
-        bias = getattr(proj, "bias", None)
+    for layer, w in enumerate(family.output_weights(model)):
+        bias = family.parts(model, layer).o_bias
         out.append((w.detach(), None if bias is None else bias.detach().to("cpu", torch.float64).numpy()))
     return out
 

@@ -181,7 +181,7 @@ class BlockMap:
 
 def _layer_of(parts: BlockParts, o_weight: torch.Tensor) -> _Layer:
     """One block's modules as the graph needs them, from the family's ``BlockParts``."""
-    bias = getattr(parts.o_proj, "bias", None)
+    bias = parts.o_bias
     if parts.post_norm:  # BERT, the chapter-3 encoder with post-LN: the MLP runs again from resid_mid
         return _Layer(o_weight.detach(), bias, post_ln1=parts.post_ln1, ffn=parts.mlp, post_ln2=parts.post_ln2,
                       v_of=parts.values)

@@ -42,6 +42,18 @@ def family_of_type(model_type: str | None) -> Family | None:
     return _BY_MODEL_TYPE.get(model_type or "")
 
 
+def family_of_config(config: Any, model_id: str) -> Family:
+    """The adapter serving a transformers config (read before the model is loaded).
+
+    Raises:
+        ValueError: no family serves its model type; the message names it.
+    """
+    family = family_of_type(getattr(config, "model_type", None))
+    if family is None:
+        raise ValueError(f"{model_id!r} is a {getattr(config, 'model_type', None)!r} model, which no family serves.")
+    return family
+
+
 def family_of(model: Any) -> Family:
     """The adapter of a loaded model (transformers or the chapter-3 encoder)."""
     if isinstance(model, TransformerForSequenceClassification):
@@ -52,5 +64,14 @@ def family_of(model: Any) -> Family:
     return family
 
 
-__all__ = ["DECODER_FAMILIES", "FAMILIES", "Family", "ForwardOutput", "SUPPORTED_MODEL_TYPES", "family_named",
-           "family_of", "family_of_type"]
+__all__ = [
+    "DECODER_FAMILIES",
+    "FAMILIES",
+    "SUPPORTED_MODEL_TYPES",
+    "Family",
+    "ForwardOutput",
+    "family_named",
+    "family_of",
+    "family_of_config",
+    "family_of_type",
+]

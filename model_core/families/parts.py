@@ -70,6 +70,11 @@ class BlockParts:
         return self.mlp if self.post_norm else self.mlp_write
 
     @property
+    def o_bias(self) -> torch.Tensor | None:
+        """The output projection's bias (GPT-2's, Phi's, BERT's), or None (most Llamas)."""
+        return getattr(self.o_proj, "bias", None)
+
+    @property
     def post_norm(self) -> bool:
         """A post-norm block (BERT, the chapter-3 encoder with post-LN)."""
         return self.post_ln1 is not None
