@@ -167,3 +167,11 @@ def test_role_labels_name_a_head_for_its_strongest_role_above_the_threshold():
     labels = role_labels(scores)
     assert labels == {"L0H0": "a previous-token head", "L1H0": "an induction head"}  # retrieval is not a probe role
     assert component_label("L1H0", labels) == "L1 H0 (an induction head)" and component_label("L0H1", labels) == "L0 H1"
+
+
+def test_the_json_has_exactly_the_issues_keys_even_with_a_softcap_or_one_visible_key(models):
+    keys = ["tokens", "layer", "head", "query", "key", "score", "weight", "components", "terms", "versus"]
+    capped = qk_terms(models["gemma2"], None, IDS, 1, 0, -1).to_json()  # Gemma 2 caps its scores
+    assert list(capped) == keys and set(capped["versus"]) == {"key", "score", "weight", "log_odds", "terms"}
+    first = qk_terms(models["llama"], None, IDS, 1, 0, 0).to_json()  # a decoder's first query sees one key
+    assert list(first) == keys and first["versus"] is None and first["key"] == 0

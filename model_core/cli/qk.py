@@ -49,6 +49,10 @@ def qk_main(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # ModelLoadError and InputError are ValueErrors
         return print_error(exc)
     if args.json:
+        if result.softcap is not None:
+            print(f"note: this model caps its scores (softcap {result.softcap:g}); the terms split the score before "
+                  f"the cap, and the log-odds are of the capped scores ({result.capped_score:+.6f} capped)",
+                  file=sys.stderr)
         print(json.dumps(result.to_json()))
         return 0
     from model_core.qk.describe import (

@@ -87,17 +87,16 @@ class QKTerms:
                  float(t.flat[int(i)])) for i in flat]
 
     def to_json(self) -> dict[str, Any]:
-        """The ``qk`` verb's JSON: tokens, layer, head, query, key, score, weight, components, terms, versus."""
+        """The ``qk`` verb's JSON, exactly the issue's keys: tokens, layer, head, query, key, score, weight,
+        components, terms, versus (null where the query sees one key). A softcapped model's split is of the score
+        before the cap; the verb says so on stderr."""
         out: dict[str, Any] = {"tokens": self.tokens, "layer": self.layer, "head": self.head, "query": self.query,
                                "key": self.key, "score": self.score, "weight": self.weight,
-                               "components": self.components, "terms": self.terms.tolist()}
-        if self.versus is not None:
+                               "components": self.components, "terms": self.terms.tolist(), "versus": None}
+        if self.versus is not None:  # None only where the query sees one key
             v = self.versus
             out["versus"] = {"key": v.key, "score": v.score, "weight": v.weight, "log_odds": v.log_odds,
                              "terms": v.terms.tolist()}
-        if self.softcap is not None:
-            out["softcap"] = self.softcap
-            out["capped_score"] = self.capped_score
         return out
 
 
