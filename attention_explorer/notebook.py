@@ -259,16 +259,12 @@ class Trace:
             ``attention_explorer.qk.QK``: ``.terms`` (C, C), ``.result`` (score, weight, components, versus, row),
             ``.terms_figure()``, ``.key_figure()``, ``.query_figure()``, ``.versus_figure()``, ``.row_figure()``.
         """
-        import torch
-
         from attention_explorer.qk import QK
-        from model_core.qk.terms import qk_terms
+        from model_core.qk.terms import qk_pass_for_trace, split_at
 
         resolved = self._resolved(model)
-        ids = torch.tensor(np.array(self.core.token_ids), dtype=torch.long)[None]
-        types = torch.tensor(np.array(self.core.token_type_ids), dtype=torch.long)[None]
-        return QK(qk_terms(resolved.model, resolved.tokenizer, ids, layer, head, query, key, versus, row=row,
-                           token_type_ids=types))
+        pass_ = qk_pass_for_trace(resolved.model, self.core, layer, head)  # no model run from a full decoder trace
+        return QK(split_at(pass_, list(self.core.tokens), query, key, versus, row=row))
 
     # -- tables and files ------------------------------------------------------------------------
     def to_pandas(self, *, words: bool = False) -> pd.DataFrame:

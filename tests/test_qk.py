@@ -175,3 +175,58 @@ def test_the_json_has_exactly_the_issues_keys_even_with_a_softcap_or_one_visible
     assert list(capped) == keys and set(capped["versus"]) == {"key", "score", "weight", "log_odds", "terms"}
     first = qk_terms(models["llama"], None, IDS, 1, 0, 0).to_json()  # a decoder's first query sees one key
     assert list(first) == keys and first["versus"] is None and first["key"] == 0
+
+
+def _trace(model, ids=IDS, head_mask=None):
+    from model_core.families import family_of
+    from model_core.families.encoding import EncodedInput
+    from model_core.trace.forward import trace_model
+
+    enc = EncodedInput(input_ids=ids, token_type_ids=torch.zeros_like(ids), sentence_b_start=None,
+                       tokens=[str(t) for t in ids[0].tolist()])
+    return trace_model(family_of(model), model, enc, "test", head_mask=head_mask)
+
+
+def test_the_parts_from_a_full_trace_equal_the_hooked_pass_on_every_decoder(models):
+    """The page's first pair: each earlier head's write rebuilt from the trace's pattern and values, each MLP as what
+    its block added, the rotary from the family, no model run; the same parts, terms and weights as the hooked pass."""
+    from model_core.families import family_of
+    from model_core.families.weights import layer_weights
+    from model_core.qk.gather import PartsPass
+    from model_core.qk.terms import qk_pass, qk_pass_for_trace, split_at
+
+    tokens = [str(t) for t in IDS[0].tolist()]
+    served = []
+    for label, model in models.items():
+        family = family_of(model)
+        trace = _trace(model)
+        for layer, head in ((0, 1), (1, 0), (1, 3)):
+            fast = PartsPass.from_trace(model, family, layer_weights(model)[layer], layer, head, trace)
+            if not family.is_decoder:  # post-LN and normed embeddings: the hooked pass answers
+                assert fast is None, label
+                continue
+            assert fast is not None, label
+            slow = qk_pass(model, IDS, layer, head)
+            scale = max(1.0, float(slow.Q_all.abs().max()), float(slow.K.abs().max()))
+            assert float((fast.Q_all - slow.Q_all).abs().max()) <= 1e-5 * scale, (label, layer, head)
+            assert float((fast.K - slow.K).abs().max()) <= 1e-5 * scale, (label, layer, head)
+            a, b = split_at(fast, tokens, -1, row=True), split_at(slow, tokens, -1, row=True)
+            assert (a.key, a.versus.key) == (b.key, b.versus.key), label
+            np.testing.assert_allclose(a.terms, b.terms, atol=1e-5 * max(1.0, abs(b.score)))
+            assert abs(float(a.terms.sum()) - a.score) <= 1e-5 * max(1.0, abs(a.score)), label
+            assert abs(a.weight - b.weight) <= 1e-6, label
+            served.append(label)
+        assert qk_pass_for_trace(model, trace, 1, 0).Q_all.shape[0] == len(component_names(model, 1)), label
+    assert {"gpt2", "llama", "gemma2", "gemma3_text", "qwen3", "phi"} <= set(served)
+
+
+def test_a_trace_with_heads_switched_off_is_split_by_the_clean_hooked_pass(models):
+    from model_core.families import family_of
+    from model_core.families.weights import layer_weights
+    from model_core.qk.gather import PartsPass
+
+    model = models["llama"]
+    mask = np.ones((2, 4), dtype=bool)
+    mask[0, 1] = False
+    trace = _trace(model, head_mask=mask)
+    assert PartsPass.from_trace(model, family_of(model), layer_weights(model)[1], 1, 0, trace) is None

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from attention_explorer.qk import (  # noqa: F401 (the page's)
     bars_figure,
@@ -17,7 +16,7 @@ from attention_explorer.qk import (  # noqa: F401 (the page's)
 )
 from model_core import TraceRequest
 from model_core.qk.gather import PartsPass
-from model_core.qk.terms import QKTerms, qk_pass, split_at
+from model_core.qk.terms import QKTerms, qk_pass_for_trace, split_at
 from model_core.trace.resolve import resolve
 from ui.trace_cache import per_trace
 
@@ -26,20 +25,18 @@ INDUCTION_TEXT = ("The lighthouse keeper counted seven blue herons before the st
 """The team's ready example: a sentence said twice. In the repeat, an induction head attends from each token to the
 token after its first occurrence; its score there follows a previous-token head's writes (K-composition)."""
 
-@per_trace(spinner="Running the model once through its hook points for this head…")
+@per_trace(spinner="Splitting this head's queries and keys into the parts of the residual stream…")
 def cached_qk_pass(trace: Any, request: TraceRequest, layer: int, head: int) -> PartsPass:
-    """The hooked pass behind every split of one head on the trace's tokens (the positions the heatmaps show), once
-    per (trace, head): a change of query or key then costs no model run."""
+    """The parts behind every split of one head on the trace's tokens (the positions the heatmaps show), once per
+    (trace, head), from the full trace where there is one, else by the head's hooked pass: a change of query or key
+    then costs no model run."""
     from ui.loaders import (  # ui.loaders imports the pages' caches; only needed on a miss
         CACHED_MODELS,
         device,
     )
 
     resolved = resolve(request, device=device(), models=CACHED_MODELS)
-    ids = torch.tensor(np.array(trace.token_ids), dtype=torch.long)[None]  # a copy: the trace's arrays are read-only
-    types = getattr(trace, "token_type_ids", None)
-    types = None if types is None else torch.tensor(np.array(types), dtype=torch.long)[None]
-    return qk_pass(resolved.model, ids, layer, head, token_type_ids=types)
+    return qk_pass_for_trace(resolved.model, trace, layer, head)
 
 
 def cached_qk(trace: Any, request: TraceRequest, layer: int, head: int, query: int, key: int | None,

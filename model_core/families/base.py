@@ -145,6 +145,11 @@ class Family:
         """Each layer's output projection, ``nn.Linear`` layout: (hidden, head * d_head)."""
         raise NotImplementedError
 
+    def position_embeddings(self, model: Any, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotary (cos, sin) that layer ``layer``'s attention applies at positions 0..n-1, as the model's forward
+        passes them (batch first), without a pass; None where positions are not rotary."""
+        return None
+
     def unembed(self, model: Any, hidden: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
         """The logit lens: the final norm and the unembedding applied to residual-stream vectors; ``rows``: only
         these tokens' logits.

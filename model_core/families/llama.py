@@ -4,6 +4,7 @@ scores by ``query_pre_attn_scalar``; the capturing function records whatever sca
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 import torch
@@ -88,6 +89,17 @@ class LlamaFamily(DecoderFamily):
             attn = layer.self_attn
             out.append((attn.o_proj if hasattr(attn, "o_proj") else attn.dense).weight)  # Phi: dense
         return out
+
+    def position_embeddings(self, model: Any, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        rotary = model.model.rotary_emb
+        param = next(model.parameters())
+        x = torch.zeros(1, n, 1, dtype=param.dtype, device=param.device)  # the module reads only dtype and device
+        positions = torch.arange(n, device=param.device)[None]
+        types = getattr(model.config, "layer_types", None)
+        with torch.no_grad():
+            if types is not None and "layer_type" in inspect.signature(rotary.forward).parameters:  # Gemma 3
+                return rotary(x, positions, types[layer])
+            return rotary(x, positions)
 
     def block_notes(self, model: Any, layer: int) -> BlockNotes:
         parts = self.parts(model, layer)

@@ -4,6 +4,7 @@ statistics. ``model_core.qk.terms`` builds the QK split from it."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from model_core.families.hook_attention import apply_rotary
 from model_core.families.hooked import run_with_hooks
 from model_core.families.parts import norm_eps
 from model_core.families.weights import LayerWeights, layer_weights
+from model_core.gate import GATE
 from model_core.kernel import apply_mask, attention_scores, weights_from_scores
 
 COMPACT_FROM = 1024
@@ -27,23 +29,8 @@ class PartsPass:
 
     def __init__(self, model: Any, family: Any, lw: LayerWeights, layer: int, head: int, input_ids: torch.Tensor,
                  token_type_ids: torch.Tensor | None) -> None:
-        self.model, self.family, self.lw, self.layer, self.head = model, family, lw, layer, head
-        self.query = int(input_ids.shape[1]) - 1  # the position ``Q`` and the answers read; callers set it
         n = int(input_ids.shape[1])
-        self.n = n
-        self.kv = lw.kv_of_head[head]
-        self.decoder = family.is_decoder
-        self.post = family.parts(model, 0).post_norm or lw.ln1_kind is None
-        self.positions = list(range(n))  # parts are kept at every position (pair: projected, so cheap)
-        self.embed = family.embed_parts(model)
-        self.parts_full: list[torch.Tensor] = []  # post-norm models: (npos, d_model) float64 per component
-        self.bias_full: torch.Tensor | None = None
-        self.q_parts: list[torch.Tensor] = []  # pre-norm: each component's query-side projection at i, (d_head,)
-        self.k_parts: list[torch.Tensor] = []  # pre-norm: key-side projection at every position, (n, d_head)
-        self.q_bias = None
-        self.k_bias = None
-        self.embed_stage: dict[str, torch.Tensor] = {}
-        self._weights = layer_weights(model)
+        self._setup(model, family, lw, layer, head, n)
         names = self._names()
         compact = self.decoder and n >= COMPACT_FROM
         hooks = [(name, self._reader(name)) for name in names]
@@ -60,6 +47,102 @@ class PartsPass:
         self.softcap = _model_softcap(out.output, layer)
         self.window = _window(model, layer)
         self._finish()
+
+    def _setup(self, model: Any, family: Any, lw: LayerWeights, layer: int, head: int, n: int) -> None:
+        self.model, self.family, self.lw, self.layer, self.head = model, family, lw, layer, head
+        self.query = n - 1  # the position ``Q`` and the answers read; callers set it
+        self.n = n
+        self.kv = lw.kv_of_head[head]
+        self.decoder = family.is_decoder
+        self.post = family.parts(model, 0).post_norm or lw.ln1_kind is None
+        self.positions = list(range(n))  # parts are kept at every position (pair: projected, so cheap)
+        self.embed = family.embed_parts(model)
+        self.parts_full: list[torch.Tensor] = []  # post-norm models: (npos, d_model) float64 per component
+        self.bias_full: torch.Tensor | None = None
+        self.q_parts: list[torch.Tensor] = []  # pre-norm: each component's query-side projection at i, (d_head,)
+        self.k_parts: list[torch.Tensor] = []  # pre-norm: key-side projection at every position, (n, d_head)
+        self.q_bias = None
+        self.k_bias = None
+        self.embed_stage: dict[str, torch.Tensor] = {}
+        self._weights = layer_weights(model)
+
+    # -- from a full trace, without a pass ----------------------------------------------------------------
+    @classmethod
+    def from_trace(cls, model: Any, family: Any, lw: LayerWeights, layer: int, head: int, trace: Any
+                   ) -> PartsPass | None:
+        """The same parts built from a full trace's pattern, values and residual stream and the model's weights: no
+        model run. Each earlier head's write is ``(a @ v) W_O`` at every position, each MLP's output is what its
+        block added beyond attention (``resid_post - resid_pre - attn_out``), so the parts sum to the layer's input
+        exactly. Serves pre-norm models whose embeddings are not normed (the decoders); None elsewhere (post-LN
+        encoders, a compact trace, heads switched off), where the hooked pass (``PartsPass``) answers."""
+        weights = getattr(trace, "weights", None)
+        mask = getattr(trace, "head_mask", None)
+        if weights is None or getattr(trace, "values", None) is None or (mask is not None and not np.all(mask)):
+            return None
+        n = int(np.asarray(trace.token_ids).shape[0])
+        self = cls.__new__(cls)
+        self._setup(model, family, lw, layer, head, n)
+        if self.post or self.embed.norm is not None or self.embed.type_embed is not None:
+            return None
+        self.rope = family.position_embeddings(model, layer, n)
+        with torch.no_grad():
+            self._parts_from_trace(trace)
+        self.q_model = _tensor(trace.queries[layer, head]).double()  # (n, d_head) after rope
+        self.k_model = _tensor(trace.keys[layer, head]).double()  # this query head's key
+        self.scale = lw.scale
+        self.softcap = getattr(trace, "score_softcap", None)
+        self.window = _window(model, layer)
+        self._finish()
+        return self
+
+    def _parts_from_trace(self, trace: Any) -> None:
+        cpu = torch.device("cpu")
+        hidden = trace.hidden_states
+        dtype = torch.float64 if self.n < 256 else torch.float32  # as ``_pre_project``
+        lw = self.lw
+        w_qk = torch.cat([lw.W_Q[self.head], lw.W_K[self.kv]], dim=-1).to(cpu, torch.float64)  # (d_model, 2 d_head)
+        if lw.ln1_w is not None:
+            w_qk = w_qk * lw.ln1_w.to(cpu, torch.float64)[:, None]
+        if lw.ln1_kind == "layer":  # LayerNorm's centring, folded into the map: x - mean(x) = x (I - 11ᵀ/d)
+            w_qk = w_qk - w_qk.mean(0, keepdim=True)
+        resid = [_tensor(hidden[0]).double()]
+        tok = resid[0]
+        if self.embed.pos_embed is not None:  # absolute positions: the token embedding, the rest is ``pos``
+            device = next(self.model.parameters()).device
+            ids = torch.as_tensor(np.array(trace.token_ids), dtype=torch.long, device=device)
+            with GATE.turn():
+                tok = self.embed.embed(ids).to(cpu, torch.float64)
+            self._add_part(tok)
+            self._add_part(resid[0] - tok)
+        else:
+            self._add_part(tok)
+        d = lw.d_head
+        for l in range(self.layer):
+            lw_l = self._weights[l]
+            pre = _tensor(hidden[l]).double()
+            post = _tensor(hidden[l + 1]).double()
+            z = torch.matmul(_tensor(trace.weights[l]),
+                             _tensor(trace.values[l]))  # (head, n, d_head): each head's z
+            w_o = lw_l.W_O.to(cpu, torch.float64)  # (head, d_head, d_model)
+            attn_out = torch.einsum("hnd,hdm->nm", z.double(), w_o)
+            if lw_l.b_O is not None:
+                attn_out = attn_out + lw_l.b_O.to(cpu, torch.float64)
+            inv = None
+            if lw_l.out_norm_w is not None:  # Gemma 2/3: the post-attention norm, frozen at the attention's output
+                inv = torch.rsqrt(attn_out.pow(2).mean(-1, keepdim=True) + lw_l.out_norm_eps)  # (n, 1)
+                out_w = lw_l.out_norm_w.to(cpu, torch.float64)
+                w_o = w_o * out_w
+                attn_out = attn_out * inv * out_w
+            fold = (w_o @ w_qk).to(dtype)  # (head, d_head, 2 d_head): a head's z straight to the query and key
+            proj = torch.matmul(z.to(dtype), fold).double()  # (head, n, 2 d_head)
+            if inv is not None:
+                proj = proj * inv
+            self.q_parts.extend(proj[..., :d].unbind(0))
+            self.k_parts.extend(proj[..., d:].unbind(0))
+            if lw_l.b_O is not None and lw_l.out_norm_w is None:
+                self._add_bias(lw_l.b_O.to(cpu, torch.float64).expand(self.n, -1))
+            self._add_part(post - pre - attn_out)  # the MLP: what the block added beyond attention
+        self.resid = _tensor(hidden[self.layer]).double()
 
     # -- gathering -------------------------------------------------------------------------------------
     def _names(self) -> list[str]:
@@ -265,6 +348,13 @@ class PartsPass:
         q = self.Q.sum(0)  # (d_head,)
         idx = torch.as_tensor(list(keys))
         return (torch.einsum("d,ckd->ck", q, self.K[:, idx].double()) * self.scale).numpy()
+
+
+def _tensor(array: Any) -> torch.Tensor:
+    """A trace's read-only array as a tensor without a copy (nothing here writes to it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "not writable": the tensor is only read
+        return torch.from_numpy(np.asarray(array))
 
 
 def _inv_scale(lw: LayerWeights, resid: torch.Tensor) -> torch.Tensor:

@@ -134,14 +134,35 @@ def qk_pass(model: Any, input_ids: torch.Tensor, layer: int, head: int, *,
         ValueError: a head or layer that does not exist; the message names the valid range.
     """
     family = family_of(model)
-    cfg = model.config
+    _check_head(family, model.config, layer, head)
+    lw = layer_weights(model)[layer]
+    return PartsPass(model, family, lw, layer, head, input_ids, token_type_ids)
+
+
+def qk_pass_for_trace(model: Any, trace: Any, layer: int, head: int) -> PartsPass:
+    """``qk_pass`` on a trace's tokens; from a full trace of a decoder (its pattern, values and residual stream) the
+    parts are built without a model run (``PartsPass.from_trace``), elsewhere by the head's hooked pass.
+
+    Raises:
+        ValueError: a head or layer that does not exist; the message names the valid range.
+    """
+    family = family_of(model)
+    _check_head(family, model.config, layer, head)
+    fast = PartsPass.from_trace(model, family, layer_weights(model)[layer], layer, head, trace)
+    if fast is not None:
+        return fast
+    ids = torch.tensor(np.array(trace.token_ids), dtype=torch.long)[None]  # a copy: the trace's arrays are read-only
+    types = getattr(trace, "token_type_ids", None)
+    types = None if types is None else torch.tensor(np.array(types), dtype=torch.long)[None]
+    return qk_pass(model, ids, layer, head, token_type_ids=types)
+
+
+def _check_head(family: Any, cfg: Any, layer: int, head: int) -> None:
     n_layers, n_heads = family.n_layers(cfg), family.n_heads(cfg)
     if not 0 <= layer < n_layers:
         raise ValueError(f"Layer {layer} does not exist: this model has layers 0..{n_layers - 1}.")
     if not 0 <= head < n_heads:
         raise ValueError(f"Head {head} does not exist: each layer has heads 0..{n_heads - 1}.")
-    lw = layer_weights(model)[layer]
-    return PartsPass(model, family, lw, layer, head, input_ids, token_type_ids)
 
 
 def qk_terms(model: Any, tokenizer: Any, input_ids: torch.Tensor, layer: int, head: int, query: int,
