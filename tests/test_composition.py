@@ -224,10 +224,11 @@ def test_cli_error_is_one_line_and_exit_1():
 
 def _render_script() -> None:
     import sys
+    from pathlib import Path
 
     import streamlit as st
 
-    sys.path.insert(0, st.session_state["tests"])
+    sys.path[:0] = [st.session_state["tests"], str(Path(st.session_state["tests"]).parent)]  # the tests, the app
     from test_composition import _random_layers
 
     from model_core.qk.composition import composition_scores

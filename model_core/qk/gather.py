@@ -98,13 +98,6 @@ class PartsPass:
     def _parts_from_trace(self, trace: Any) -> None:
         cpu = torch.device("cpu")
         hidden = trace.hidden_states
-        dtype = torch.float64 if self.n < 256 else torch.float32  # as ``_pre_project``
-        lw = self.lw
-        w_qk = torch.cat([lw.W_Q[self.head], lw.W_K[self.kv]], dim=-1).to(cpu, torch.float64)  # (d_model, 2 d_head)
-        if lw.ln1_w is not None:
-            w_qk = w_qk * lw.ln1_w.to(cpu, torch.float64)[:, None]
-        if lw.ln1_kind == "layer":  # LayerNorm's centring, folded into the map: x - mean(x) = x (I - 11ᵀ/d)
-            w_qk = w_qk - w_qk.mean(0, keepdim=True)
         resid = [_tensor(hidden[0]).double()]
         tok = resid[0]
         if self.embed.pos_embed is not None:  # absolute positions: the token embedding, the rest is ``pos``
@@ -116,33 +109,51 @@ class PartsPass:
             self._add_part(resid[0] - tok)
         else:
             self._add_part(tok)
-        d = lw.d_head
         for l in range(self.layer):
-            lw_l = self._weights[l]
-            pre = _tensor(hidden[l]).double()
-            post = _tensor(hidden[l + 1]).double()
-            z = torch.matmul(_tensor(trace.weights[l]),
-                             _tensor(trace.values[l]))  # (head, n, d_head): each head's z
-            w_o = lw_l.W_O.to(cpu, torch.float64)  # (head, d_head, d_model)
-            attn_out = torch.einsum("hnd,hdm->nm", z.double(), w_o)
-            if lw_l.b_O is not None:
-                attn_out = attn_out + lw_l.b_O.to(cpu, torch.float64)
-            inv = None
-            if lw_l.out_norm_w is not None:  # Gemma 2/3: the post-attention norm, frozen at the attention's output
-                inv = torch.rsqrt(attn_out.pow(2).mean(-1, keepdim=True) + lw_l.out_norm_eps)  # (n, 1)
-                out_w = lw_l.out_norm_w.to(cpu, torch.float64)
-                w_o = w_o * out_w
-                attn_out = attn_out * inv * out_w
-            fold = (w_o @ w_qk).to(dtype)  # (head, d_head, 2 d_head): a head's z straight to the query and key
-            proj = torch.matmul(z.to(dtype), fold).double()  # (head, n, 2 d_head)
-            if inv is not None:
-                proj = proj * inv
-            self.q_parts.extend(proj[..., :d].unbind(0))
-            self.k_parts.extend(proj[..., d:].unbind(0))
-            if lw_l.b_O is not None and lw_l.out_norm_w is None:
-                self._add_bias(lw_l.b_O.to(cpu, torch.float64).expand(self.n, -1))
-            self._add_part(post - pre - attn_out)  # the MLP: what the block added beyond attention
+            z = torch.matmul(_tensor(trace.weights[l]), _tensor(trace.values[l]))  # (head, n, d_head): each head's z
+            attn_out = self._heads_from_z(l, z)
+            self._add_part(_tensor(hidden[l + 1]).double() - _tensor(hidden[l]).double() - attn_out)  # the MLP
         self.resid = _tensor(hidden[self.layer]).double()
+
+    def _heads_from_z(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer``'s heads as components from their outputs ``z`` (head, n, d_head), pre-norm models: each
+        head's write ``z W_O`` taken straight to the focused head's query and key (W_O folded into the norm's gain,
+        its centring and W_Q / W_K: no (head, n, d_model) tensor); then b_O as a constant. Returns the attention's
+        output as it joins the residual stream (Gemma 2/3: after its norm), (n, d_model) float64."""
+        lw_l, dev = self._weights[layer], z.device
+        w_o = lw_l.W_O.to(dev, torch.float64)  # (head, d_head, d_model)
+        attn_out = torch.einsum("hnd,hdm->nm", z.double(), w_o)
+        b_o = None if lw_l.b_O is None else lw_l.b_O.to(dev, torch.float64)
+        if b_o is not None:
+            attn_out = attn_out + b_o
+        inv = None
+        if lw_l.out_norm_w is not None:  # Gemma 2/3: the post-attention norm, frozen at the attention's output
+            inv = torch.rsqrt(attn_out.pow(2).mean(-1, keepdim=True) + lw_l.out_norm_eps)  # (n, 1)
+            out_w = lw_l.out_norm_w.to(dev, torch.float64)
+            w_o = w_o * out_w
+            attn_out = attn_out * inv * out_w
+        dtype = torch.float64 if self.n < 256 else torch.float32  # as ``_pre_project``
+        fold = (w_o @ self._norm_qk(dev)).to(dtype)  # (head, d_head, 2 d_head)
+        proj = torch.matmul(z.to(dtype), fold).double()  # (head, n, 2 d_head)
+        if inv is not None:
+            proj = proj * inv
+        d = self.lw.d_head
+        self.q_parts.extend(proj[..., :d].unbind(0))
+        self.k_parts.extend(proj[..., d:].unbind(0))
+        if b_o is not None and inv is None:
+            self._add_bias(b_o.expand(self.n, -1))
+        return attn_out
+
+    def _norm_qk(self, device: torch.device) -> torch.Tensor:
+        """The norm's linear map (its gain; LayerNorm: centring) then W_Q and W_K of the focused head, as one matrix.
+        Shape: (d_model, 2 d_head) float64."""
+        lw = self.lw
+        w = torch.cat([lw.W_Q[self.head], lw.W_K[self.kv]], dim=-1).to(device, torch.float64)
+        if lw.ln1_w is not None:
+            w = w * lw.ln1_w.to(device, torch.float64)[:, None]
+        if lw.ln1_kind == "layer":  # centring folded into the map: x - mean(x) = x (I - 11ᵀ/d)
+            w = w - w.mean(0, keepdim=True)
+        return w
 
     # -- gathering -------------------------------------------------------------------------------------
     def _names(self) -> list[str]:
@@ -154,9 +165,10 @@ class PartsPass:
         names.append("blocks.0.hook_resid_pre")
         for l in range(self.layer):
             b = f"blocks.{l}"
-            names += [f"{b}.attn.hook_result", f"{b}.hook_mlp_out"]
-            if self.post:
-                names += [f"{b}.hook_resid_mid", f"{b}.hook_mlp_in"]
+            if self.post:  # post-LN: every part whole, frozen at each LayerNorm in turn
+                names += [f"{b}.attn.hook_result", f"{b}.hook_mlp_out", f"{b}.hook_resid_mid", f"{b}.hook_mlp_in"]
+            else:  # pre-norm: each head's z, its write folded straight into the query and key
+                names += [f"{b}.attn.hook_z", f"{b}.hook_mlp_out"]
         return names + ([f"blocks.{self.layer}.hook_resid_pre"] if self.layer else [])
 
     def _reader(self, name: str):
@@ -176,14 +188,11 @@ class PartsPass:
             return
         layer = int(name.split(".")[1])
         lw_l = self._weights[layer]
-        if name.endswith("hook_result"):  # (n, head, d_model): each head's write, then b_O as a constant
-            heads = t
-            if lw_l.out_norm_w is not None:  # Gemma 2/3: the post-attention norm, frozen at the attention's output
-                whole = heads.sum(1) + (0 if lw_l.b_O is None else lw_l.b_O.double())
-                inv = torch.rsqrt(whole.pow(2).mean(-1, keepdim=True) + lw_l.out_norm_eps)  # (n, 1)
-                heads = heads * inv[:, None] * lw_l.out_norm_w.double()
-            self._add_parts(heads.transpose(0, 1))  # (head, n, d_model)
-            if lw_l.b_O is not None and lw_l.out_norm_w is None:
+        if name.endswith("hook_z"):  # (n, head, d_head), pre-norm models
+            self._heads_from_z(layer, t.transpose(0, 1))
+        elif name.endswith("hook_result"):  # (n, head, d_model), post-LN models: each head's write, then b_O
+            self._add_parts(t.transpose(0, 1))  # (head, n, d_model)
+            if lw_l.b_O is not None:
                 self._add_bias(lw_l.b_O.double().expand(self.n, -1))
         elif name.endswith("hook_resid_mid"):  # post-LN: the LayerNorm after attention's sum, frozen at it
             self._freeze_all(self.family.parts(self.model, layer).post_ln1, t)
