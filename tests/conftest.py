@@ -104,3 +104,10 @@ def tiny_decoders(tmp_path_factory) -> dict:
 def tiny_decoder(request, tiny_decoders):
     """One tiny decoder's folder (its name is the family); a test using it runs once per family."""
     return tiny_decoders[request.param]
+
+
+def assert_page_ok(at, title: str) -> None:
+    """A page after a run under AppTest: no exception, no ``st.error``, and ``title`` as its title."""
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert at.title[0].value == title, [t.value for t in at.title]

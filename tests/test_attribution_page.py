@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import assert_page_ok
 from streamlit.testing.v1 import AppTest
 
 from harness.apptest import open_page
@@ -17,20 +18,15 @@ from model_core.settings import BUNDLED_DECODER_ID
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
 PAGE = "pages/attribution.py"
+TITLE = "Direct logit attribution"
 TEXT = "The capital of France is"
 
 
 def _open(model_id: str | None, text: str = TEXT, **state) -> AppTest:
     """app.py with ``model_id`` (None: the default encoder) on ``text``, then the attribution page."""
     at = open_page(PAGE, model_id=model_id, query={"text_a": text, "text_b": ""}, state=state)
-    _ok(at)
+    assert_page_ok(at, TITLE)
     return at
-
-
-def _ok(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-    assert at.title[0].value == "Direct logit attribution"
 
 
 def _check_line(at: AppTest) -> str:
@@ -55,10 +51,10 @@ def test_answer_foil_and_bad_input():
     at = _open(BUNDLED_DECODER_ID, pg_answer=" Paris", pg_foil=" London")
     assert "logit(' Paris') − logit(' London')" in at.markdown[0].value
     at.checkbox(key="pg_no_foil").check().run()
-    _ok(at)
+    assert_page_ok(at, TITLE)
     assert "Splitting **logit(' Paris')**" in at.markdown[0].value
     at.text_input(key="pg_answer").input(" Parisianism").run()
-    _ok(at)
+    assert_page_ok(at, TITLE)
     warning = at.warning[0].value
     assert "3 tokens" in warning and warning.count("' Paris' + 'ian' + 'ism'") == 1  # the pieces, listed once
 
@@ -175,7 +171,7 @@ def test_a_link_carries_the_split_head_and_the_pieces_are_listed_once(tmp_path):
         at.query_params[name] = value
     at.run()
     at.switch_page(PAGE).run()
-    _ok(at)
+    assert_page_ok(at, TITLE)
     assert at.selectbox(key="pg_dla_head").value == 5
     assert any("Layer 1, head 1 moves" in c.value for c in at.caption)
     at.text_input(key="pg_answer").set_value(" xylophonequ").run()

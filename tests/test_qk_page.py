@@ -4,6 +4,7 @@ the row view, the ready induction example and a bad choice of keys."""
 from __future__ import annotations
 
 import pytest
+from conftest import assert_page_ok
 from streamlit.testing.v1 import AppTest
 
 from harness.apptest import open_page
@@ -11,20 +12,15 @@ from model_core.settings import BUNDLED_DECODER_ID
 from ui.qk import INDUCTION_TEXT
 
 PAGE = "pages/why_this_key.py"
+TITLE = "Why this key"
 TEXT = "The cat sat on the mat. The cat sat on the"
 
 
 def _open(model_id: str | None, text: str = TEXT, layer: int = 3, head: int = 2) -> AppTest:
-    at = open_page(PAGE, "Why this key", model_id=model_id,
+    at = open_page(PAGE, TITLE, model_id=model_id,
                    query={"text_a": text, "text_b": "", "layer": layer, "head": head})
-    _ok(at)
+    assert_page_ok(at, TITLE)
     return at
-
-
-def _ok(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-    assert at.title[0].value == "Why this key"
 
 
 def _check(at: AppTest) -> tuple[float, float]:
@@ -43,7 +39,7 @@ def test_the_page_splits_a_decoders_score_and_its_rivals():
     assert any("gives" in m.value for m in at.markdown)  # the top pairs in words
     assert at.selectbox(key="qk_query").value == len(at.selectbox(key="qk_query").options) - 1  # the last token
     at.selectbox(key="qk_key").set_value(0).run()
-    _ok(at)
+    assert_page_ok(at, TITLE)
     at.selectbox(key="qk_versus").set_value(0).run()  # the same key twice: a message, not a traceback
     assert any("two different keys" in w.value for w in at.warning)
 
@@ -55,7 +51,7 @@ def test_the_page_reads_an_encoder():
     assert abs(total - score) <= 1e-4
     assert at.selectbox(key="qk_query").value == 0  # an encoder's default query: the first token
     at.toggle(key="qk_roles").set_value(True).run()  # the Head roles probe names the heads
-    _ok(at)
+    assert_page_ok(at, TITLE)
     assert any("gives" in m.value for m in at.markdown)
 
 
@@ -63,9 +59,9 @@ def test_the_page_reads_an_encoder():
 def test_the_ready_example_focuses_the_strongest_induction_head():
     at = _open(BUNDLED_DECODER_ID, INDUCTION_TEXT, layer=0, head=0)
     at.button(key="qk_example").click().run()
-    _ok(at)
+    assert_page_ok(at, TITLE)
     layer, _head = at.session_state["_focused_head"]  # ui.focus keeps the focused head here
     assert layer > 0  # an induction head reads a previous-token head's writes: never in layer 0
     at.toggle(key="qk_row").set_value(True).run()
-    _ok(at)
+    assert_page_ok(at, TITLE)
     assert any(c.value.startswith("Each component's key-side share") for c in at.caption)

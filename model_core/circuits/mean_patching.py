@@ -25,7 +25,7 @@ from model_core.circuits.datasets import (
     load_dataset,
     validate,
 )
-from model_core.effects.patching import prepare_runs
+from model_core.effects.patching import Stop, prepare_runs
 from model_core.effects.patching_inputs import require_decoder
 from model_core.effects.patching_run import PatchingPipeline
 from model_core.trace.request import TraceRequest
@@ -33,8 +33,6 @@ from model_core.trace.resolve import resolve
 
 Progress = Callable[[float, int], None]
 """Called with (pairs done, counting the current one's share of its patched passes; pairs to run)."""
-Stop = Callable[[], bool]
-"""Returns True to stop: the pairs finished are kept, the one under way is dropped, the result is marked partial."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,7 +130,8 @@ def mean_patching(resolved: Any, dataset: Dataset | Sequence[Pair], *, residual:
         resolved: a ``model_core.trace.resolve.Resolved`` pretrained decoder.
         residual: also patch the residual stream per (layer, position), where the pairs share one token count.
         progress: called with (pairs done, with the current one's share; pairs to run) as batches finish.
-        stop: asked before each pair and each batch; True keeps the finished pairs and marks the result partial.
+        stop: asked before each pair and each batch; True keeps the finished pairs, drops the one under way and
+            marks the result partial.
         keep: called with the result so far after each pair (a Streamlit run cut short keeps it).
 
     Raises:

@@ -4,12 +4,14 @@ curve; its JSON (the ``circuit`` verb's), a CSV of every edge, and the circuit a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from model_core.circuits.faithfulness import FRACTIONS, cmd, cmd_log, cpr, cpr_log
+from model_core.circuits import faithfulness
+from model_core.circuits.faithfulness import FRACTIONS
 from model_core.circuits.graph import EdgeScores, edge_budget
 from model_core.io.tables import (
     rows_to_csv,  # the one CSV writer (it imports nothing of model_core)
@@ -22,6 +24,11 @@ def _number(value: float) -> float | None:
     """A float for JSON at full precision; NaN and infinities as null (JSON has none)."""
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def _area(measure: Callable[[Sequence[float], Sequence[float]], float], doc: str) -> property:
+    """A read-only property: ``measure``, one of ``faithfulness``'s areas, of the curve's values over its fractions."""
+    return property(lambda curve: measure(curve.values, curve.fractions), doc=doc)
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,32 +52,18 @@ class FaithfulnessCurve:
         if len(self.values) != len(self.fractions):
             raise ValueError(f"{len(self.values)} faithfulness values for {len(self.fractions)} fractions.")
 
-    @property
-    def cpr(self) -> float:
-        """The area under F on a linear axis from the first fraction to the last (``faithfulness.cpr``)."""
-        return cpr(self.values, self.fractions)
-
-    @property
-    def cmd(self) -> float:
-        """The area under |1 − F| on the same axis (``faithfulness.cmd``)."""
-        return cmd(self.values, self.fractions)
-
-    @property
-    def cpr_log(self) -> float:
-        """MIB's log-axis variant of CPR (``faithfulness.cpr_log``): shown beside, never instead."""
-        return cpr_log(self.values, self.fractions)
-
-    @property
-    def cmd_log(self) -> float:
-        return cmd_log(self.values, self.fractions)
+    cpr = _area(faithfulness.cpr, "The area under F on a linear axis from the first fraction to the last.")
+    cmd = _area(faithfulness.cmd, "The area under |1 − F| on the same axis.")
+    cpr_log = _area(faithfulness.cpr_log, "MIB's log-axis variant of CPR: shown beside, never instead.")
+    cmd_log = _area(faithfulness.cmd_log, "MIB's log-axis variant of CMD: shown beside, never instead.")
 
     def to_json(self) -> dict[str, Any]:
         """{"fractions", "faithfulness", "cpr", "cmd"}; cpr and cmd from the values as printed."""
         values = [_number(v) for v in self.values]
         finite = all(v is not None for v in values)
         return {"fractions": list(self.fractions), "faithfulness": values,
-                "cpr": _number(cpr(values, self.fractions)) if finite else None,
-                "cmd": _number(cmd(values, self.fractions)) if finite else None}
+                "cpr": _number(faithfulness.cpr(values, self.fractions)) if finite else None,
+                "cmd": _number(faithfulness.cmd(values, self.fractions)) if finite else None}
 
 
 @dataclass(frozen=True, eq=False)

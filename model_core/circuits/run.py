@@ -29,7 +29,7 @@ from model_core.circuits.eap import (
     make_batches,
     score_batch,
 )
-from model_core.circuits.evaluate import faithfulness_curve
+from model_core.circuits.evaluate import Stop, faithfulness_curve
 from model_core.circuits.faithfulness import FRACTIONS
 from model_core.circuits.graph import EdgeScores
 from model_core.circuits.loading import load_circuit_model
@@ -37,8 +37,6 @@ from model_core.circuits.result import METHODS, CircuitResult
 
 Progress = Callable[[float, str], None]
 """Called with (share of the whole run done, 0..1; what is running)."""
-Stop = Callable[[], bool]
-"""Returns True to stop: the batches finished are kept, the result is marked partial."""
 ENGINES = ("local", "ray")
 
 

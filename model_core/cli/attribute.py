@@ -14,18 +14,17 @@ import json
 import sys
 from typing import Any
 
-from model_core.cli.options import MODEL_CHOICES
+from model_core.cli._common import model_verb_parser
 
 RUNNER_UP = "runner-up"
 
 
 def add_attribute_parser(sub: Any) -> None:
     """Add the ``attribute`` verb to the command line's subparsers."""
-    att = sub.add_parser("attribute", help="split a decoder's next-token logit (or a logit difference) into each "
-                                           "head's, MLP's and the embedding's direct effect")
-    att.add_argument("--model", choices=MODEL_CHOICES, required=True,
-                     help="pretrained: a decoder language model (GPT-2 or Llama-like); an encoder has no logit")
-    att.add_argument("--model-id", default=None, help="hub id, folder, or bundled:SmolLM2-135M-Instruct")
+    att = model_verb_parser(sub, "attribute", "split a decoder's next-token logit (or a logit difference) into each "
+                            "head's, MLP's and the embedding's direct effect",
+                            "pretrained: a decoder language model (GPT-2 or Llama-like); an encoder has no logit",
+                            "hub id, folder, or bundled:SmolLM2-135M-Instruct")
     att.add_argument("--text", required=True, help="the text; the logit is the next token's after --position")
     att.add_argument("--answer", default=None,
                      help="the answer token as written, leading space included (\" Paris\"); default: the model's "

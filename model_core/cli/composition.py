@@ -8,19 +8,15 @@ import json
 import sys
 from typing import Any
 
-from model_core.cli.options import (
-    add_custom_options,
-    add_model_options,
-    custom_request_fields,
-    print_error,
-)
+from model_core.cli._common import custom_trace_request, model_verb_parser
+from model_core.cli.options import add_custom_options, print_error
 
 
 def add_composition_parser(sub: Any) -> None:
     """Add the ``composition`` verb to the command line's subparsers."""
-    comp = sub.add_parser("composition", help="Q-, K- and V-composition scores of every pair of heads (Elhage et "
-                                              "al., 2021) from the weights, beside a random baseline")
-    add_model_options(comp, "pretrained: a transformers model of any supported family; custom: the chapter-3 encoder")
+    comp = model_verb_parser(sub, "composition", "Q-, K- and V-composition scores of every pair of heads (Elhage et "
+                             "al., 2021) from the weights, beside a random baseline",
+                             "pretrained: a transformers model of any supported family; custom: the chapter-3 encoder")
     add_custom_options(comp)
     comp.add_argument("--seed", type=int, default=0, help="draws the random baseline's matrices")
     comp.add_argument("--top", type=int, default=10, help="how many top pairs of each kind to print (without --json)")
@@ -36,12 +32,11 @@ def composition_main(args: argparse.Namespace) -> int:
     if args.model == "custom" and args.model_id and args.weights != "pretrained":
         print("error: --model-id applies to --model custom only with --weights pretrained", file=sys.stderr)
         return 1
-    # Start-up time: loaded when the verb runs, not for --help, as they import torch and transformers.
+    # Start-up time: loaded when the verb runs, not for --help, as it imports torch and transformers.
     from model_core.qk.composition import composition_for_request
-    from model_core.trace.request import TraceRequest
 
     try:
-        request = TraceRequest(args.model, "", model_id=args.model_id, **custom_request_fields(args))
+        request = custom_trace_request(args, "")
         if not args.json:
             print("reading the weights and composing every pair of heads...", file=sys.stderr)
         scores = composition_for_request(request, device=args.device, seed=args.seed)

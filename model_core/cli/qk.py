@@ -9,19 +9,15 @@ import json
 import sys
 from typing import Any
 
-from model_core.cli.options import (
-    add_custom_options,
-    add_model_options,
-    custom_request_fields,
-    print_error,
-)
+from model_core.cli._common import custom_trace_request, model_verb_parser
+from model_core.cli.options import add_custom_options, print_error
 
 
 def add_qk_parser(sub: Any) -> None:
     """Add the ``qk`` verb to the command line's subparsers."""
-    qk = sub.add_parser("qk", help="why a head attends from a query to a key: its score split into the query's and "
-                                   "the key's components (embeddings, each earlier head, each MLP)")
-    add_model_options(qk, "pretrained: any supported family; custom: the chapter-3 encoder")
+    qk = model_verb_parser(sub, "qk", "why a head attends from a query to a key: its score split into the query's and "
+                           "the key's components (embeddings, each earlier head, each MLP)",
+                           "pretrained: any supported family; custom: the chapter-3 encoder")
     qk.add_argument("--text", required=True, help="the text; positions index tokenizer(text).input_ids")
     qk.add_argument("--layer", type=int, required=True)
     qk.add_argument("--head", type=int, required=True)
@@ -39,10 +35,9 @@ def qk_main(args: argparse.Namespace) -> int:
     """The ``qk`` verb: JSON (``--json``) or the top pairs in words; exit 1 with the message on bad input."""
     # torch and transformers load only when the verb runs, so `python -m model_core --help` stays quick
     from model_core.qk.terms import qk_for_request
-    from model_core.trace.request import TraceRequest
 
     try:
-        request = TraceRequest(args.model, args.text, model_id=args.model_id, **custom_request_fields(args))
+        request = custom_trace_request(args, args.text)
         if not args.json:
             print("running the model once through its hook points...", file=sys.stderr)
         result = qk_for_request(request, args.layer, args.head, args.query, args.key, args.versus, device=args.device)

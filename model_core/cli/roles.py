@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options
+from model_core.cli._common import model_verb_parser
+from model_core.cli.options import add_encoder_shape_options
 
 if TYPE_CHECKING:  # the probes import torch: loaded when the verb runs, not for --help
     from model_core.roles.probes import RoleScores
@@ -17,11 +18,10 @@ if TYPE_CHECKING:  # the probes import torch: loaded when the verb runs, not for
 
 def add_roles_parser(sub: Any) -> None:
     """Add the ``roles`` verb to the command line's subparsers."""
-    roles = sub.add_parser("roles", help="score every head as a previous-token, duplicate-token, induction, sink "
-                                         "and retrieval head; print the L x H scores and the top heads")
-    roles.add_argument("--model", choices=MODEL_CHOICES, required=True,
-                       help="pretrained: a transformers model of any supported family; custom: the chapter-3 encoder")
-    roles.add_argument("--model-id", default=None, help="hub id, folder, or a bundled id (default: the bundled BERT)")
+    roles = model_verb_parser(sub, "roles", "score every head as a previous-token, duplicate-token, induction, sink "
+                              "and retrieval head; print the L x H scores and the top heads",
+                              "pretrained: a transformers model of any supported family; custom: the chapter-3 encoder",
+                              "hub id, folder, or a bundled id (default: the bundled BERT)")
     roles.add_argument("--seed", type=int, default=0, help="draws the probe's random words and the password")
     roles.add_argument("--weights", choices=["random", "pretrained"], default="random", help="custom encoder only")
     roles.add_argument("--weights-seed", type=int, default=0, help="custom encoder with random weights only")

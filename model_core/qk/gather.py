@@ -96,19 +96,15 @@ class PartsPass:
         return self
 
     def _parts_from_trace(self, trace: Any) -> None:
-        cpu = torch.device("cpu")
+        cpu, device = torch.device("cpu"), next(self.model.parameters()).device
         hidden = trace.hidden_states
-        resid = [_tensor(hidden[0]).double()]
-        tok = resid[0]
+        first = tok = _tensor(hidden[0]).double()
         if self.embed.pos_embed is not None:  # absolute positions: the token embedding, the rest is ``pos``
-            device = next(self.model.parameters()).device
             ids = torch.as_tensor(np.array(trace.token_ids), dtype=torch.long, device=device)
             with GATE.turn():
                 tok = self.embed.embed(ids).to(cpu, torch.float64)
             self._add_part(tok)
-            self._add_part(resid[0] - tok)
-        else:
-            self._add_part(tok)
+        self._add_part(first if tok is first else first - tok)
         for l in range(self.layer):
             z = torch.matmul(_tensor(trace.weights[l]), _tensor(trace.values[l]))  # (head, n, d_head): each head's z
             attn_out = self._heads_from_z(l, z)
@@ -218,7 +214,7 @@ class PartsPass:
             frozen_parts, beta = _frozen_ln(norm, whole, parts)
             parts = frozen_parts
             if beta is not None:
-                self._bias_direct(beta.expand(self.n, -1))
+                self._add_bias(beta.expand(self.n, -1))
         for p in parts:
             self._add_part(p)
 
@@ -243,9 +239,6 @@ class PartsPass:
         q_in, k_in = self._pre_project(part)
         self.q_bias = q_in if self.q_bias is None else self.q_bias + q_in
         self.k_bias = k_in if self.k_bias is None else self.k_bias + k_in
-
-    def _bias_direct(self, part: torch.Tensor) -> None:
-        self._add_bias(part)
 
     def _pre_project(self, part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A part of the residual through the norm's linear map (its gain; LayerNorm: centring) and W_Q / W_K, before
