@@ -79,7 +79,7 @@ def test_eap_equals_exact_edge_patching_where_the_metric_is_linear(tiny_decoders
     assert len(pairs) == 3
     batch = make_batches(pairs, 8)[0]
     got = score_batch(cm, batch, steps=1)
-    scores = got.score_sum / batch.size
+    scores = got.score_sum / len(batch)
     graph = cm.graph
     logits = graph.logits_receiver
     circuits = []
@@ -140,7 +140,7 @@ def test_a_batch_equals_its_pairs_run_alone(tiny_decoders):
     cm = _tiny(tiny_decoders, "llama")
     pairs = validate(TINY_PAIRS, cm.tokenizer).pairs
     together = run_circuit(cm, pairs_dataset(pairs), method="eap-ig", steps=3, batch_size=8, curve=False)
-    assert len({b.n_tokens for b in make_batches(pairs, 8)}) == 2  # two token counts, two batches, no padding
+    assert len({b.clean.shape[1] for b in make_batches(pairs, 8)}) == 2  # two token counts, two batches, no padding
     alone = [score_batch(cm, b, 3) for b in make_batches(pairs, 1)]
     mean = sum(a.score_sum for a in alone) / len(alone)
     np.testing.assert_allclose(together.scores.matrix, mean, rtol=1e-9, atol=1e-12)

@@ -106,13 +106,9 @@ class PairBatch:
     foil: torch.Tensor
     rows: tuple[int, ...]
 
-    @property
-    def size(self) -> int:
+    def __len__(self) -> int:
+        """How many pairs."""
         return int(self.clean.shape[0])
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.clean.shape[1])
 
 
 def make_batches(pairs: Sequence[TokenizedPair], batch_size: int = DEFAULT_BATCH) -> list[PairBatch]:
@@ -309,8 +305,8 @@ class BatchScores:
     corrupt: np.ndarray
     rows: tuple[int, ...]
 
-    @property
-    def n(self) -> int:
+    def __len__(self) -> int:
+        """How many pairs."""
         return len(self.rows)
 
 

@@ -165,7 +165,7 @@ def circuit_metrics(cm: CircuitModel, batches: Sequence[PairBatch], circuits: Se
     sums = np.zeros(len(circuits), dtype=np.float64)
     clean_sum = corrupt_sum = 0.0
     n = 0
-    total = sum(b.size for b in batches)
+    total = sum(len(b) for b in batches)
     for batch in batches:
         if stop is not None and stop():
             return None
@@ -177,8 +177,8 @@ def circuit_metrics(cm: CircuitModel, batches: Sequence[PairBatch], circuits: Se
             for i, keep in enumerate(circuits):
                 sums[i] += float(patched_metric(cm, batch, corrupt.senders, keep).double().sum())
                 if progress is not None:
-                    progress((n + batch.size * (i + 1) / len(circuits)) / total)
-        n += batch.size
+                    progress((n + len(batch) * (i + 1) / len(circuits)) / total)
+        n += len(batch)
     return sums, np.float64(clean_sum), np.float64(corrupt_sum), n
 
 

@@ -69,7 +69,7 @@ class Totals:
         self.score_sum += got.score_sum
         self.clean_sum += float(got.clean.sum())
         self.corrupt_sum += float(got.corrupt.sum())
-        self.n += got.n
+        self.n += len(got)
 
     def result(self, cm: CircuitModel, method: str, steps: int, problems: Sequence[str], *,
                partial: bool) -> CircuitResult:
@@ -174,7 +174,7 @@ def _done(batches: list[PairBatch], n: int) -> list[PairBatch]:
         if count >= n:
             break
         out.append(batch)
-        count += batch.size
+        count += len(batch)
     return out
 
 
