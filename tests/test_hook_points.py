@@ -3,6 +3,8 @@ with its own value changes nothing, and gradients at split inputs equal finite d
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from model_core.chapter3.config import EncoderConfig
 from model_core.chapter3.model import build_random_model
 from model_core.families import family_of
 from model_core.families.hooked import model_points, run_with_hooks
-from model_core.families.hooks import READ_ONLY, patch
+from model_core.families.hooks import READ_ONLY, HookRun, hook_run, patch
 from model_core.models.loading import load_pretrained, load_pretrained_uncached
 
 IDS = torch.tensor([[3, 5, 7, 9, 11, 13, 4, 6, 8]])
@@ -205,3 +207,27 @@ def test_bad_names_and_read_only_points_get_clear_messages(models):
     assert seen == [torch.Size([1, IDS.shape[1], 4, model.config.hidden_size])]  # a reader may watch it
     with pytest.raises(ValueError, match="no such point"):
         run_with_hooks(models["phi"], IDS, names=["blocks.0.hook_resid_mid"])
+
+
+def test_a_runs_steps_are_this_threads_calls_in_the_asked_block(models):
+    """A run keeps its named module steps (the walks' ``Family.block_parts``) at their first call outside every block
+    or inside ``steps_layer``, and never from another thread's pass on the shared model."""
+    model = models["llama"]
+    family = family_of(model)
+    embed, ln0, ln1 = family.embed_parts(model).embed, family.parts(model, 0).ln1, family.parts(model, 1).ln1
+    steps = {"embed": (embed, "output"), "ln_0": (ln0, "output"), "ln_1": (ln1, "output"), "ln_1_in": (ln1, "input")}
+    other = torch.tensor([[4, 4, 4, 4]])
+    run = HookRun(["blocks.1.hook_resid_pre"], steps=steps, steps_layer=1)
+    with hook_run(run):
+        thread = threading.Thread(target=lambda: family.forward(model, other, torch.zeros_like(other), None,
+                                                                vectors=False, hidden=False))
+        thread.start()
+        thread.join()
+        assert run.kept == {} and run.cache == {}  # another thread's pass on the shared model keeps nothing
+        family.forward(model, IDS, torch.zeros_like(IDS), None, vectors=False, hidden=False)
+    assert set(run.kept) == {"embed", "ln_1", "ln_1_in"}  # block 0's call of its norm is not block 1's
+    resid = run.cache["blocks.1.hook_resid_pre"]
+    with torch.inference_mode():
+        torch.testing.assert_close(run.kept["ln_1_in"], resid)
+        torch.testing.assert_close(run.kept["ln_1"], ln1(resid))
+        torch.testing.assert_close(run.kept["embed"], embed(IDS))

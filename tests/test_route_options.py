@@ -1,9 +1,11 @@
-"""The one route's options for effects and generation: reading and replacing head outputs (edit_z), autograd (grad),
-a key/value cache (past) and true positions (position_ids), each against transformers' own model run plainly."""
+"""The one route's options for effects and generation: reading and replacing head outputs (the hook layer's
+``blocks.{l}.attn.hook_z`` around ``Family.forward``), autograd (grad), a key/value cache (past) and true positions
+(position_ids), each against transformers' own model run plainly."""
 
 import pytest
 import torch
 
+from model_core.families.hooks import HookRun, hook_run
 from model_core.models.loading import load_pretrained
 
 FAMILIES = ("gpt2", "llama", "qwen2")
@@ -18,12 +20,16 @@ def _ids(loaded, text: str = "time flies like an arrow and fruit flies like a ba
     return torch.tensor([loaded.tokenizer(text)["input_ids"]])
 
 
-def _run(loaded, ids, **kw):
-    return loaded.family.forward(loaded.model, ids, torch.zeros_like(ids), None, vectors=False, hidden=False,
-                                 logits=True, **kw)
+def _run(loaded, ids, *, edit_z=None, **kw):
+    """One pass through the route; ``edit_z(layer, z)`` on every layer's ``hook_z`` (a tensor it returns replaces z)."""
+    hooks = [] if edit_z is None else [(f"blocks.{layer}.attn.hook_z", lambda z, _p, layer=layer: edit_z(layer, z))
+                                       for layer in range(loaded.family.n_layers(loaded.model.config))]
+    with hook_run(HookRun(hooks=hooks)):
+        return loaded.family.forward(loaded.model, ids, torch.zeros_like(ids), None, vectors=False, hidden=False,
+                                     logits=True, **kw)
 
 
-def test_edit_z_reads_every_layer_and_leaves_the_pass_alone(loaded):
+def test_hook_z_reads_every_layer_and_leaves_the_pass_alone(loaded):
     ids = _ids(loaded)
     seen = {}
 
@@ -37,7 +43,7 @@ def test_edit_z_reads_every_layer_and_leaves_the_pass_alone(loaded):
     torch.testing.assert_close(out.lm_logits, plain.lm_logits)
 
 
-def test_edit_z_replacing_one_head_equals_a_plain_hook_on_the_output_projection(loaded):
+def test_hook_z_replacing_one_head_equals_a_plain_hook_on_the_output_projection(loaded):
     ids = _ids(loaded)
     n_heads = loaded.family.n_heads(loaded.model.config)
 

@@ -20,7 +20,8 @@ from model_core.effects.attribution import (
     decompose,
     require_decoder_family,
 )
-from model_core.families.hooks import HookRun, hook_run, install_hook_points
+from model_core.families.hook_install import install_hook_points
+from model_core.families.hooks import HookRun, hook_run
 from model_core.gate import GATE
 from model_core.trace.forward import top_predictions
 from model_core.trace.shape import freeze_arrays

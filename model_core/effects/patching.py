@@ -5,10 +5,13 @@ The metric is m = logit(answer) − logit(foil) at the last position, and every 
 (m_patched − m_corrupt) / (m_clean − m_corrupt): 1 means the patch alone restores the clean answer, 0 that it changes
 nothing. *Exact* patching runs the corrupted prompt once per patch, with one activation taken from the clean run:
 
-- a head's output ``z`` (its slice of the output projection's input, TransformerLens's ``hook_z``) at every
-  position, through the route's ``edit_z`` (``Family.forward``), giving a (layer, head) grid;
-- the residual stream entering a layer (``resid_pre``) at one position, through a pre-hook on that block for the
-  pass, giving a (layer, pos) grid.
+- a head's output ``z`` (its slice of the output projection's input) at every position, through the hook layer's
+  ``blocks.{l}.attn.hook_z``, giving a (layer, head) grid;
+- the residual stream entering a layer at one position, through ``blocks.{l}.hook_resid_pre``, giving a (layer, pos)
+  grid.
+
+Both read and write through one ``HookRun`` per pass (``model_core.families.hooks``), which acts for this thread's
+pass alone.
 
 The patched passes run in batches (copy b of the corrupted prompt carries patch b), with a progress callback and a
 stop flag; a stopped run keeps what it computed and marks the rest NaN. *Attribution* patching (Nanda 2023,
@@ -18,7 +21,7 @@ stop flag; a stopped run keeps what it computed and marks the rest NaN. *Attribu
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +30,8 @@ import torch
 
 from model_core.effects.patching_inputs import PatchingError, PatchInputs
 from model_core.families import Family
-from model_core.families.hooks import HookRun, hook_run, install_hook_points
+from model_core.families.hook_install import install_hook_points
+from model_core.families.hooks import HookFn, HookRun, hook_run
 from model_core.gate import GATE
 from model_core.trace.shape import LayerHeadGrid
 
@@ -101,20 +105,25 @@ class ExactPatching:
 
 
 # -- one pass ---------------------------------------------------------------------------------------------------
+Edit = Callable[[int, torch.Tensor], "torch.Tensor | None"]
+"""Called with (layer, value); a tensor it returns replaces the value (same shape but the batch), None leaves it."""
+RESID, Z = "hook_resid_pre", "attn.hook_z"
+"""The two points patching reads and writes: the residual stream entering a block, (batch, pos, d_model), and the
+heads' outputs before the output projection, (batch, pos, head, d_head)."""
+
+
+def layer_hooks(point: str, layers: Iterable[int], edit: Edit) -> list[tuple[str, HookFn]]:
+    """Hook functions calling ``edit(layer, value)`` at ``blocks.{layer}.{point}`` for each of ``layers``."""
+    def hook_for(layer: int) -> HookFn:
+        return lambda value, _point: edit(layer, value)
+    return [(f"blocks.{layer}.{point}", hook_for(layer)) for layer in layers]
+
+
 @contextlib.contextmanager
-def resid_hooks(family: Family, model: Any, edit: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
-    """For the passes this thread runs in the block, call ``edit(layer, resid_pre)`` on each block's input; a tensor
-    it returns replaces the input (the hook layer's ``blocks.{l}.hook_resid_pre``: another thread's pass never sees
-    it act).
-
-    Shape: resid_pre (batch, pos, d_model).
-    """
-    def hook_for(layer: int):
-        return lambda resid, _point: edit(layer, resid)
-
-    n_layers = family.n_layers(model.config)
-    install_hook_points(model, family, n_layers)  # once; a model not loaded by model_core.models (a test's) needs it
-    hooks = [(f"blocks.{i}.hook_resid_pre", hook_for(i)) for i in range(n_layers)]
+def point_hooks(family: Family, model: Any, hooks: Iterable[tuple[str, HookFn]]) -> Iterator[None]:
+    """Apply ``hooks`` (point name, function) to the passes this thread runs in the block, through the hook layer
+    (another thread's pass never sees them act)."""
+    install_hook_points(model, family, family.n_layers(model.config))  # once; a test's model needs it
     with hook_run(HookRun(hooks=hooks)):
         yield
 
@@ -134,15 +143,15 @@ def metric_of(family: Family, model: Any, last_hidden: torch.Tensor, inputs: Pat
 
 
 def run_metric(family: Family, model: Any, ids: np.ndarray, inputs: PatchInputs, *, copies: int = 1,
-               edit_z: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None,
                hidden: bool | str = "last") -> tuple[torch.Tensor, Any]:
-    """One pass of ``copies`` copies of ``ids`` through the route, and the metric of each copy.
+    """One pass of ``copies`` copies of ``ids`` through the route (and the hook points of any ``point_hooks``
+    around it), and the metric of each copy.
 
     Returns the metric (copies,) and the route's ``ForwardOutput``.
     """
     dev = _device(model)
     batch = torch.as_tensor(ids, dtype=torch.long, device=dev)[None].expand(copies, -1).contiguous()
-    out = family.forward(model, batch, torch.zeros_like(batch), None, vectors=False, hidden=hidden, edit_z=edit_z)
+    out = family.forward(model, batch, torch.zeros_like(batch), None, vectors=False, hidden=hidden)
     with torch.inference_mode():
         metric = metric_of(family, model, out.hidden[-1][:, -1], inputs)
     return metric, out
@@ -161,8 +170,8 @@ def read_run(family: Family, model: Any, ids: np.ndarray, inputs: PatchInputs) -
     def keep(layer: int, value: torch.Tensor) -> None:
         z[layer] = value[0].detach().clone()  # (pos, head, d_head)
 
-    with GATE.turn():
-        metric, out = run_metric(family, model, ids, inputs, edit_z=keep, hidden=True)
+    with GATE.turn(), point_hooks(family, model, layer_hooks(Z, range(family.n_layers(model.config)), keep)):
+        metric, out = run_metric(family, model, ids, inputs, hidden=True)
         resid = torch.stack([h[0] for h in out.hidden[:-1]]).detach().clone()  # (layer, pos, d_model)
         return float(metric[0]), torch.stack([z[i] for i in range(len(z))]), resid
 
@@ -235,6 +244,8 @@ def patched_metrics(family: Family, model: Any, runs: PatchRuns, patches: list[P
     index = {key: (torch.tensor(r, device=dev), torch.tensor(c, device=dev)) for key, (r, c) in by_layer.items()}
     first = min(layer for _, layer in by_layer)
     copies = len(patches)
+    z_layers = sorted(layer for kind, layer in by_layer if kind == "z")
+    resid_layers = sorted({first} | {layer for kind, layer in by_layer if kind == "resid"})
 
     def edit_z(layer: int, z: torch.Tensor) -> torch.Tensor | None:
         found = index.get(("z", layer))
@@ -258,8 +269,9 @@ def patched_metrics(family: Family, model: Any, runs: PatchRuns, patches: list[P
             resid[rows, positions] = resid_from[layer][positions].to(resid.dtype)  # (k, d_model)
         return resid
 
-    with GATE.turn(), resid_hooks(family, model, edit_resid):
-        metric, _ = run_metric(family, model, runs.inputs.corrupt_ids, runs.inputs, edit_z=edit_z)
+    hooks = layer_hooks(RESID, resid_layers, edit_resid) + layer_hooks(Z, z_layers, edit_z)
+    with GATE.turn(), point_hooks(family, model, hooks):
+        metric, _ = run_metric(family, model, runs.inputs.corrupt_ids, runs.inputs)
         if metric.shape[0] != copies:
             raise RuntimeError(f"The patched pass returned {metric.shape[0]} metrics for {copies} patches.")
         return metric.double().cpu().numpy()

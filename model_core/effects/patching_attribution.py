@@ -16,12 +16,15 @@ import numpy as np
 import torch
 
 from model_core.effects.patching import (
+    RESID,
     PatchRuns,
     Run,
+    Z,
+    layer_hooks,
     make_runs,
     metric_of,
+    point_hooks,
     read_run,
-    resid_hooks,
 )
 from model_core.effects.patching_inputs import PatchInputs
 from model_core.families import Family
@@ -85,9 +88,10 @@ def gradient_pass(family: Family, model: Any, inputs: PatchInputs) -> GradientPa
 
     dev = next(model.parameters()).device
     ids = torch.as_tensor(inputs.corrupt_ids, dtype=torch.long, device=dev)[None]
-    with GATE.turn(), torch.enable_grad(), resid_hooks(family, model, read_resid):
-        out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden="last", grad=True,
-                             edit_z=read_z)
+    every = range(family.n_layers(model.config))
+    hooks = layer_hooks(RESID, every, read_resid) + layer_hooks(Z, every, read_z)
+    with GATE.turn(), torch.enable_grad(), point_hooks(family, model, hooks):
+        out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden="last", grad=True)
         metric = metric_of(family, model, out.hidden[-1][:, -1], inputs)[0]
         layers = range(len(z))
         grads = torch.autograd.grad(metric, [z[i] for i in layers] + [resid[i] for i in layers])

@@ -55,9 +55,6 @@ class Recorder:
     on_layer: Any = None  # called with the layer index after each attention layer (progress)
     plain_masks: dict[int, bool] = field(default_factory=dict)  # mask data_ptr -> the module's own default mask
     only: int | None = None  # record this layer alone (the block walk), or every layer
-    # Called with (layer, z) where z is the heads' output before the output projection, (batch, pos, head, d_head);
-    # a tensor it returns replaces z (activation patching), None leaves it (reading z). Applied before ``gate``.
-    edit_z: Any = None
 
 
 def _eager(module: torch.nn.Module):
@@ -86,10 +83,6 @@ def capture_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if rec is None:
         return out, weights
     layer = int(module.layer_idx)
-    if rec.edit_z is not None:
-        edited = rec.edit_z(layer, out)
-        if edited is not None:
-            out = edited
     if rec.gate is not None:
         g = rec.gate[layer].to(out.dtype)  # (head,)
         out = out * g[None, None, :, None]  # out is (batch, pos, head, d_head): a head's output before W_O
@@ -204,16 +197,15 @@ def current_recorder() -> Recorder | None:
 
 @contextlib.contextmanager
 def recording(vectors: bool = True, gate: torch.Tensor | None = None, hidden: bool | str = False, *,
-              compact: bool = False, on_layer: Any = None, only: int | None = None,
-              edit_z: Any = None) -> Iterator[Recorder]:
+              compact: bool = False, on_layer: Any = None, only: int | None = None) -> Iterator[Recorder]:
     """Record the attention layers (and with ``hidden`` the residual stream; ``hidden="last"`` the last layer's
     output alone) of the forward passes run inside the block, in this thread only. ``compact`` keeps queries and
-    keys but no weights, and attends with sdpa; ``only`` records that one layer; ``edit_z`` reads or replaces each
-    layer's head outputs (``Recorder.edit_z``)."""
-    if compact and (gate is not None or edit_z is not None):
-        raise ValueError("A compact trace cannot switch heads off or patch them; trace the full form for that.")
+    keys but no weights, and attends with sdpa; ``only`` records that one layer. (Reading or replacing a head's
+    output is the hook layer's ``blocks.{l}.attn.hook_z``, ``model_core.families.hooks``.)"""
+    if compact and gate is not None:
+        raise ValueError("A compact trace cannot switch heads off; trace the full form for that.")
     rec = Recorder(vectors=vectors, gate=gate, residual=[] if hidden else None, compact=compact, on_layer=on_layer,
-                   only=only, last_only=hidden == "last", edit_z=edit_z)
+                   only=only, last_only=hidden == "last")
     token = _RECORDER.set(rec)
     try:
         yield rec

@@ -68,7 +68,6 @@ class TransformersFamily(Family):
                 vectors: bool = True, hidden: bool | str = True, compact: bool = False,
                 on_layer: Callable[[int], None] | None = None, logits: bool = False,
                 stop_after: int | None = None, grad: bool = False,
-                edit_z: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None,
                 past: Any = None, position_ids: torch.Tensor | None = None) -> ForwardOutput:
         """As ``Family.forward``; ``logits`` adds the next-token logits (the unembedding costs a pass of its own
         over the vocabulary, so corpus batches leave it out). ``stop_after`` runs the blocks up to that one and
@@ -76,8 +75,6 @@ class TransformersFamily(Family):
 
         Args:
             grad: run with autograd (attribution patching's backward pass); otherwise in inference mode.
-            edit_z: called in every layer with (layer, z), z the heads' outputs before the output projection,
-                (batch, pos, head, d_head); a tensor it returns replaces z (activation patching), None leaves it.
             past: a decoder's key/value cache (a transformers ``Cache``) to extend: generation, the KV-cache page.
                 The cache is used and returned as ``ForwardOutput.past``.
             position_ids: (batch, pos) true positions of ``input_ids`` (a compressed cache's last token keeps its
@@ -89,15 +86,15 @@ class TransformersFamily(Family):
         with torch.inference_mode(not grad):
             return self._forward(model, input_ids, token_type_ids, attention_mask, head_mask=head_mask,
                                  vectors=vectors, hidden=hidden, compact=compact, on_layer=on_layer, logits=logits,
-                                 stop_after=stop_after, edit_z=edit_z, past=past, position_ids=position_ids)
+                                 stop_after=stop_after, past=past, position_ids=position_ids)
 
     def _forward(self, model: Any, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                  attention_mask: torch.Tensor | None, *, head_mask: torch.Tensor | None, vectors: bool,
                  hidden: bool | str, compact: bool, on_layer: Callable[[int], None] | None, logits: bool,
-                 stop_after: int | None, edit_z: Any, past: Any, position_ids: torch.Tensor | None) -> ForwardOutput:
+                 stop_after: int | None, past: Any, position_ids: torch.Tensor | None) -> ForwardOutput:
         layers = self.layers(model)
         with GATE.turn(), recording(vectors=vectors, gate=head_mask, hidden=hidden, only=stop_after,
-                                    compact=compact, on_layer=on_layer, edit_z=edit_z) as rec:
+                                    compact=compact, on_layer=on_layer) as rec:
             stop = None if stop_after is None else layers[stop_after].register_forward_hook(_stopper(rec))
             try:
                 net = model if logits and stop is None else self.base(model)

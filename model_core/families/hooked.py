@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from model_core.families import family_of
-from model_core.families.hooks import HookFn, HookRun, check_name, hook_run, install_hook_points, point_names
+from model_core.families.hook_install import install_hook_points
+from model_core.families.hooks import HookFn, HookRun, check_name, hook_run, point_names
 
 
 @dataclass(frozen=True, eq=False)

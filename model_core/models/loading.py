@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from model_core.families import FAMILIES, Family, family_of_type
 from model_core.families.capture import use_capture
-from model_core.families.hooks import install_hook_points
+from model_core.families.hook_install import install_hook_points
 from model_core.models import bundled
 from model_core.models.errors import ModelLoadError
 from model_core.settings import (

@@ -4,8 +4,9 @@ the "Inside the model" page, as chapter 3's walk does for the encoder (``model_c
 The numbers come from one forward pass through the app's one route (``Family.forward``, under a turn of the
 route's gate until the walk's arrays are numpy), stopped after the block:
 the capturing attention function gives the queries and keys after the rotary embedding, the key/value heads' values
-and the softmax weights; forward hooks on the block's own modules give what goes in and out of RMSNorm, the q/k/v
-projections, the output projection and the gated MLP. The scores are the trace's queries times its keys, scaled
+and the softmax weights; the hook layer (``model_core.families.hooks``) gives the block's input and output
+(``hook_resid_pre``, ``hook_resid_post``), its rotary cos and sin, and, as the run's steps, what goes in and out of
+RMSNorm, the q/k/v projections, the output projection and the gated MLP (``Family.block_parts``). The scores are the trace's queries times its keys, scaled
 as the model scales them (``AttentionTrace.layer_scores``; a test checks that their softmax is the model's
 weights). The next token comes from the model's final norm and unembedding applied to the trace's last
 block output, so the blocks after the walked one are not run again.
@@ -13,19 +14,20 @@ block output, so the blocks after the walked one are not run again.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from model_core.families.hook_install import install_hook_points
+from model_core.families.hooks import HookRun, hook_run
 from model_core.families.parts import BlockNotes
 from model_core.gate import GATE
 from model_core.kernel import apply_mask
 from model_core.trace.forward import top_predictions
 from model_core.trace.trace import AttentionTrace
-from model_core.walk.steps import WalkArrays, encoded_from_trace, kept_steps
+from model_core.walk.steps import WalkArrays, encoded_from_trace
 from model_core.walk.steps import to_array as _np
 
 TOP_NEXT = 10  # next tokens listed after the final norm and the unembedding
@@ -130,36 +132,24 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: Attention
         raise ValueError(f"layer {layer} is out of range: this model has layers 0-{len(blocks) - 1}.")
     parts = family.block_parts(model, layer)
     notes = family.block_notes(model, layer)
-    block = blocks[layer]
     encoded = encoded_from_trace(trace)
-    me = threading.get_ident()  # the model is shared: another session's pass must not fill this walk
-    inside = [False]  # a shared activation module runs in every block; keep the one inside ``layer``
-    around: dict[str, Any] = {}
-
-    def enter(_module, args, kwargs):
-        if threading.get_ident() == me:
-            inside[0] = True
-            around.setdefault("layer_input", (kwargs.get("hidden_states", args[0] if args else None))[0])
-            rotary = kwargs.get("position_embeddings")
-            if rotary is not None:
-                around.setdefault("rotary", (rotary[0][0], rotary[1][0]))
-
-    def leave(_module, _args, output):
-        if threading.get_ident() == me:
-            inside[0] = False
-            around.setdefault("layer_output", (output[0] if isinstance(output, tuple) else output)[0])
-
     device = next(model.parameters()).device
-    steps = [(module, name, what) for name, (module, what) in parts.items()]
-    handles = [block.register_forward_pre_hook(enter, with_kwargs=True), block.register_forward_hook(leave)]
-    try:  # the blocks after ``layer`` are not run: the trace has their output
-        with GATE.turn(), kept_steps(steps, lambda name: inside[0] or name == "token_embeddings") as seen:
+    install_hook_points(model, family, len(blocks))  # once; a model not loaded by model_core.models (a test's) needs it
+    b = f"blocks.{layer}"
+    # This thread's run alone: the model is shared, another session's pass never fills this walk. A shared
+    # activation module runs in every block; the run keeps its call inside ``layer``.
+    run = HookRun([f"{b}.hook_resid_pre", f"{b}.hook_resid_post"], keep_rope=True, steps=parts, steps_layer=layer)
+    with GATE.turn():  # the turn lasts until the walk's arrays are numpy
+        with hook_run(run):  # the blocks after ``layer`` are not run: the trace has their output
             out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
                                  vectors=True, hidden=False, stop_after=layer)
-            return _walk_of(family, model, tokenizer, trace, layer, notes, out, {**seen, **around})
-    finally:
-        for handle in handles:
-            handle.remove()
+        seen = {name: t[0] for name, t in run.kept.items()}  # batch dimension dropped
+        seen["layer_input"] = run.cache[f"{b}.hook_resid_pre"][0]
+        seen["layer_output"] = run.cache[f"{b}.hook_resid_post"][0]
+        if layer in run.rope:
+            cos, sin = run.rope[layer]  # (batch, pos, d_head) each
+            seen["rotary"] = (cos[0], sin[0])
+        return _walk_of(family, model, tokenizer, trace, layer, notes, out, seen)
 
 
 def _walk_of(family: Any, model: Any, tokenizer: Any, trace: AttentionTrace, layer: int, notes: BlockNotes,

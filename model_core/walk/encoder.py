@@ -2,8 +2,9 @@
 
 The numbers come from one forward pass of the from-scratch encoder through the one route (``Family.forward``,
 under a turn of the route's gate): the layer's own records (queries, keys, values, scores, weights, head outputs,
-concatenation, attention output) plus forward hooks on the modules whose inputs and outputs the records do not keep
-(the three embedding lookups, the two LayerNorms, the feed-forward's linears and GELU). Nothing is recomputed by
+concatenation, attention output) plus, as the hook layer's steps (``model_core.families.hooks``, the family's
+``block_parts``), the inputs and outputs the records do not keep (the three embedding lookups, the two LayerNorms,
+the feed-forward's linears and GELU). Nothing is recomputed by
 hand, so the walk shows exactly what the model computed.
 """
 
@@ -18,8 +19,10 @@ import torch
 from model_core.chapter3.model import TransformerForSequenceClassification
 from model_core.families import FAMILIES
 from model_core.families.encoding import EncodedInput
+from model_core.families.hook_install import install_hook_points
+from model_core.families.hooks import HookRun, hook_run
 from model_core.gate import GATE
-from model_core.walk.steps import WalkArrays, encoded_from_trace, kept_steps
+from model_core.walk.steps import WalkArrays, encoded_from_trace
 from model_core.walk.steps import to_array as _np
 
 __all__ = ["WalkArrays", "Walkthrough", "encoded_from_trace", "walk_layer"]
@@ -116,12 +119,14 @@ def walk_layer(model: TransformerForSequenceClassification, encoded: EncodedInpu
         raise ValueError(f"layer {layer} is out of range: this model has layers 0-{n_layers - 1}.")
     if model.training:
         raise ValueError("The model is in training mode; call model.eval() so dropout is off.")
-    modules = [(module, name, what) for name, (module, what) in family.block_parts(model, layer).items()]
     device = next(model.parameters()).device
-    with GATE.turn(), kept_steps(modules) as seen:  # the turn lasts until the walk's arrays are numpy
-        out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
-                             vectors=False, hidden=False).model_output
-        return _walk_of(model, encoded, layer, out, seen)
+    install_hook_points(model, family, n_layers)  # once; a model built outside model_core.models needs it
+    run = HookRun(steps=family.block_parts(model, layer), steps_layer=layer)  # this thread's pass alone
+    with GATE.turn():  # the turn lasts until the walk's arrays are numpy
+        with hook_run(run):
+            out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
+                                 vectors=False, hidden=False).model_output
+        return _walk_of(model, encoded, layer, out, {name: t[0] for name, t in run.kept.items()})
 
 
 def _walk_of(model: TransformerForSequenceClassification, encoded: EncodedInput, layer: int, out: Any,

@@ -1,13 +1,10 @@
 """What both walks (the encoder's and a decoder block's) share: the steps of one layer every walk has, what they say
-about their tensors, the trace's exact input, and the hooks that keep a module's input or output."""
+about their tensors, and the trace's exact input. (The walks keep a module's input or output through the hook
+layer's steps, ``model_core.families.hooks.HookRun``.)"""
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any
 
 import numpy as np
 import torch
@@ -126,28 +123,3 @@ def encoded_from_trace(trace: AttentionTrace) -> EncodedInput:
 def to_array(t: torch.Tensor) -> np.ndarray:
     """A tensor as a float32 numpy copy on the CPU."""
     return t.detach().to("cpu", torch.float32).numpy().copy()
-
-
-@contextlib.contextmanager
-def kept_steps(modules: Iterable[tuple[torch.nn.Module, str, str]],
-               keep_now: Callable[[str], bool] = lambda name: True) -> Iterator[dict[str, Any]]:
-    """Keep, for the passes run inside the block, each (module, name, "input" or "output")'s first input or output
-    of this thread's pass (the model is shared: another session's pass must not fill this walk), batch dimension
-    dropped, under ``name`` in the dict it yields; ``keep_now(name)`` may say "not yet". The hooks go on exit."""
-    seen: dict[str, Any] = {}
-    me = threading.get_ident()
-
-    def keep(name: str, what: str):
-        def hook(_module, inputs, output):
-            if threading.get_ident() == me and name not in seen and keep_now(name):
-                seen[name] = (inputs[0] if what == "input" else output)[0]
-        return hook
-
-    handles = []
-    try:
-        for module, name, what in modules:
-            handles.append(module.register_forward_hook(keep(name, what)))
-        yield seen
-    finally:
-        for handle in handles:
-            handle.remove()
