@@ -180,6 +180,19 @@ def test_every_allowance_is_still_needed():
     assert set(ALLOWED) - used == set(), "remove these allowances: nothing needs them any more"
 
 
+MODULE_HOOKS = re.compile(r"\.register_(?:forward_pre_hook|forward_hook|full_backward_hook|full_backward_pre_hook)\(")
+
+
+def test_no_module_outside_families_hooks_the_model_itself():
+    """One way into the model: a read or a write inside a pass goes through the hook layer (``HookRun``), whose
+    module hooks ``families/`` installs; a file that registers its own would be a second mechanism."""
+    found = [f"{p.relative_to(ROOT).as_posix()}:{i}" for p in _scanned_files()
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if MODULE_HOOKS.search(line)]
+    assert not found, "register hooks through model_core.families.hooks (a HookRun's points or steps):\n" + \
+        "\n".join(found)
+    assert MODULE_HOOKS.search("handle = block.register_forward_pre_hook(enter, with_kwargs=True)")  # it can fail
+
+
 def test_the_scan_reads_every_package():
     rels = {p.relative_to(ROOT).as_posix() for p in _scanned_files()}
     for expected in ("model_core/effects/blocks.py", "ui/inside_decoder.py", "model_core/walk/decoder.py"):
