@@ -10,7 +10,7 @@ import urllib.parse
 
 from harness.browser import AppServer
 from harness.texts import DECODERS, text_of
-from app_common import MODEL_PARAMS, MODEL_REQUESTS, TIMEOUT_MS, mb
+from app_common import MODEL_PARAMS, MODEL_REQUESTS, N_FIGURES, TIMEOUT_MS, mb
 from app_session import ARM_INPUT_JS, FINGERPRINT_JS, INPUT_AT_JS, PAINT_JS, Meter
 
 # -- every page from a link ----------------------------------------------------------------------
@@ -30,6 +30,7 @@ EVERY_PAGE = {
 }
 NOT_FOR = {"predictions": "encoder"}  # pages that only say they do not apply
 DECODER_FIGURES = {"inside": 2}  # a decoder block's walk opens with its scores and weights (the encoder's with six)
+WARM_UP_TOKENS = {False: 4, True: 2}  # "warm up" with [CLS]/[SEP] in an encoder, two BPE pieces in SmolLM2
 PAGE_READY_JS = """([minFigures, mustText]) => {
     const status = document.querySelector('[data-testid="stStatusWidget"]');
     if (status && /Running|Stop/i.test(status.innerText)) return false;
@@ -127,6 +128,22 @@ def use_picker(page, meter: Meter, picker: tuple[str, str], min_figures: int, op
     return (t1 - t0) / 1000, meter.total
 
 
+def warm_up(context, origin: str, label: str, path: str = "heatmaps", n_tokens: int | None = None) -> None:
+    """Open ``path`` (the heatmaps page unless told) on a short text ("warm up", or ``text_of(n_tokens)``: the
+    contexts page draws nothing on a text without a repeated word), so that the model is loaded and Streamlit's
+    JavaScript is in the browser's cache before anything is timed. The heatmaps page draws ``N_FIGURES`` figures (it
+    waited for six, from before the four summary grids became one figure, and so timed out on every run)."""
+    min_figures = N_FIGURES if path == "heatmaps" else EVERY_PAGE[path][0]
+    if label in DECODERS:
+        min_figures = DECODER_FIGURES.get(path, min_figures)
+    text = text_of(n_tokens, 1, label) if n_tokens else "warm up"
+    n_tokens = n_tokens or WARM_UP_TOKENS[label in DECODERS]
+    warm = context.new_page()
+    warm.goto(f"{origin}/{path}?{urllib.parse.urlencode({**MODEL_PARAMS[label], 'text_b': '', 'text_a': text})}")
+    warm.wait_for_function(PAGE_READY_JS, arg=[min_figures, f"· {n_tokens} tokens"], polling=50, timeout=TIMEOUT_MS)
+    warm.close()
+
+
 def bench_every_page(browser, server: AppServer, sizes: list[int], models: list[str], only: list[str] | None = None,
                      changes: int = 1) -> list[dict]:
     """Each page opened from a link (a new text each time, so each open runs the forward pass), then its picker
@@ -136,11 +153,7 @@ def bench_every_page(browser, server: AppServer, sizes: list[int], models: list[
     variants = itertools.count(301)
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     for label in models:
-        warm = context.new_page()  # the model loaded and Streamlit's JavaScript in the cache
-        warm.goto(f"{server.origin}/heatmaps?{urllib.parse.urlencode({**MODEL_PARAMS[label], 'text_b': '', 'text_a': 'warm up'})}")
-        warm.wait_for_function(PAGE_READY_JS, arg=[6, f"· {2 if label in DECODERS else 4} tokens"], polling=50,
-                               timeout=TIMEOUT_MS)
-        warm.close()
+        warm_up(context, server.origin, label)
         for n in sizes:
             forward = forward_seconds(label, text_of(n, 300, label))
             for path, (min_figures, picker) in EVERY_PAGE.items():

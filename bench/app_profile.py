@@ -3,32 +3,41 @@
 from __future__ import annotations
 
 import collections
+import re
 from pathlib import Path
 
-def profile_summary(path: Path, top: int = 25) -> str:
-    """Inclusive share of the sampled time for the busiest functions of the app and its libraries."""
-    import collections
-    import re
+IDLE = r"select|wait|poll|sleep|_recv|accept"
+"""A stack whose innermost frame matches this is an idle thread (event loop, worker queue), not busy time."""
 
+
+def busy_samples(path: Path, *, full_paths: bool = False) -> tuple[collections.Counter, int]:
+    """Inclusive busy samples per "file.py:function" (``full_paths``: "path/file.py:function") of py-spy's raw
+    stacks, idle threads left out; and the total of busy samples."""
     inclusive: collections.Counter = collections.Counter()
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
             continue
-        n = int(count)
         frames = stack.split(";")
-        if any(("select" in f or "wait" in f or "poll" in f) for f in frames[-1:]):
-            continue  # idle threads (event loop, worker queues)
-        total += n
+        if re.search(IDLE, frames[-1]):
+            continue
+        total += int(count)
         seen = set()
         for f in frames:
-            # "function (path/file.py:line)" -> "file.py:function"
-            m = re.match(r"(.*?) \((.*?):\d+\)", f)
-            name = f"{Path(m.group(2)).name}:{m.group(1)}" if m else f
+            if f.startswith(("thread (", "process ")):  # py-spy's --threads names: ids differ between servers
+                continue
+            m = re.match(r"(.*?) \((.*?):\d+\)", f)  # "function (path/file.py:line)"
+            name = f"{m.group(2) if full_paths else Path(m.group(2)).name}:{m.group(1)}" if m else f
             if name not in seen:
                 seen.add(name)
-                inclusive[name] += n
+                inclusive[name] += int(count)
+    return inclusive, total
+
+
+def profile_summary(path: Path, top: int = 25) -> str:
+    """Inclusive share of the sampled time for the busiest functions of the app and its libraries."""
+    inclusive, total = busy_samples(path)
     if not total:
         return "no busy samples"
     keep = [(k, v) for k, v in inclusive.most_common() if re.search(

@@ -1,0 +1,208 @@
+"""A/B of every page from a link: two trees' app servers timed in one run, page by page, back to back.
+
+Run (the old tree a worktree of the commit to compare with, sharing this checkout's venv and vendor files)::
+
+    git worktree add /tmp/old 79cebf0 && ln -s "$PWD/.venv" /tmp/old/.venv
+    cp -r static/vendor /tmp/old/static/vendor    # and attention_explorer/views/vendor, where missing
+    .venv/bin/python bench/bench_pages_ab.py --old /tmp/old --sizes 512 \\
+        --models "custom 12x12x768" "SmolLM2-135M decoder 30x9" --repeat 3
+
+Each server runs its own tree's code (cwd and PYTHONPATH the tree; checked with ``py-spy dump`` while it warms up,
+which names the files its frames run). Each page is opened from a link on both servers with the same new text (so
+each open runs the forward pass), the order alternating per pair, so that the load of a shared machine falls on
+both alike; the table gives the medians and the median of the per-pair ratios new/old.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from app_common import MODEL_PARAMS
+from app_every_page import (
+    DECODER_FIGURES,
+    EVERY_PAGE,
+    NOT_FOR,
+    open_link,
+    use_picker,
+    warm_up,
+)
+from app_profile import busy_samples
+
+from harness.browser import AppServer, free_port, open_chromium, streamlit_command
+from harness.texts import DECODERS, text_of
+
+WARM_UP_TOKENS = 64  # each page drawn once on each server before the timed opens (the contexts page needs a repeat)
+CODE_FILE = re.compile(r"(/[\w./-]+?)/(app\.py|pages/\w+\.py|ui/[\w/]+\.py|model_core/[\w/]+\.py|attention_explorer/[\w/]+\.py)")
+
+
+class TreeServer(AppServer):
+    """``AppServer`` on another tree: its app.py, run with its folder first on the import path."""
+
+    def __init__(self, tree: Path, log_path: Path | None = None) -> None:
+        self.tree = tree
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.profiler = None
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(tree)}
+        with open(log_path or os.devnull, "w") as log:
+            self.proc = subprocess.Popen(streamlit_command(self.port), cwd=tree, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_healthy()
+
+
+def code_roots(pid: int, stop: threading.Event, seen: set[str]) -> None:
+    """Until ``stop``: the folders that the server's frames run the project's files from (``py-spy dump``)."""
+    spy = str(ROOT / ".venv/bin/py-spy")
+    while not stop.is_set():
+        out = subprocess.run([spy, "dump", "--pid", str(pid), "--nonblocking", "--full-filenames"], capture_output=True, text=True,
+                             check=False).stdout
+        seen.update(m.group(1) for m in CODE_FILE.finditer(out))
+        time.sleep(0.3)
+
+
+def warm_and_check(context, server: TreeServer, models: list[str], pages: list[str]) -> set[str]:
+    """Every page on a short text for each model (model loaded, page modules imported, JavaScript cached), while
+    py-spy notes which tree's files the server runs; the set of those folders."""
+    seen: set[str] = set()
+    stop = threading.Event()
+    spy = threading.Thread(target=code_roots, args=(server.proc.pid, stop, seen), daemon=True)
+    spy.start()
+    try:
+        for label in models:
+            for path in pages:
+                if NOT_FOR.get(path) != ("decoder" if label in DECODERS else "encoder"):
+                    warm_up(context, server.origin, label, path, WARM_UP_TOKENS)
+    finally:
+        stop.set()
+        spy.join()
+    return seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", type=Path, required=True, help="the tree to compare with (its own app.py and code)")
+    parser.add_argument("--new", type=Path, default=ROOT, help="the tree under test (this checkout unless told)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[512])
+    parser.add_argument("--models", nargs="+", default=["custom 12x12x768", "SmolLM2-135M decoder 30x9"],
+                        choices=list(MODEL_PARAMS))
+    parser.add_argument("--page", nargs="+", metavar="PAGE", help="only these pages ('home' is the root page)")
+    parser.add_argument("--repeat", type=int, default=3, help="pairs per page, model and size (medians)")
+    parser.add_argument("--changes", type=int, default=0, help="also time the page's own picker this many times")
+    parser.add_argument("--out", type=Path, help="write every timing here (JSON)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="sample both servers with py-spy over the timed opens (DIR/old.txt, DIR/new.txt) and "
+                             "print where each spent its busy samples, the functions that gained most first")
+    args = parser.parse_args()
+    pages = [p for p in EVERY_PAGE if not args.page or (p or "home") in args.page]
+    trees = {"old": args.old.resolve(), "new": args.new.resolve()}
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; old {trees['old']}, new "
+          f"{trees['new']}; {args.repeat} pairs a page", flush=True)
+    servers: dict[str, TreeServer] = {}
+    rows = []
+    try:
+        for name, tree in trees.items():
+            servers[name] = TreeServer(tree)
+        with open_chromium() as browser:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            for name, server in servers.items():
+                seen = warm_and_check(context, server, args.models, pages)
+                print(f"  {name} server (pid {server.proc.pid}) runs the project's files from: {sorted(seen)}", flush=True)
+                if not seen or any(Path(s).resolve() != trees[name] for s in seen):
+                    sys.exit(f"the {name} server does not run {trees[name]}'s code only: {sorted(seen)}")
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                for name, server in servers.items():
+                    server.start_profile(args.profile / f"{name}.txt")
+            variants = itertools.count(701)
+            for rep in range(args.repeat):
+                flip = itertools.count(rep)  # each page's pairs alternate which server goes first
+                for label in args.models:
+                    for n in args.sizes:
+                        for path in pages:
+                            if NOT_FOR.get(path) == ("decoder" if label in DECODERS else "encoder"):
+                                continue
+                            min_figures, picker = EVERY_PAGE[path]
+                            if label in DECODERS:
+                                min_figures = DECODER_FIGURES.get(path, min_figures)
+                            params = {**MODEL_PARAMS[label], "text_b": "", "text_a": text_of(n, next(variants), label)}
+                            order = ("old", "new") if next(flip) % 2 == 0 else ("new", "old")
+                            pair = {}
+                            for name in order:
+                                page, meter, seconds, _ = open_link(context, servers[name].origin, path, params,
+                                                                    min_figures, n)
+                                change = [use_picker(page, meter, picker, min_figures, 2 + k % 2)[0]
+                                          for k in range(args.changes)]
+                                page.close()
+                                pair[name] = seconds
+                                rows.append({"tree": name, "model": label, "n": n, "page": path or "home", "rep": rep,
+                                             "open_s": seconds, "change_s": change, "first": name == order[0]})
+                            print(f"  rep {rep} {label} {n} {path or 'home':20s} old {pair['old']:6.2f} s  new "
+                                  f"{pair['new']:6.2f} s  new/old {pair['new'] / pair['old']:.2f}  ({order[0]} first)",
+                                  flush=True)
+            context.close()
+    finally:
+        for server in servers.values():
+            server.stop()
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    print("\n" + ab_table(rows, args.changes))
+    if args.profile:
+        print("\n" + profile_diff(args.profile / "old.txt", args.profile / "new.txt"))
+
+
+def ab_table(rows: list[dict], changes: int) -> str:
+    """Per page, model and size: each tree's median open, the ratio of the medians, the median per-pair ratio."""
+    lines = ["| page | model | tokens | old median | new median | new/old (medians) | new/old (median of pairs) |"
+             + (" picker old | picker new |" if changes else ""),
+             "|---|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if changes else "")]
+    over = []
+    keys = list(dict.fromkeys((r["page"], r["model"], r["n"]) for r in rows))
+    for page, model, n in keys:
+        mine = [r for r in rows if (r["page"], r["model"], r["n"]) == (page, model, n)]
+        old = [r["open_s"] for r in mine if r["tree"] == "old"]
+        new = [r["open_s"] for r in mine if r["tree"] == "new"]
+        pairs = [b["open_s"] / a["open_s"] for a in mine if a["tree"] == "old"
+                 for b in mine if b["tree"] == "new" and b["rep"] == a["rep"]]
+        ratio, pair_ratio = statistics.median(new) / statistics.median(old), statistics.median(pairs)
+        line = (f"| {page} | {model} | {n} | {statistics.median(old):.2f} s | {statistics.median(new):.2f} s | "
+                f"{ratio:.2f} | {pair_ratio:.2f} |")
+        if changes:
+            co = [c for r in mine if r["tree"] == "old" for c in r["change_s"]]
+            cn = [c for r in mine if r["tree"] == "new" for c in r["change_s"]]
+            line += f" {statistics.median(co):.2f} s | {statistics.median(cn):.2f} s |"
+        lines.append(line)
+        if ratio > 1.10 or pair_ratio > 1.10:
+            over.append(f"{page} ({model}, {n})")
+    lines.append("\nover 1.10: " + (", ".join(over) if over else "none"))
+    return "\n".join(lines)
+
+
+def profile_diff(old_path: Path, new_path: Path, top: int = 30) -> str:
+    """Each tree's busy samples over the same opens, per function (inclusive), the largest gains of new first."""
+    old, old_total = busy_samples(old_path, full_paths=True)
+    new, new_total = busy_samples(new_path, full_paths=True)
+    names = sorted(set(old) | set(new), key=lambda k: new[k] - old[k], reverse=True)
+    lines = [(f"busy samples at 50 Hz over the timed opens: old {old_total}, new {new_total} "
+              f"({new_total / max(old_total, 1):.2f}x); inclusive, largest gain first:"),
+             "| function | old | new | new - old |", "|---|---:|---:|---:|"]
+    lines += [f"| {k} | {old[k]} | {new[k]} | {new[k] - old[k]:+d} |" for k in names[:top]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
