@@ -260,8 +260,9 @@ class Trace:
             ``.terms_figure()``, ``.key_figure()``, ``.query_figure()``, ``.versus_figure()``, ``.row_figure()``.
         """
         from attention_explorer.qk import QK
-        from model_core.qk.terms import qk_pass_for_trace, split_at
+        from model_core.qk.terms import check_position, qk_pass_for_trace, split_at
 
+        check_position(query, len(self.core.tokens), "query")  # before any pass: a bad position costs nothing
         resolved = self._resolved(model)
         pass_ = qk_pass_for_trace(resolved.model, self.core, layer, head)  # no model run from a full decoder trace
         return QK(split_at(pass_, list(self.core.tokens), query, key, versus, row=row))

@@ -220,13 +220,34 @@ def test_the_parts_from_a_full_trace_equal_the_hooked_pass_on_every_decoder(mode
     assert {"gpt2", "llama", "gemma2", "gemma3_text", "qwen3", "phi"} <= set(served)
 
 
-def test_a_trace_with_heads_switched_off_is_split_by_the_clean_hooked_pass(models):
-    from model_core.families import family_of
-    from model_core.families.weights import layer_weights
-    from model_core.qk.gather import PartsPass
+def test_a_trace_with_heads_switched_off_is_split_as_the_model_it_shows(models):
+    """A head switched off wrote nothing: its component is zero, and the terms sum to the trace's own score."""
+    from model_core.qk.terms import component_names, qk_pass_for_trace, split_at
 
     model = models["llama"]
     mask = np.ones((2, 4), dtype=bool)
     mask[0, 1] = False
     trace = _trace(model, head_mask=mask)
-    assert PartsPass.from_trace(model, family_of(model), layer_weights(model)[1], 1, 0, trace) is None
+    r = split_at(qk_pass_for_trace(model, trace, 1, 0), [str(t) for t in IDS[0].tolist()], -1)
+    off = component_names(model, 1).index("L0H1")
+    assert not r.terms[off].any() and not r.terms[:, off].any()
+    q, k = trace.queries[1, 0, r.query].astype(np.float64), trace.keys[1, 0, r.key].astype(np.float64)
+    assert abs(r.score - float(q @ k) * float(trace.score_scale)) <= 1e-5
+    assert abs(float(r.terms.sum()) - r.score) <= 1e-5 * max(1.0, abs(r.score))
+    clean = split_at(qk_pass_for_trace(model, _trace(model), 1, 0), [str(t) for t in IDS[0].tolist()], -1, r.key)
+    assert abs(clean.score - r.score) > 1e-4  # switching the head off changed the score the split explains
+
+
+@pytest.mark.cuda
+def test_the_split_runs_with_the_model_on_a_gpu(tiny_decoders):
+    """The split runs on the CPU in float64 whatever the model's device: the trace's path and the hooked pass."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from model_core.qk.terms import qk_pass, qk_pass_for_trace, split_at
+
+    model = load_pretrained_uncached(str(tiny_decoders["qwen3"]), device="cuda").model
+    tokens = [str(t) for t in IDS[0].tolist()]
+    fast = split_at(qk_pass_for_trace(model, _trace(model, IDS.cuda()), 1, 2), tokens, -1)
+    slow = split_at(qk_pass(model, IDS.cuda(), 1, 2), tokens, -1, fast.key)
+    np.testing.assert_allclose(fast.terms, slow.terms, atol=1e-4)
+    assert abs(float(fast.terms.sum()) - fast.score) <= 1e-4 * max(1.0, abs(fast.score))

@@ -4,7 +4,6 @@ statistics. ``model_core.qk.terms`` builds the QK split from it."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,10 +12,18 @@ import torch
 
 from model_core.families.hook_attention import apply_rotary
 from model_core.families.hooked import run_with_hooks
-from model_core.families.parts import norm_eps
 from model_core.families.weights import LayerWeights, layer_weights
 from model_core.gate import GATE
 from model_core.kernel import apply_mask, attention_scores, weights_from_scores
+from model_core.qk.frozen import (
+    CPU,
+    frozen_ln,
+    inv_scale,
+    model_softcap,
+    on_cpu,
+    tensor,
+    window,
+)
 
 COMPACT_FROM = 1024
 """From this many tokens the pass attends with sdpa and never forms the n x n pattern; the weight of a key is then
@@ -40,16 +47,17 @@ class PartsPass:
                                  compact=compact, keep_rope=True, token_type_ids=token_type_ids)
         self.rope = (out.rope or {}).get(layer)
         b = f"blocks.{layer}.attn"
-        self.q_model = out.cache[f"{b}.hook_q"][0, :, head].double()  # (n, d_head) after rope
-        k_all = out.cache[f"{b}.hook_k"][0].double()
+        self.q_model = out.cache[f"{b}.hook_q"][0, :, head].to(CPU, torch.float64)  # (n, d_head) after rope
+        k_all = out.cache[f"{b}.hook_k"][0].to(CPU, torch.float64)
         self.k_model = k_all[:, self.kv] if k_all.shape[1] == lw.n_kv_heads else k_all[:, head]
         self.scale = lw.scale  # the model's own (tests check the weights it gives against the model's pattern)
-        self.softcap = _model_softcap(out.output, layer)
-        self.window = _window(model, layer)
+        self.softcap = model_softcap(out.output, layer)
+        self.window = window(model, layer)
         self._finish()
 
     def _setup(self, model: Any, family: Any, lw: LayerWeights, layer: int, head: int, n: int) -> None:
-        self.model, self.family, self.lw, self.layer, self.head = model, family, lw, layer, head
+        # The split runs on the CPU in float64 whatever the model's device: its weights are copied there once a pass.
+        self.model, self.family, self.lw, self.layer, self.head = model, family, on_cpu(lw), layer, head
         self.query = n - 1  # the position ``Q`` and the answers read; callers set it
         self.n = n
         self.kv = lw.kv_of_head[head]
@@ -64,7 +72,7 @@ class PartsPass:
         self.q_bias = None
         self.k_bias = None
         self.embed_stage: dict[str, torch.Tensor] = {}
-        self._weights = layer_weights(model)
+        self._weights = [on_cpu(w) for w in layer_weights(model)[:layer]]  # the earlier layers'
 
     # -- from a full trace, without a pass ----------------------------------------------------------------
     @classmethod
@@ -74,42 +82,43 @@ class PartsPass:
         model run. Each earlier head's write is ``(a @ v) W_O`` at every position, each MLP's output is what its
         block added beyond attention (``resid_post - resid_pre - attn_out``), so the parts sum to the layer's input
         exactly. Serves pre-norm models whose embeddings are not normed (the decoders); None elsewhere (post-LN
-        encoders, a compact trace, heads switched off), where the hooked pass (``PartsPass``) answers."""
+        encoders, a compact trace), where the hooked pass (``PartsPass``) answers. Heads switched off in the trace
+        wrote nothing (their pattern is zero), so the split is of the model the trace shows."""
         weights = getattr(trace, "weights", None)
-        mask = getattr(trace, "head_mask", None)
-        if weights is None or getattr(trace, "values", None) is None or (mask is not None and not np.all(mask)):
+        if weights is None or getattr(trace, "values", None) is None:
             return None
         n = int(np.asarray(trace.token_ids).shape[0])
         self = cls.__new__(cls)
         self._setup(model, family, lw, layer, head, n)
         if self.post or self.embed.norm is not None or self.embed.type_embed is not None:
             return None
-        self.rope = family.position_embeddings(model, layer, n)
+        with GATE.turn():  # the model's rotary module (a dynamic one updates itself by length)
+            self.rope = family.position_embeddings(model, layer, n)
         with torch.no_grad():
             self._parts_from_trace(trace)
-        self.q_model = _tensor(trace.queries[layer, head]).double()  # (n, d_head) after rope
-        self.k_model = _tensor(trace.keys[layer, head]).double()  # this query head's key
+        self.q_model = tensor(trace.queries[layer, head]).double()  # (n, d_head) after rope
+        self.k_model = tensor(trace.keys[layer, head]).double()  # this query head's key
         self.scale = lw.scale
         self.softcap = getattr(trace, "score_softcap", None)
-        self.window = _window(model, layer)
+        self.window = window(model, layer)
         self._finish()
         return self
 
     def _parts_from_trace(self, trace: Any) -> None:
-        cpu, device = torch.device("cpu"), next(self.model.parameters()).device
+        device = next(self.model.parameters()).device
         hidden = trace.hidden_states
-        first = tok = _tensor(hidden[0]).double()
+        first = tok = tensor(hidden[0]).double()
         if self.embed.pos_embed is not None:  # absolute positions: the token embedding, the rest is ``pos``
             ids = torch.as_tensor(np.array(trace.token_ids), dtype=torch.long, device=device)
             with GATE.turn():
-                tok = self.embed.embed(ids).to(cpu, torch.float64)
+                tok = self.embed.embed(ids).to(CPU, torch.float64)
             self._add_part(tok)
         self._add_part(first if tok is first else first - tok)
         for l in range(self.layer):
-            z = torch.matmul(_tensor(trace.weights[l]), _tensor(trace.values[l]))  # (head, n, d_head): each head's z
+            z = torch.matmul(tensor(trace.weights[l]), tensor(trace.values[l]))  # (head, n, d_head): each head's z
             attn_out = self._heads_from_z(l, z)
-            self._add_part(_tensor(hidden[l + 1]).double() - _tensor(hidden[l]).double() - attn_out)  # the MLP
-        self.resid = _tensor(hidden[self.layer]).double()
+            self._add_part(tensor(hidden[l + 1]).double() - tensor(hidden[l]).double() - attn_out)  # the MLP
+        self.resid = tensor(hidden[self.layer]).double()
 
     def _heads_from_z(self, layer: int, z: torch.Tensor) -> torch.Tensor:
         """Layer ``layer``'s heads as components from their outputs ``z`` (head, n, d_head), pre-norm models: each
@@ -169,7 +178,7 @@ class PartsPass:
 
     def _reader(self, name: str):
         def read(t: torch.Tensor, _point: Any) -> None:
-            self._take(name, t[0].detach().double())
+            self._take(name, t[0].detach().to(CPU, torch.float64))
         return read
 
     def _take(self, name: str, t: torch.Tensor) -> None:
@@ -211,7 +220,7 @@ class PartsPass:
         norm = self.embed.norm
         if norm is not None:  # BERT and the chapter-3 encoder normalise the embeddings' sum
             whole = sum(parts)
-            frozen_parts, beta = _frozen_ln(norm, whole, parts)
+            frozen_parts, beta = frozen_ln(norm, whole, parts)
             parts = frozen_parts
             if beta is not None:
                 self._add_bias(beta.expand(self.n, -1))
@@ -257,7 +266,7 @@ class PartsPass:
     def _freeze_all(self, ln: Any, x: torch.Tensor) -> None:
         """Post-LN: every part so far through the LayerNorm frozen at its input ``x`` (n, d_model)."""
         parts = self.parts_full + ([self.bias_full] if self.bias_full is not None else [])
-        frozen, beta = _frozen_ln(ln, x, parts)
+        frozen, beta = frozen_ln(ln, x, parts)
         if self.bias_full is not None:
             self.parts_full, self.bias_full = frozen[:-1], frozen[-1]
         else:
@@ -280,7 +289,7 @@ class PartsPass:
             inv_q = inv_k = torch.ones(self.n, 1, dtype=torch.float64)
         else:
             q, k, qb, kb = self.q_parts, self.k_parts, self.q_bias, self.k_bias
-            inv = _inv_scale(lw, self.resid)  # (n, 1): 1/rms or 1/σ of the whole residual at each position
+            inv = inv_scale(lw, self.resid)  # (n, 1): 1/rms or 1/σ of the whole residual at each position
             inv_q = inv_k = inv
         q = [x * inv_q for x in q]
         k = [x * inv_k for x in k]
@@ -305,7 +314,7 @@ class PartsPass:
             Q = Q * torch.rsqrt(Q.sum(0).pow(2).mean(-1, keepdim=True) + eps) * lw.q_norm_w[self.head].double()
             K = K * torch.rsqrt(K.sum(0).pow(2).mean(-1, keepdim=True) + eps) * lw.k_norm_w[self.kv].double()
         if self.rope is not None:
-            cos, sin = (t[0].double() for t in self.rope)  # (n, d_head)
+            cos, sin = (t[0].detach().to(CPU, torch.float64) for t in self.rope)  # (n, d_head)
             attn = self.family.parts(self.model, self.layer).attn
             Q, K = (r[0] for r in apply_rotary(attn, Q[None], K[None], (cos[None], sin[None])))
         # A long text keeps them in float32 (2 x C x n x d_head numbers); the terms are summed in float64.
@@ -350,47 +359,3 @@ class PartsPass:
         q = self.Q.sum(0)  # (d_head,)
         idx = torch.as_tensor(list(keys))
         return (torch.einsum("d,ckd->ck", q, self.K[:, idx].double()) * self.scale).numpy()
-
-
-def _tensor(array: Any) -> torch.Tensor:
-    """A trace's read-only array as a tensor without a copy (nothing here writes to it)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "not writable": the tensor is only read
-        return torch.from_numpy(np.asarray(array))
-
-
-def _inv_scale(lw: LayerWeights, resid: torch.Tensor) -> torch.Tensor:
-    """1/rms (RMSNorm) or 1/σ (LayerNorm) of the whole residual at each position, with the norm's epsilon."""
-    if lw.ln1_kind == "layer":
-        return torch.rsqrt(resid.var(-1, unbiased=False, keepdim=True) + lw.ln1_eps)
-    return torch.rsqrt(resid.pow(2).mean(-1, keepdim=True) + lw.ln1_eps)
-
-
-def _frozen_ln(ln: Any, x: torch.Tensor, parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """A LayerNorm frozen at ``x`` applied to each part (centre, divide by σ(x), scale); and its β."""
-    inv = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + norm_eps(ln))
-    gain = ln.weight.detach().double() if getattr(ln, "weight", None) is not None else 1.0
-    out = [(p - p.mean(-1, keepdim=True)) * inv * gain for p in parts]
-    beta = ln.bias.detach().double() if getattr(ln, "bias", None) is not None else None
-    return out, beta
-
-
-def _model_softcap(output: Any, layer: int) -> float | None:
-    caps = getattr(output, "layer_softcaps", None)
-    if caps:
-        return caps[layer]
-    return getattr(output, "score_softcap", None)
-
-
-def _window(model: Any, layer: int) -> int | None:
-    """The sliding window of layer ``layer``'s attention, or None (every key up to the query)."""
-    cfg = model.config
-    window = getattr(cfg, "sliding_window", None)
-    if not window:
-        return None
-    types = getattr(cfg, "layer_types", None)
-    if types is not None and types[layer] != "sliding_attention":
-        return None
-    return int(window)
-
-

@@ -179,7 +179,7 @@ def qk_terms(model: Any, tokenizer: Any, input_ids: torch.Tensor, layer: int, he
         ValueError: a position out of range, a key the query cannot see, a head or layer that does not exist; the
             message names the valid range.
     """
-    _position(query, int(input_ids.shape[1]), "query")  # before the pass: a bad position costs nothing
+    check_position(query, int(input_ids.shape[1]), "query")  # before the pass: a bad position costs nothing
     pass_ = qk_pass(model, input_ids, layer, head, token_type_ids=token_type_ids)
     tokens = tokenizer.convert_ids_to_tokens(input_ids[0].tolist()) if tokenizer is not None else \
         [str(t) for t in input_ids[0].tolist()]
@@ -194,12 +194,12 @@ def split_at(pass_: PartsPass, tokens: list[str], query: int, key: int | None = 
         ValueError: a position out of range or a key the query cannot see; the message names the valid range.
     """
     n = pass_.n
-    pass_.query = query = _position(query, n, "query")
+    pass_.query = query = check_position(query, n, "query")
     weights_row = pass_.weights_row()  # (n,) the query's softmax over every key, 0 where it cannot see
     visible = [j for j in range(n) if pass_.visible(j)]
     if key is None:
         key = int(np.argmax(weights_row))
-    key = _position(key, n, "key")
+    key = check_position(key, n, "key")
     if not pass_.visible(key):
         raise ValueError(f"Query {query} cannot see key {key}: a decoder's query sees keys 0..{query} (the causal "
                          "mask); pick a key in that range.")
@@ -207,7 +207,7 @@ def split_at(pass_: PartsPass, tokens: list[str], query: int, key: int | None = 
         order = [j for j in np.argsort(-weights_row, kind="stable") if int(j) != key and pass_.visible(int(j))]
         versus = int(order[0]) if order else None
     elif versus is not None:
-        versus = _position(versus, n, "versus key")
+        versus = check_position(versus, n, "versus key")
         if not pass_.visible(versus):
             raise ValueError(f"Query {query} cannot see key {versus}: pick a key in 0..{query}.")
     terms = pass_.terms(key)
@@ -227,7 +227,7 @@ def split_at(pass_: PartsPass, tokens: list[str], query: int, key: int | None = 
                    capped_score=pass_.capped(score) if pass_.softcap is not None else None)
 
 
-def _position(p: int, n: int, what: str) -> int:
+def check_position(p: int, n: int, what: str) -> int:
     if not -n <= p < n:
         raise ValueError(f"The {what} position {p} is out of range: the text has {n} tokens, positions 0..{n - 1} "
                          f"(or -{n}..-1 from the end).")
