@@ -15,7 +15,7 @@ cached model never see each other's hooks), and every pass holds a turn of the r
 | ``blocks.{l}.attn.hook_q`` | (batch, pos, head, d_head) | after the rotary embedding (and any per-head norm) |
 | ``blocks.{l}.attn.hook_k`` / ``hook_v`` | (batch, pos, kv_head, d_head) | per key/value head; with split inputs per query head |
 | ``blocks.{l}.attn.hook_pattern`` | (batch, head, q_pos, k_pos) | the softmax weights |
-| ``blocks.{l}.attn.hook_z`` | (batch, pos, head, d_head) | the heads' outputs, the output projection's input |
+| ``blocks.{l}.attn.hook_z`` | (batch, pos, head, d_head) | the heads' outputs, the output projection's input (a head switched off by a trace's head mask is zero here already) |
 | ``blocks.{l}.attn.hook_result`` | (batch, pos, head, d_model) | each head's write, z through its slice of W_O (read only, computed only when asked for) |
 | ``blocks.{l}.hook_q_input`` / ``hook_k_input`` / ``hook_v_input`` | (batch, pos, head, d_model) | each query head's own copy of resid_pre, before the norm (split inputs) |
 | ``blocks.{l}.hook_attn_out`` | (batch, pos, d_model) | what attention adds to the residual stream (Gemma 2/3: after its post-norm) |
