@@ -6,6 +6,9 @@ Run (the old tree a worktree of the commit to compare with, sharing this checkou
     cp -r static/vendor /tmp/old/static/vendor    # and attention_explorer/views/vendor, where missing
     .venv/bin/python bench/bench_pages_ab.py --old /tmp/old --sizes 512 \\
         --models "custom 12x12x768" "SmolLM2-135M decoder 30x9" --repeat 3
+    # the Effects pages (run button pressed, timed to the result; patching's own pair 128 tokens, ~85 s an open):
+    .venv/bin/python bench/bench_pages_ab.py --old /tmp/old --sizes 512 --patch-tokens 128 \\
+        --page contributions attribution patching --repeat 3
 
 Each server runs its own tree's code (cwd and PYTHONPATH the tree; checked with ``py-spy dump`` while it warms up,
 which names the files its frames run). Each page is opened from a link on both servers with the same new text (so
@@ -25,17 +28,20 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from app_common import MODEL_PARAMS
+from app_common import MODEL_PARAMS, TIMEOUT_MS
 from app_every_page import (
     DECODER_FIGURES,
     EVERY_PAGE,
     NOT_FOR,
+    PAGE_READY_JS,
     open_link,
     use_picker,
     warm_up,
@@ -46,6 +52,64 @@ from harness.browser import AppServer, free_port, open_chromium, streamlit_comma
 from harness.texts import DECODERS, text_of
 
 WARM_UP_TOKENS = 64  # each page drawn once on each server before the timed opens (the contexts page needs a repeat)
+
+
+class Effects(NamedTuple):
+    """An Effects page: the figures it draws from the link, the label its run button begins with (None: no button),
+    the figures drawn once the run is done, and a text the finished page shows (None: the "· n tokens" caption)."""
+
+    figures: int
+    button: str | None = None
+    figures_after: int = 0
+    done_text: str | None = None
+
+
+# The pages that run more than the trace (``--effects``, or named in ``--page``). Both trees label patching's button
+# "Run exact patching (N patched passes)" (pages/patching.py at 79cebf0 and now); before it the page draws the
+# attribution grid and the attention-beside-effect scatter, after it also the exact heads and residual grids.
+EFFECTS_PAGES = {
+    "contributions": Effects(1),  # the graph; the head maps only once a layer is picked
+    "attribution": Effects(2),  # each head's effect and the parts
+    "patching": Effects(2, "Run exact patching (", 4, "Rank correlation, attribution vs exact"),
+}
+EFFECTS_NOT_FOR = {"attribution": "encoder", "patching": "encoder"}  # an encoder's page only says it does not apply
+PATCH_PAIR = ("When Mary and John went to the store, John gave a drink to",  # model_core.effects.pairs' first pair,
+              "When Mary and John went to the store, Mary gave a drink to")  # the same in both trees
+PATCH_PAIR_TOKENS = 14  # SmolLM2's pieces of either prompt
+
+
+def not_for(path: str) -> str | None:
+    return EFFECTS_NOT_FOR.get(path) if path in EFFECTS_PAGES else NOT_FOR.get(path)
+
+
+def effects_params(label: str, n: int, variant: int, patch_tokens: int) -> dict:
+    """The link's fields: the sidebar's text of ``n`` tokens; for patching also its own pair, of ``patch_tokens``
+    tokens, a new prefix each time (exact patching is kept per pair for every session, so a repeated pair would
+    not run)."""
+    params = {**MODEL_PARAMS[label], "text_b": "", "text_a": text_of(n, variant, label)}
+    if label in DECODERS:
+        prefix = text_of(max(patch_tokens - PATCH_PAIR_TOKENS - 1, 2), variant, label) + "."  # "." one piece
+        params.update(clean=f"{prefix} {PATCH_PAIR[0]}", corrupt=f"{prefix} {PATCH_PAIR[1]}")
+    return params
+
+
+def open_effects(context, origin: str, path: str, params: dict, n_tokens: int):
+    """Open an Effects page from a link, press its run button if it has one, and wait until the result's figures
+    are drawn (script finished, no stale element); (page, seconds from the link to the last figure)."""
+    spec = EFFECTS_PAGES[path]
+    page = context.new_page()
+    start = time.perf_counter()
+    page.goto(f"{origin}/{path}?{urllib.parse.urlencode(params)}", wait_until="commit")
+    page.wait_for_function(PAGE_READY_JS, arg=[spec.figures, spec.button or f"· {n_tokens} tokens"], polling=50,
+                           timeout=TIMEOUT_MS)
+    if spec.button:
+        page.get_by_role("button", name=re.compile("^" + re.escape(spec.button))).click()
+        page.wait_for_function(PAGE_READY_JS, arg=[spec.figures_after, spec.done_text], polling=50,
+                               timeout=TIMEOUT_MS * 3)
+    seconds = time.perf_counter() - start
+    return page, seconds
+
+
 CODE_FILE = re.compile(r"(/[\w./-]+?)/(app\.py|pages/\w+\.py|ui/[\w/]+\.py|model_core/[\w/]+\.py|attention_explorer/[\w/]+\.py)")
 
 
@@ -75,7 +139,7 @@ def code_roots(pid: int, stop: threading.Event, seen: set[str]) -> None:
         time.sleep(0.3)
 
 
-def warm_and_check(context, server: TreeServer, models: list[str], pages: list[str]) -> set[str]:
+def warm_and_check(context, server: TreeServer, models: list[str], pages: list[str], patch_tokens: int) -> set[str]:
     """Every page on a short text for each model (model loaded, page modules imported, JavaScript cached), while
     py-spy notes which tree's files the server runs; the set of those folders."""
     seen: set[str] = set()
@@ -85,7 +149,12 @@ def warm_and_check(context, server: TreeServer, models: list[str], pages: list[s
     try:
         for label in models:
             for path in pages:
-                if NOT_FOR.get(path) != ("decoder" if label in DECODERS else "encoder"):
+                if not_for(path) == ("decoder" if label in DECODERS else "encoder"):
+                    continue
+                if path in EFFECTS_PAGES:
+                    params = effects_params(label, WARM_UP_TOKENS, 1, min(patch_tokens, WARM_UP_TOKENS))
+                    open_effects(context, server.origin, path, params, WARM_UP_TOKENS)[0].close()
+                else:
                     warm_up(context, server.origin, label, path, WARM_UP_TOKENS)
     finally:
         stop.set()
@@ -100,7 +169,14 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[512])
     parser.add_argument("--models", nargs="+", default=["custom 12x12x768", "SmolLM2-135M decoder 30x9"],
                         choices=list(MODEL_PARAMS))
-    parser.add_argument("--page", nargs="+", metavar="PAGE", help="only these pages ('home' is the root page)")
+    parser.add_argument("--page", nargs="+", metavar="PAGE", help="only these pages ('home' is the root page; "
+                        "an Effects page named here is timed as --effects times it)")
+    parser.add_argument("--effects", action="store_true",
+                        help="also the Effects pages (" + ", ".join(EFFECTS_PAGES) + "), each opened from a link, its "
+                             "run button pressed where it has one, timed until its result is drawn")
+    parser.add_argument("--patch-tokens", type=int,
+                        help="the patching page's own prompts, in tokens (the size unless told: exact patching runs "
+                             "every head's patched pass on them)")
     parser.add_argument("--repeat", type=int, default=3, help="pairs per page, model and size (medians)")
     parser.add_argument("--changes", type=int, default=0, help="also time the page's own picker this many times")
     parser.add_argument("--out", type=Path, help="write every timing here (JSON)")
@@ -109,6 +185,7 @@ def main() -> None:
                              "print where each spent its busy samples, the functions that gained most first")
     args = parser.parse_args()
     pages = [p for p in EVERY_PAGE if not args.page or (p or "home") in args.page]
+    pages += [p for p in EFFECTS_PAGES if (args.page and p in args.page) or (args.effects and not args.page)]
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; old {trees['old']}, new "
           f"{trees['new']}; {args.repeat} pairs a page", flush=True)
@@ -120,7 +197,7 @@ def main() -> None:
         with open_chromium() as browser:
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
             for name, server in servers.items():
-                seen = warm_and_check(context, server, args.models, pages)
+                seen = warm_and_check(context, server, args.models, pages, args.patch_tokens or min(args.sizes))
                 print(f"  {name} server (pid {server.proc.pid}) runs the project's files from: {sorted(seen)}", flush=True)
                 if not seen or any(Path(s).resolve() != trees[name] for s in seen):
                     sys.exit(f"the {name} server does not run {trees[name]}'s code only: {sorted(seen)}")
@@ -134,19 +211,27 @@ def main() -> None:
                 for label in args.models:
                     for n in args.sizes:
                         for path in pages:
-                            if NOT_FOR.get(path) == ("decoder" if label in DECODERS else "encoder"):
+                            if not_for(path) == ("decoder" if label in DECODERS else "encoder"):
                                 continue
-                            min_figures, picker = EVERY_PAGE[path]
-                            if label in DECODERS:
-                                min_figures = DECODER_FIGURES.get(path, min_figures)
-                            params = {**MODEL_PARAMS[label], "text_b": "", "text_a": text_of(n, next(variants), label)}
+                            variant = next(variants)
+                            if path in EFFECTS_PAGES:
+                                params = effects_params(label, n, variant, args.patch_tokens or n)
+                            else:
+                                min_figures, picker = EVERY_PAGE[path]
+                                if label in DECODERS:
+                                    min_figures = DECODER_FIGURES.get(path, min_figures)
+                                params = {**MODEL_PARAMS[label], "text_b": "", "text_a": text_of(n, variant, label)}
                             order = ("old", "new") if next(flip) % 2 == 0 else ("new", "old")
                             pair = {}
                             for name in order:
-                                page, meter, seconds, _ = open_link(context, servers[name].origin, path, params,
-                                                                    min_figures, n)
-                                change = [use_picker(page, meter, picker, min_figures, 2 + k % 2)[0]
-                                          for k in range(args.changes)]
+                                change = []
+                                if path in EFFECTS_PAGES:
+                                    page, seconds = open_effects(context, servers[name].origin, path, params, n)
+                                else:
+                                    page, meter, seconds, _ = open_link(context, servers[name].origin, path, params,
+                                                                        min_figures, n)
+                                    change = [use_picker(page, meter, picker, min_figures, 2 + k % 2)[0]
+                                              for k in range(args.changes)]
                                 page.close()
                                 pair[name] = seconds
                                 rows.append({"tree": name, "model": label, "n": n, "page": path or "home", "rep": rep,
@@ -161,6 +246,9 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     print("\n" + ab_table(rows, args.changes))
+    if "patching" in pages:
+        print(f"(patching: the sidebar's text of the size above; its own clean/corrupted pair "
+              f"{args.patch_tokens or 'the size'} tokens, exact patching run from its button)")
     if args.profile:
         print("\n" + profile_diff(args.profile / "old.txt", args.profile / "new.txt"))
 
@@ -184,7 +272,8 @@ def ab_table(rows: list[dict], changes: int) -> str:
         if changes:
             co = [c for r in mine if r["tree"] == "old" for c in r["change_s"]]
             cn = [c for r in mine if r["tree"] == "new" for c in r["change_s"]]
-            line += f" {statistics.median(co):.2f} s | {statistics.median(cn):.2f} s |"
+            line += (f" {statistics.median(co):.2f} s | {statistics.median(cn):.2f} s |" if co and cn else
+                     " – | – |")  # an Effects page has no picker timed
         lines.append(line)
         if ratio > 1.10 or pair_ratio > 1.10:
             over.append(f"{page} ({model}, {n})")
