@@ -1,9 +1,10 @@
-"""One hooked pass that gathers the parts of a layer's input at every position and turns them into each part's share
-of the focused head's query (at the query position) and key (at every position), every norm frozen at its actual
-statistics. ``model_core.qk.terms`` builds the QK split from it."""
+"""The parts of a layer's input at every position, gathered by one hooked pass or rebuilt from a full trace, turned
+into each part's share of the focused head's query (at the query position) and key (at every position), every norm
+frozen at its actual statistics. ``model_core.qk.terms`` builds the QK split from them."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,6 +61,9 @@ class PartsPass:
         self.model, self.family, self.lw, self.layer, self.head = model, family, on_cpu(lw), layer, head
         self.query = n - 1  # the position ``Q`` and the answers read; callers set it
         self.n = n
+        # the projections' precision: float64 on short texts (the exactness tests); float32 from 256 tokens, where
+        # the products are most of the time
+        self._dtype = torch.float64 if n < 256 else torch.float32
         self.kv = lw.kv_of_head[head]
         self.decoder = family.is_decoder
         self.post = family.parts(model, 0).post_norm or lw.ln1_kind is None
@@ -125,21 +129,20 @@ class PartsPass:
         head's write ``z W_O`` taken straight to the focused head's query and key (W_O folded into the norm's gain,
         its centring and W_Q / W_K: no (head, n, d_model) tensor); then b_O as a constant. Returns the attention's
         output as it joins the residual stream (Gemma 2/3: after its norm), (n, d_model) float64."""
-        lw_l, dev = self._weights[layer], z.device
-        w_o = lw_l.W_O.to(dev, torch.float64)  # (head, d_head, d_model)
+        lw_l = self._weights[layer]
+        w_o = lw_l.W_O.double()  # (head, d_head, d_model)
         attn_out = torch.einsum("hnd,hdm->nm", z.double(), w_o)
-        b_o = None if lw_l.b_O is None else lw_l.b_O.to(dev, torch.float64)
+        b_o = None if lw_l.b_O is None else lw_l.b_O.double()
         if b_o is not None:
             attn_out = attn_out + b_o
         inv = None
         if lw_l.out_norm_w is not None:  # Gemma 2/3: the post-attention norm, frozen at the attention's output
             inv = torch.rsqrt(attn_out.pow(2).mean(-1, keepdim=True) + lw_l.out_norm_eps)  # (n, 1)
-            out_w = lw_l.out_norm_w.to(dev, torch.float64)
+            out_w = lw_l.out_norm_w.double()
             w_o = w_o * out_w
             attn_out = attn_out * inv * out_w
-        dtype = torch.float64 if self.n < 256 else torch.float32  # as ``_pre_project``
-        fold = (w_o @ self._norm_qk(dev)).to(dtype)  # (head, d_head, 2 d_head)
-        proj = torch.matmul(z.to(dtype), fold).double()  # (head, n, 2 d_head)
+        fold = (w_o @ self._norm_qk).to(self._dtype)  # (head, d_head, 2 d_head)
+        proj = torch.matmul(z.to(self._dtype), fold).double()  # (head, n, 2 d_head)
         if inv is not None:
             proj = proj * inv
         d = self.lw.d_head
@@ -149,13 +152,14 @@ class PartsPass:
             self._add_bias(b_o.expand(self.n, -1))
         return attn_out
 
-    def _norm_qk(self, device: torch.device) -> torch.Tensor:
-        """The norm's linear map (its gain; LayerNorm: centring) then W_Q and W_K of the focused head, as one matrix.
-        Shape: (d_model, 2 d_head) float64."""
+    @functools.cached_property
+    def _norm_qk(self) -> torch.Tensor:
+        """The norm's linear map (its gain; LayerNorm: centring) then W_Q and W_K of the focused head, as one matrix
+        (one product gives both sides). Shape: (d_model, 2 d_head) float64."""
         lw = self.lw
-        w = torch.cat([lw.W_Q[self.head], lw.W_K[self.kv]], dim=-1).to(device, torch.float64)
+        w = torch.cat([lw.W_Q[self.head], lw.W_K[self.kv]], dim=-1).double()
         if lw.ln1_w is not None:
-            w = w * lw.ln1_w.to(device, torch.float64)[:, None]
+            w = w * lw.ln1_w.double()[:, None]
         if lw.ln1_kind == "layer":  # centring folded into the map: x - mean(x) = x (I - 11ᵀ/d)
             w = w - w.mean(0, keepdim=True)
         return w
@@ -252,15 +256,8 @@ class PartsPass:
     def _pre_project(self, part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A part of the residual through the norm's linear map (its gain; LayerNorm: centring) and W_Q / W_K, before
         the per-position scale. Shape: (..., n, d_model) -> (..., n, d_head) twice."""
-        lw = self.lw
-        x = part - part.mean(-1, keepdim=True) if lw.ln1_kind == "layer" else part
-        if lw.ln1_w is not None:
-            x = x * lw.ln1_w.double()
-        w = torch.cat([lw.W_Q[self.head], lw.W_K[self.kv]], dim=-1)  # (d_model, 2 d_head): one product for both
-        # float64 on short texts (the exactness tests); float32 from 256 tokens, where the product is most of the time
-        dtype = torch.float64 if self.n < 256 else torch.float32
-        out = (x.to(dtype) @ w.to(dtype)).double()
-        d = lw.d_head
+        out = (part.to(self._dtype) @ self._norm_qk.to(self._dtype)).double()
+        d = self.lw.d_head
         return out[..., :d], out[..., d:]
 
     def _freeze_all(self, ln: Any, x: torch.Tensor) -> None:
