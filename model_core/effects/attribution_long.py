@@ -20,8 +20,8 @@ from model_core.effects.attribution import (
     decompose,
     require_decoder_family,
 )
-from model_core.families.hook_install import install_hook_points
-from model_core.families.hooks import HookRun, hook_run
+from model_core.families.hook_install import open_run
+from model_core.families.hooks import HookRun
 from model_core.gate import GATE
 from model_core.trace.forward import top_predictions
 from model_core.trace.shape import freeze_arrays
@@ -63,9 +63,8 @@ def last_position_pass(family: Any, model: Any, token_ids: np.ndarray, k: int = 
             kept[layer] = z[0, -1].detach().to("cpu", torch.float64).numpy()
         return read
     n_layers = family.n_layers(model.config)
-    install_hook_points(model, family, n_layers)  # once; a model not loaded by model_core.models (a test's) needs it
     reads = HookRun(hooks=[(f"blocks.{i}.attn.hook_z", keep(i)) for i in range(n_layers)])
-    with GATE.turn(), hook_run(reads):  # until the tensors are numpy
+    with GATE.turn(), open_run(model, family, reads):  # until the tensors are numpy
         out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden=True, compact=True)
         last = torch.stack([h[0, -1] for h in out.hidden])  # (layer + 1, d_model)
         top = top_predictions(family, model, last[-1:], k)[0][0]

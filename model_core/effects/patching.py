@@ -30,8 +30,8 @@ import torch
 
 from model_core.effects.patching_inputs import PatchingError, PatchInputs
 from model_core.families import Family
-from model_core.families.hook_install import install_hook_points
-from model_core.families.hooks import HookFn, HookRun, hook_run
+from model_core.families.hook_install import open_run
+from model_core.families.hooks import HookFn, HookRun
 from model_core.gate import GATE
 from model_core.trace.shape import LayerHeadGrid
 
@@ -123,8 +123,7 @@ def layer_hooks(point: str, layers: Iterable[int], edit: Edit) -> list[tuple[str
 def point_hooks(family: Family, model: Any, hooks: Iterable[tuple[str, HookFn]]) -> Iterator[None]:
     """Apply ``hooks`` (point name, function) to the passes this thread runs in the block, through the hook layer
     (another thread's pass never sees them act)."""
-    install_hook_points(model, family, family.n_layers(model.config))  # once; a test's model needs it
-    with hook_run(HookRun(hooks=hooks)):
+    with open_run(model, family, HookRun(hooks=hooks)):
         yield
 
 

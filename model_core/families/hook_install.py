@@ -4,16 +4,27 @@ loads; each hook acts only for the thread whose pass opened a ``HookRun``. The a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from model_core.families.hooks import current_run
+from model_core.families.hooks import HookRun, current_run, hook_run
 from model_core.families.parts import BlockParts, norm_scale
 
 _INSTALL = threading.Lock()
+
+
+@contextlib.contextmanager
+def open_run(model: Any, family: Any, run: HookRun) -> Iterator[HookRun]:
+    """Make ``run`` this thread's hook run on ``model`` for the passes inside the block, its points installed first
+    (once per model: a model not loaded by ``model_core.models``, a test's, gets them here)."""
+    install_hook_points(model, family, family.n_layers(model.config))
+    with hook_run(run):
+        yield run
 
 
 def install_hook_points(model: Any, family: Any, n_layers: int) -> None:

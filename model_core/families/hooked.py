@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from model_core.families import family_of
-from model_core.families.hook_install import install_hook_points
-from model_core.families.hooks import HookFn, HookRun, check_name, hook_run, point_names
+from model_core.families.hook_install import open_run
+from model_core.families.hooks import HookFn, HookRun, check_name, point_names
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,12 +63,11 @@ def run_with_hooks(model: Any, input_ids: torch.Tensor, *, names: Iterable[str] 
     names, hooks = list(names), list(hooks)
     for name in [*names, *(n for n, _ in hooks)]:
         check_name(name, n_layers)
-    install_hook_points(model, family, n_layers)
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids.to(device)
     run = HookRun(names, hooks, grad=grad, split=split, keep_rope=keep_rope)
-    with hook_run(run):
+    with open_run(model, family, run):
         if family.name == "custom":
             out = family.forward(model, input_ids, types, attention_mask, vectors=False, hidden=False, grad=grad)
             logits = out.class_logits

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_core.families.hook_install import install_hook_points
-from model_core.families.hooks import HookRun, hook_run
+from model_core.families.hook_install import open_run
+from model_core.families.hooks import HookRun
 from model_core.families.parts import BlockNotes
 from model_core.gate import GATE
 from model_core.kernel import apply_mask
@@ -134,13 +134,12 @@ def walk_decoder_layer(family: Any, model: Any, tokenizer: Any, trace: Attention
     notes = family.block_notes(model, layer)
     encoded = encoded_from_trace(trace)
     device = next(model.parameters()).device
-    install_hook_points(model, family, len(blocks))  # once; a model not loaded by model_core.models (a test's) needs it
     b = f"blocks.{layer}"
     # This thread's run alone: the model is shared, another session's pass never fills this walk. A shared
     # activation module runs in every block; the run keeps its call inside ``layer``.
     run = HookRun([f"{b}.hook_resid_pre", f"{b}.hook_resid_post"], keep_rope=True, steps=parts, steps_layer=layer)
     with GATE.turn():  # the turn lasts until the walk's arrays are numpy
-        with hook_run(run):  # the blocks after ``layer`` are not run: the trace has their output
+        with open_run(model, family, run):  # the blocks after ``layer`` are not run: the trace has their output
             out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
                                  vectors=True, hidden=False, stop_after=layer)
         seen = {name: t[0] for name, t in run.kept.items()}  # batch dimension dropped

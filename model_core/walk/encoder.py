@@ -19,8 +19,8 @@ import torch
 from model_core.chapter3.model import TransformerForSequenceClassification
 from model_core.families import FAMILIES
 from model_core.families.encoding import EncodedInput
-from model_core.families.hook_install import install_hook_points
-from model_core.families.hooks import HookRun, hook_run
+from model_core.families.hook_install import open_run
+from model_core.families.hooks import HookRun
 from model_core.gate import GATE
 from model_core.walk.steps import WalkArrays, encoded_from_trace
 from model_core.walk.steps import to_array as _np
@@ -120,10 +120,9 @@ def walk_layer(model: TransformerForSequenceClassification, encoded: EncodedInpu
     if model.training:
         raise ValueError("The model is in training mode; call model.eval() so dropout is off.")
     device = next(model.parameters()).device
-    install_hook_points(model, family, n_layers)  # once; a model built outside model_core.models needs it
     run = HookRun(steps=family.block_parts(model, layer), steps_layer=layer)  # this thread's pass alone
     with GATE.turn():  # the turn lasts until the walk's arrays are numpy
-        with hook_run(run):
+        with open_run(model, family, run):
             out = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device), None,
                                  vectors=False, hidden=False).model_output
         return _walk_of(model, encoded, layer, out, {name: t[0] for name, t in run.kept.items()})
