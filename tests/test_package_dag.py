@@ -28,6 +28,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("trace",),  # the request, its model resolved once, the one forward route, the trace
     ("compact", "io"),  # long inputs' compact trace; the one NPZ/JSON and CSV writer (it reads a trace alone)
     ("walk", "analysis", "effects", "generate", "roles", "corpus", "qk", "circuits"),  # the passes and analyses
+    ("atlas",),  # the head atlas: a corpus scan with every analysis of a head beside it
     ("cli", "__init__", "__main__"),  # the command line, the public names
 )
 """Bottom to top. A root module is its own "package" (``model_core/gate.py`` is ``gate``).

@@ -1,0 +1,87 @@
+"""What a head writes, from the weights alone: the copying score of its OV circuit (Elhage et al., 2021).
+
+The full OV circuit of a head maps a token to the logits its write gives every token: ``M = W_E W_V W_O W_U^T``
+(TransformerLens's row convention; (vocab, vocab)). Elhage et al. summarise it by its eigenvalues: a head that copies
+(raises the logit of the token it attends to) has mostly positive eigenvalues. The score here is theirs,
+``Re(Σ λ) / Σ |λ|``, in [−1, 1] (1: every eigenvalue positive); the share of positive eigenvalue mass is
+``(1 + score) / 2`` for real eigenvalues.
+
+The approximation, said plainly:
+
+- ``M`` is restricted to the ``top_n`` first ids of the vocabulary, special tokens left out (a BPE or WordPiece
+  vocabulary is ordered roughly by frequency, so these are its common tokens);
+- the norms are folded in as TransformerLens's ``fold_ln`` does: the scale of the norm before attention into W_V (a
+  LayerNorm's centring too, ``model_core.qk.composition.fold_heads``), the final norm's gain (and centring) into W_U;
+  the norms' division by each position's rms or σ is left out (it depends on the input), and so are the biases;
+- ``M`` has rank d_head, so its non-zero eigenvalues are those of the (d_head, d_head) matrix
+  ``W_O (W_U[S]^T W_E[S]) W_V`` (TransformerLens's ``FactoredMatrix.eigenvalues``): no (vocab, vocab) matrix is formed.
+
+Encoders without an unembedding have no score (None).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_core.effects.norms import freeze
+from model_core.families import family_of
+from model_core.families.weights import layer_weights
+from model_core.qk.composition import fold_heads
+from model_core.qk.frozen import on_cpu
+
+TOP_N = 4096
+"""Tokens the OV circuit is restricted to."""
+
+
+def vocabulary_subset(tokenizer: Any, vocab_size: int, top_n: int = TOP_N) -> np.ndarray:
+    """The first ``top_n`` ids of the vocabulary that are not special tokens. Shape: -> (n,) int64."""
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ()) if tokenizer is not None else set()
+    ids = [i for i in range(vocab_size) if i not in special]
+    return np.asarray(ids[:top_n], dtype=np.int64)
+
+
+def folded_unembedding(model: Any) -> torch.Tensor | None:
+    """W_U with the final norm's gain (and a LayerNorm's centring) folded in, float64 on the CPU; None for a model
+    without an unembedding. Shape: -> (vocab, d_model)."""
+    family = family_of(model)
+    if not family.is_decoder:
+        return None
+    head = model.get_output_embeddings()
+    if head is None:
+        return None
+    w_u = head.weight.detach().to("cpu", torch.float64)
+    norm = family.final_norm(model)
+    if norm is not None:
+        probe = torch.randn(w_u.shape[1], generator=torch.Generator().manual_seed(0))
+        param = next(model.parameters())
+        frozen = freeze(norm, probe.to(param.device, param.dtype))  # only its gain and centring are read
+        w_u = w_u * frozen.weight.detach().to("cpu", torch.float64)
+        if frozen.centred:
+            w_u = w_u - w_u.mean(dim=1, keepdim=True)
+    return w_u
+
+
+def copying_scores(model: Any, tokenizer: Any = None, top_n: int = TOP_N) -> np.ndarray | None:
+    """Every head's copying score (the module's docstring); None for a model without an unembedding.
+
+    Shape: -> (layer, head) float64.
+    """
+    w_u = folded_unembedding(model)
+    if w_u is None:
+        return None
+    family = family_of(model)
+    w_e = family.embed_parts(model).embed.weight.detach().to("cpu", torch.float64)
+    ids = torch.as_tensor(vocabulary_subset(tokenizer, min(w_e.shape[0], w_u.shape[0]), top_n))
+    gram = w_u[ids].T @ w_e[ids]  # (d_model, d_model): W_U[S]^T W_E[S]
+    weights = [on_cpu(lw) for lw in layer_weights(model)]
+    heads = fold_heads(weights, torch.float64)
+    w_v = heads.W_V.flatten(0, 1)[heads.head_kv()]  # (layer * head, d_model, d_head)
+    small = heads.W_O @ gram @ w_v  # (layer * head, d_head, d_head)
+    eig = torch.linalg.eigvals(small)  # (layer * head, d_head) complex
+    total = eig.abs().sum(-1)
+    score = torch.where(total > 0, eig.sum(-1).real / total.clamp_min(1e-300), torch.zeros_like(total))
+    return score.reshape(heads.n_layers, heads.n_heads).numpy()
+

@@ -1,0 +1,116 @@
+"""One padded batch's atlas numbers, on the model's device: each text's best (query, key) per head, and the sums
+behind each head's profile (where its weight goes, on average).
+
+The profile of a head is a mean over every real query row of the corpus (each row counts once): the share of the
+row's weight at relative offsets 0, −1, −2, −3 and further; at the first token; at punctuation; and its entropy in
+bits. Two shares are means over the rows where they can be non-zero: at another copy of the query's token
+("same token": earlier or, in an encoder, later; the query itself and special tokens left out), and at the token after
+an earlier copy of the query's token ("induction", Olsson et al.; every earlier copy, the query itself left out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model_core.atlas.keys import DECODER_MIN_QUERY
+
+
+@dataclass(frozen=True)
+class BatchMasks:
+    """What the scan needs of a padded batch, on the model's device.
+
+    Shape: valid (batch, pos) bool; cand, same, induction (batch, q_pos, k_pos) bool; punct (batch, pos) float32.
+    """
+
+    valid: torch.Tensor
+    cand: torch.Tensor
+    same: torch.Tensor
+    induction: torch.Tensor
+    punct: torch.Tensor
+
+    @classmethod
+    def build(cls, ids: torch.Tensor, lengths: torch.Tensor, punct: torch.Tensor, special: torch.Tensor,
+              is_decoder: bool) -> "BatchMasks":
+        """Masks of a right-padded batch: ``ids`` (batch, pos), ``lengths`` (batch,), per-position flags ``punct``
+        and ``special`` (batch, pos) bool."""
+        n = ids.shape[1]
+        pos = torch.arange(n, device=ids.device)
+        valid = pos[None, :] < lengths[:, None]  # (B, n)
+        pair = valid[:, :, None] & valid[:, None, :]  # (B, q, k)
+        q_pos, k_pos = pos[:, None], pos[None, :]
+        visible = pair & (k_pos <= q_pos) if is_decoder else pair
+        min_q = DECODER_MIN_QUERY if is_decoder else 0
+        cand = visible & (q_pos >= min_q)
+        word = valid & ~special
+        same = visible & (ids[:, :, None] == ids[:, None, :]) & word[:, :, None] & word[:, None, :] & (q_pos != k_pos)
+        # key k follows an earlier copy of the query's token: ids[k - 1] == ids[q], k - 1 < q, k != q
+        before = torch.cat([torch.full_like(ids[:, :1], -1), ids[:, :-1]], dim=1)  # (B, n): ids[k - 1]
+        before_word = torch.cat([torch.zeros_like(word[:, :1]), word[:, :-1]], dim=1)
+        induction = (pair & (before[:, None, :] == ids[:, :, None]) & word[:, :, None] & before_word[:, None, :]
+                     & (k_pos < q_pos) & (k_pos >= 1))
+        return cls(valid, cand, same, induction, (punct & valid).to(torch.float32))
+
+
+@dataclass(frozen=True)
+class BatchScan:
+    """A batch's atlas numbers, on the host.
+
+    Shape: best_w (text, list, layer, head) float32, -1 where a text has no candidate pair; best_q, best_k the same
+    shape, int32; sums (text, layer, head, profile) float64 (``PROFILE_KEYS``); rows (text, 3) int64: the real query
+    rows, those with another copy of their token, those with an induction target.
+    """
+
+    best_w: "object"
+    best_q: "object"
+    best_k: "object"
+    sums: "object"
+    rows: "object"
+
+
+def _best(w: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each text's and head's highest weight among ``allowed`` (batch, q, k) pairs, and its (query, key); ties to the
+    earlier query, then the earlier key (argmax returns the first maximum of the row-major flattening)."""
+    n = w.shape[-1]
+    masked = w.masked_fill(~allowed[:, None], -1.0).flatten(2)  # (B, H, q * k)
+    value, index = masked.max(dim=-1)
+    return value, torch.div(index, n, rounding_mode="floor"), index % n
+
+
+def layer_scan(w: torch.Tensor, m: BatchMasks) -> tuple[torch.Tensor, ...]:
+    """One layer's numbers. Shape: w (batch, head, q, k) -> best_w, best_q, best_k (batch, list, head);
+    sums (batch, head, profile)."""
+    w = w.to(torch.float32)
+    v = m.valid[:, None, :].to(torch.float32)  # (B, 1, q)
+    row_total = (w.sum(-1) * v).sum(-1)
+    sums = []
+    for d in range(4):
+        diag = torch.diagonal(w, offset=-d, dim1=-2, dim2=-1)  # (B, H, n - d): w[i, i - d] for i >= d
+        sums.append((diag * v[..., d:]).sum(-1))
+    sums.append(row_total - sum(sums))
+    sums.append((w[..., 0] * v).sum(-1))
+    sums.append(torch.einsum("bhqk,bk,bq->bh", w, m.punct, m.valid.to(torch.float32)))
+    plogp = w * torch.log2(torch.where(w > 0, w, torch.ones_like(w)))  # 0 log 0 = 0
+    sums.append(-(plogp.sum(-1) * v).sum(-1))
+    sums.append(torch.einsum("bhqk,bqk->bh", w, m.same.to(torch.float32)))
+    sums.append(torch.einsum("bhqk,bqk->bh", w, m.induction.to(torch.float32)))
+    no_sink = m.cand.clone()
+    no_sink[:, :, 0] = False
+    best = [_best(w, allowed) for allowed in (m.cand, no_sink)]
+    return (torch.stack([b[0] for b in best], 1), torch.stack([b[1] for b in best], 1),
+            torch.stack([b[2] for b in best], 1), torch.stack(sums, -1))
+
+
+def batch_scan(weights: list[torch.Tensor], m: BatchMasks) -> BatchScan:
+    """Every layer of a padded batch, copied to the host once.
+
+    Shape: weights: layer tensors of (batch, head, q, k).
+    """
+    per_layer = [layer_scan(w, m) for w in weights]
+    best_w, best_q, best_k = (torch.stack([p[i] for p in per_layer], 2) for i in range(3))  # (B, list, L, H)
+    sums = torch.stack([p[3] for p in per_layer], 1)  # (B, L, H, profile)
+    rows = torch.stack([m.valid.sum(-1), m.same.any(-1).sum(-1), m.induction.any(-1).sum(-1)], -1)
+    return BatchScan(best_w.to("cpu", torch.float32).numpy(), best_q.to("cpu", torch.int32).numpy(),
+                     best_k.to("cpu", torch.int32).numpy(), sums.to("cpu", torch.float64).numpy(),
+                     rows.to("cpu", torch.int64).numpy())

@@ -1,0 +1,98 @@
+"""One shard of an atlas run: tokenise its texts as corpus mode does, run padded length-sorted batches through the
+model's one forward pass, and keep each text's best pairs and the profile sums (``model_core.atlas.scan``).
+
+``process_shard`` is the pure per-shard function both engines call (locally, or in a Ray worker).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from model_core.atlas.keys import LISTS, N_PROFILE
+from model_core.atlas.scan import BatchMasks, batch_scan
+from model_core.corpus.batches import DEFAULT_CELL_BUDGET, LongPolicy, encode_texts, pad_batch, plan_batches
+from model_core.corpus.model import LoadedCorpusModel
+from model_core.gate import GATE
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """One shard's atlas numbers, texts in text-id order.
+
+    Shape: best_w (text, list, layer, head) float32, NaN where a text has no candidate pair (skipped, or too short);
+    best_q, best_k the same shape, int32 (-1 there); sums (layer, head, profile) float64 summed over the shard's texts;
+    rows (3,) int64 (``BatchScan.rows`` summed); n_tokens, truncated, skipped (text,).
+    """
+
+    index: int
+    text_ids: np.ndarray
+    n_tokens: np.ndarray
+    truncated: np.ndarray
+    skipped: np.ndarray
+    best_w: np.ndarray
+    best_q: np.ndarray
+    best_k: np.ndarray
+    sums: np.ndarray
+    rows: np.ndarray
+    seconds: float = 0.0
+
+
+def _position_flags(model: LoadedCorpusModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Punctuation and special-token flags of a batch's positions, from the vocabulary's flags (``TokenClasses``)."""
+    look = ids.cpu().numpy()
+    punct = torch.from_numpy(model.classes.punct[look]).to(ids.device)
+    special = torch.from_numpy(model.classes.special[look]).to(ids.device)
+    return punct, special
+
+
+def process_shard(model: LoadedCorpusModel, index: int, first_id: int, texts: list[tuple[str, str | None]], *,
+                  batch_size: int = 64, max_tokens: int = 512, long: LongPolicy = "truncate",
+                  cell_budget: int = DEFAULT_CELL_BUDGET,
+                  on_batch: Callable[[int], None] | None = None) -> ShardResult:
+    """Every text of one shard (the unit both engines schedule and an atlas folder stores).
+
+    ``on_batch(n)`` is called after each batch with the number of this shard's texts done so far.
+    """
+    start = time.perf_counter()
+    limit = min(max_tokens, model.max_positions)
+    encoded, skipped = encode_texts(model.tokenizer, texts, first_id, limit, long, model.family)
+    n, shape = len(texts), (len(texts), len(LISTS), model.n_layers, model.n_heads)
+    best_w = np.full(shape, np.nan, dtype=np.float32)
+    best_q = np.full(shape, -1, dtype=np.int32)
+    best_k = np.full(shape, -1, dtype=np.int32)
+    sums = np.zeros((model.n_layers, model.n_heads, N_PROFILE))
+    rows = np.zeros(3, dtype=np.int64)
+    n_tokens = np.zeros(n, dtype=np.int32)
+    truncated = np.zeros(n, dtype=bool)
+    skip = np.zeros(n, dtype=bool)
+    for text_id, length in skipped:
+        skip[text_id - first_id] = True
+        n_tokens[text_id - first_id] = length
+    done = len(skipped)
+    decoder = model.family.is_decoder
+    for batch in plan_batches(encoded, batch_size, model.n_layers * model.n_heads, cell_budget):
+        at = [t.text_id - first_id for t in batch]
+        with GATE.turn():  # the pass and its scan, as one turn of the route's gate
+            ids, types, mask, _ = pad_batch(batch, model.tokenizer.pad_token_id or 0, model.device)
+            punct, special = _position_flags(model, ids)
+            masks = BatchMasks.build(ids, mask.sum(-1), punct, special, decoder)
+            weights, _ = model.forward(ids, types, mask)
+            scan = batch_scan(weights, masks)
+        found = scan.best_w >= 0
+        best_w[at] = np.where(found, scan.best_w, np.nan)
+        best_q[at] = np.where(found, scan.best_q, -1)
+        best_k[at] = np.where(found, scan.best_k, -1)
+        sums += scan.sums.sum(0)
+        rows += scan.rows.sum(0)
+        n_tokens[at] = [len(t.ids) for t in batch]
+        truncated[at] = [t.truncated for t in batch]
+        if on_batch is not None:
+            done += len(batch)
+            on_batch(done)
+    return ShardResult(index, np.arange(first_id, first_id + n, dtype=np.int64), n_tokens, truncated, skip, best_w,
+                       best_q, best_k, sums, rows, time.perf_counter() - start)
