@@ -7,17 +7,17 @@ import numpy as np
 import streamlit as st
 
 from model_core.qk.describe import component_label, describe_pairs, role_labels
-from model_core.settings import BUNDLED_DECODER_ID
 from ui.analysis_widgets import csv_button, how_to_read, show_figure
 from ui.composition import cached_composition, model_key, render_composition
 from ui.context import require_trace
-from ui.focus import set_focus
+from ui.focus import focus_chosen, request_focus, set_focus
 from ui.guard import view_guard
 from ui.qk import (
     INDUCTION_TEXT,
     bars_figure,
     cached_qk,
     induction_scores,
+    opening_head,
     row_csv,
     row_figure,
     terms_csv,
@@ -25,14 +25,15 @@ from ui.qk import (
 )
 from ui.roles import model_key as roles_model_key
 from ui.roles import probe_scores
-from ui.state import choose_model, open_page_if_requested
+from ui.state import open_page_if_requested, use_bundled_decoder
 
 OPEN_FLAG = "_qk_open_heatmaps"
 EXAMPLE_FLAG = "_qk_example"
+OPENED_KEY = "_qk_opened"  # the request the page last opened on a head of its own choosing (``opening_head``)
 
 
 def _load_example() -> None:
-    choose_model(BUNDLED_DECODER_ID)
+    use_bundled_decoder()  # the pretrained model, the bundled decoder, whatever the sidebar had
     st.session_state["ctl_text_a"], st.session_state["ctl_text_b"] = INDUCTION_TEXT, ""
     st.session_state[EXAMPLE_FLAG] = True
 
@@ -69,14 +70,32 @@ t = ctx.trace if ctx.trace is not None else ctx.compact
 n = int(t.n_tokens)
 labels = list(ctx.labels(raw=True)[0]) if ctx.trace is not None else [str(x) for x in range(n)]
 
+# app.py drew the sidebar's picker before this page ran, so a head chosen here is requested for the next run
+# (``request_focus``), which sets it before the picker is drawn; the query and key pickers are not drawn yet.
 if st.session_state.pop(EXAMPLE_FLAG, False) and ctx.trace is not None:
     period = _repeat_period(np.asarray(t.token_ids))
     if period is not None:
         scores = induction_scores(np.asarray(t.weights), period)
         layer, head = np.unravel_index(int(np.argmax(scores)), scores.shape)
-        set_focus(int(layer), int(head))
+        request_focus(int(layer), int(head))
         st.session_state["qk_query"] = n - 2  # a token of the repeat, whose next token the head looks up
+        st.session_state["qk_key"] = None
+        st.session_state[OPENED_KEY] = ctx.key
         st.rerun()
+
+opening = None
+if not focus_chosen():  # the focus is the default, not the user's: open where the split has something to explain
+    opening = opening_head(t)
+    if st.session_state.get(OPENED_KEY) != ctx.key:  # once per text: then the query and key are the user's
+        st.session_state[OPENED_KEY] = ctx.key
+        st.session_state["qk_query"] = opening.query
+        st.session_state["qk_key"] = None if opening.top else opening.key
+        st.session_state["qk_versus"] = None
+    if (ctx.layer, ctx.head) != (opening.layer, opening.head):
+        request_focus(opening.layer, opening.head, chosen=False)
+        st.rerun()
+    st.caption(f"Opened on layer {opening.layer} head {opening.head}: {opening.reason}. Pick another head in the "
+               "sidebar.")
 
 layer, head = ctx.layer, ctx.head
 decoder = bool(t.is_decoder)

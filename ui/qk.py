@@ -3,6 +3,7 @@ key, versus) for every session (``cached_qk``), and the figures that draw it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,9 +16,12 @@ from attention_explorer.qk import (  # noqa: F401 (the page's)
     terms_figure,
 )
 from model_core import TraceRequest
+from model_core.analysis._common import is_punctuation, is_special
+from model_core.compact.trace import CompactTrace
 from model_core.qk.gather import PartsPass
 from model_core.qk.terms import QKTerms, qk_pass_for_trace, split_at
 from model_core.trace.resolve import resolve
+from model_core.words import readable_tokens
 from ui.trace_cache import per_trace
 
 INDUCTION_TEXT = ("The lighthouse keeper counted seven blue herons before the storm reached the harbour. "
@@ -54,3 +58,72 @@ def induction_scores(weights: np.ndarray, period: int) -> np.ndarray:
     if len(rows) == 0:
         return np.zeros(weights.shape[:2])
     return weights[:, :, rows, rows - period + 1].mean(axis=-1)
+
+
+@dataclass(frozen=True)
+class Opening:
+    """Where the page opens when the user has not chosen a head: a head of the model's later half, a query and the
+    key it attends to most among the words, and why (for the page's caption)."""
+
+    layer: int
+    head: int
+    query: int
+    key: int
+    weight: float
+    top: bool  # the key is the query's top key overall (the page's "the one it attends to most")
+    reason: str
+
+
+def _marker_like(tokens: tuple[str, ...], specials: frozenset[str], labels: tuple[str, ...]) -> np.ndarray:
+    """Keys where attention parks rather than reads: the first token ([CLS], or a decoder's sink), special tokens,
+    punctuation and whitespace. Shape: (pos,) bool."""
+    sink = np.array([is_special(t, specials) or is_punctuation(t) or not label.strip("␣↵⇥␍⍽ ")
+                     for t, label in zip(tokens, labels)], dtype=bool)
+    sink[0] = True
+    return sink
+
+
+@per_trace()
+def opening_head(trace: Any) -> Opening:
+    """The head, query and key "Why this key" opens on when the user chose none: a query of a decoder is its last
+    token (an encoder's: its last word); among the heads of the later half of the layers, whose queries and keys sum
+    many earlier components, the one that gives that query's largest weight to a word (not the first token, a special
+    token, punctuation or whitespace, nor the query itself), preferring heads whose top key is that word. Reads the
+    trace's weights at one query row: no model run."""
+    tokens = tuple(trace.tokens)
+    n = len(tokens)
+    labels = tuple(getattr(trace, "labels", None) or readable_tokens(tokens, "bpe" if trace.is_decoder else "wordpiece"))
+    sink = _marker_like(tokens, frozenset(getattr(trace, "special_tokens", ())), labels)
+    words = np.flatnonzero(~sink)
+    query = n - 1 if trace.is_decoder or len(words) == 0 else int(words[-1])
+    other = sink.copy()
+    other[query] = True
+    if trace.is_decoder:
+        other[query + 1:] = True  # a decoder's query sees no later key
+    first = trace.n_layers // 2
+    layers = range(first, trace.n_layers)
+    rows = np.stack([_row(trace, layer, query) for layer in layers])  # (layer, head, k_pos)
+    on_words = np.where(other, 0.0, rows)
+    best = on_words.max(axis=-1)  # (layer, head)
+    top = ~other[rows.argmax(axis=-1)]  # the head's top key is a word
+    rank = np.where(top, best, best - 1.0)
+    i, head = np.unravel_index(int(np.argmax(rank)), rank.shape)
+    layer, key = first + int(i), int(on_words[i, head].argmax())
+    weight = float(rows[i, head, key])
+    span = f"layer {first}" if first == trace.n_layers - 1 else f"layers {first}–{trace.n_layers - 1}"
+    which = "the last token" if query == n - 1 else "the last word"
+    reason = (f"of the heads in the later half of the model ({span}), whose queries and keys are sums of many earlier "
+              f"components, it gives {which}, {labels[query]!r}, the most attention to another word: "
+              f"{weight:.0%} to {labels[key]!r}")
+    if not top[i, head]:
+        reason += " (more goes to the first token or punctuation)"
+    return Opening(layer, int(head), query, key, weight, bool(top[i, head]), reason)
+
+
+def _row(trace: Any, layer: int, query: int) -> np.ndarray:
+    """Every head's weights at one query row, from the full trace or computed exactly from a compact one.
+    Shape: -> (head, k_pos)."""
+    if isinstance(trace, CompactTrace):
+        n = trace.n_tokens
+        return np.asarray(trace.pair_weights(layer, np.full(n, query), np.arange(n)))
+    return np.asarray(trace.weights[layer, :, query, :], dtype=np.float64)
