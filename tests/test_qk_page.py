@@ -3,6 +3,7 @@ the row view, the ready induction example and a bad choice of keys."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import assert_page_ok
 from streamlit.testing.v1 import AppTest
@@ -56,6 +57,7 @@ def test_the_page_splits_a_decoders_score_and_its_rivals():
     total, score = _check(at)
     assert abs(total - score) <= 1e-4
     labels = [m.label for m in at.metric]
+    assert at.subheader[0].value.startswith("Layer 3, head 2: ") and _opened_caption(at) is None  # the link's head
     assert labels[:2] == ["score s", "weight a"] and any(lbl.startswith("vs key") for lbl in labels)
     assert any("gives" in m.value for m in at.markdown)  # the top pairs in words
     assert at.selectbox(key="qk_query").value == len(at.selectbox(key="qk_query").options) - 1  # the last token
@@ -88,3 +90,49 @@ def test_the_ready_example_focuses_the_strongest_induction_head():
     _through_app(at).toggle(key="qk_row").set_value(True).run()
     assert_page_ok(at, TITLE)
     assert any(c.value.startswith("Each component's key-side share") for c in at.caption)
+
+
+def _opened_caption(at: AppTest) -> str | None:
+    return next((c.value for c in at.caption if c.value.startswith("Opened on")), None)
+
+
+def _sidebar_focus(at: AppTest) -> tuple[int, int]:
+    return at.sidebar.selectbox(key="sel_layer").value, at.sidebar.selectbox(key="sel_head").value
+
+
+@pytest.mark.slow
+def test_a_first_visit_opens_on_a_later_head_and_says_why_and_a_chosen_head_stays():
+    at = _visit(BUNDLED_DECODER_ID)  # a fresh session: no head chosen anywhere
+    layer, head = _sidebar_focus(at)
+    assert layer >= 15, (layer, head)  # SmolLM2's later half, not layer 0 head 0
+    assert at.subheader[0].value.startswith(f"Layer {layer}, head {head}: ")
+    caption = _opened_caption(at)
+    assert caption is not None and caption.startswith(f"Opened on layer {layer} head {head}: ")
+    assert caption.endswith("Pick another head in the sidebar.")
+    assert at.selectbox(key="qk_query").value == len(at.selectbox(key="qk_query").options) - 1  # the last token
+    _through_app(at).sidebar.selectbox(key="sel_layer").set_value(2).run()  # the user picks a head
+    assert_page_ok(at, TITLE)
+    assert _sidebar_focus(at) == (2, head) and _opened_caption(at) is None
+    at.switch_page("pages/home.py")
+    _through_app(at).run()
+    _through_app(at).switch_page(PAGE).run()  # back again: the user's head, not the page's
+    assert_page_ok(at, TITLE)
+    assert _sidebar_focus(at) == (2, head) and _opened_caption(at) is None
+
+
+def test_the_opening_head_reads_a_word_from_the_last_word_in_the_later_half(bert_pair_trace):
+    from model_core.analysis import trace_flags
+    from ui.qk import opening_head
+
+    t = bert_pair_trace
+    opening = opening_head(t)
+    flags = trace_flags(t)
+    assert opening.layer >= t.n_layers // 2
+    assert not (flags["special"] | flags["punct"])[opening.query]  # the last word, not [SEP]
+    assert not (flags["special"] | flags["punct"])[opening.key] and opening.key != opening.query
+    assert opening.weight == pytest.approx(float(t.weights[opening.layer, opening.head, opening.query, opening.key]))
+    later = np.asarray(t.weights[t.n_layers // 2:, :, opening.query])  # (layer, head, k_pos)
+    words = ~(flags["special"] | flags["punct"]) & (np.arange(t.n_tokens) != opening.query)
+    reads_a_word = words[later.argmax(-1)]  # heads whose top key is a word
+    assert reads_a_word.any() and opening.top  # the default pair has such heads: the page keeps "its top key"
+    assert opening.weight == pytest.approx(float(later.max(-1)[reads_a_word].max()))  # the largest of them
