@@ -7,6 +7,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from ui import starting  # first: on the server's first run it says what the imports below load, and how long
+
 from model_core import InputError, ModelLoadError
 from model_core.settings import BUNDLED_MODEL_ID, load_settings
 from model_core.trace.resolve import model_id_of
@@ -16,6 +18,7 @@ from ui.compact import trace_compact
 from ui.loaders import collect_after_run, get_trace, get_trace_form, prepare_bundled_decoder
 from ui.run_traces import release_run
 from ui.focus import Focus, clamp_focus, focus_picker
+from ui.home import register_pages
 from ui.st_private import drop_stale_widget_callbacks
 from ui.state import choose_model, init_state, render_controls, request_from_state, sync_query_params
 
@@ -51,6 +54,7 @@ PAGES = [
     ("pages/corpus.py", "Corpus statistics", ":material/library_books:", "Corpus", False),
     ("pages/corpus_space.py", "Query–key space & nearest contexts", ":material/scatter_plot:", "Corpus", True),
 ]
+register_pages(PAGES)  # the Home page's links read them: one list of pages
 
 
 def _navigation() -> st.navigation:
@@ -114,6 +118,7 @@ def main() -> None:
         error = _as_text(str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
         error = _as_text(f"The model failed on this input ({type(exc).__name__}: {exc}). Try another text or model.")
+    starting.done()
     focus = Focus()
     words = None
     shaped = trace if trace is not None else compact

@@ -187,10 +187,20 @@ def get_trace(request: TraceRequest) -> AttentionTrace:
     """
     # On a miss the pass waits its turn at the gate, the page showing its place (``ui.waiting``); a hit never waits.
     def build() -> AttentionTrace:
-        _load_models(request)  # before the turn: a model load must not hold the one turn every user waits for
+        # Before the turn: a model load must not hold the one turn every user waits for. The spinner shows only
+        # when loading takes over half a second (a model's first use on this server).
+        with st.spinner(f"Loading {_model_name(request)} (its first use on this server only)…"):
+            _load_models(request)
         return in_turn(f"full|{request!r}", lambda: build_trace(request, models=CACHED_MODELS))
 
     return TRACES.get(("full", request), build, wait=stoppable)
+
+
+def _model_name(request: TraceRequest) -> str:
+    """The request's model as the loading spinner names it."""
+    if request.model == "custom":
+        return "the chapter-3 encoder" + (" with BERT's weights" if request.weights == "pretrained" else "")
+    return model_id_of(request, load_settings()).removeprefix("bundled:")
 
 
 def _load_models(request: TraceRequest, walk: bool = False) -> None:

@@ -21,7 +21,6 @@ from model_core.compact.trace import CompactTrace
 from model_core.qk.gather import PartsPass
 from model_core.qk.terms import QKTerms, qk_pass_for_trace, split_at
 from model_core.trace.resolve import resolve
-from model_core.words import readable_tokens
 from ui.trace_cache import per_trace
 
 INDUCTION_TEXT = ("The lighthouse keeper counted seven blue herons before the storm reached the harbour. "
@@ -92,7 +91,7 @@ def opening_head(trace: Any) -> Opening:
     trace's weights at one query row: no model run."""
     tokens = tuple(trace.tokens)
     n = len(tokens)
-    labels = tuple(getattr(trace, "labels", None) or readable_tokens(tokens, "bpe" if trace.is_decoder else "wordpiece"))
+    labels = tuple(trace.labels)
     sink = _marker_like(tokens, frozenset(getattr(trace, "special_tokens", ())), labels)
     words = np.flatnonzero(~sink)
     query = n - 1 if trace.is_decoder or len(words) == 0 else int(words[-1])
