@@ -136,3 +136,15 @@ def test_the_opening_head_reads_a_word_from_the_last_word_in_the_later_half(bert
     reads_a_word = words[later.argmax(-1)]  # heads whose top key is a word
     assert reads_a_word.any() and opening.top  # the default pair has such heads: the page keeps "its top key"
     assert opening.weight == pytest.approx(float(later.max(-1)[reads_a_word].max()))  # the largest of them
+
+
+def test_a_long_inputs_compact_trace_opens_where_its_full_trace_does(tiny_decoders):
+    from model_core import TraceRequest, build_trace
+    from model_core.compact.build import build_compact
+    from ui.qk import opening_head
+
+    request = TraceRequest("pretrained", "Time flies like an arrow, and fruit flies like a banana near the river bank.",
+                           model_id=str(tiny_decoders["llama"]))
+    full, compact = opening_head(build_trace(request, device="cpu")), opening_head(build_compact(request, device="cpu"))
+    assert (compact.layer, compact.head, compact.query, compact.key) == (full.layer, full.head, full.query, full.key)
+    assert compact.weight == pytest.approx(full.weight, abs=1e-5)

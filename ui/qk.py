@@ -111,9 +111,9 @@ def opening_head(trace: Any) -> Opening:
     weight = float(rows[i, head, key])
     span = f"layer {first}" if first == trace.n_layers - 1 else f"layers {first}–{trace.n_layers - 1}"
     which = "the last token" if query == n - 1 else "the last word"
-    reason = (f"of the heads in the later half of the model ({span}), whose queries and keys are sums of many earlier "
-              f"components, it gives {which}, {labels[query]!r}, the most attention to another word: "
-              f"{weight:.0%} to {labels[key]!r}")
+    reason = (f"of the heads in the model's later half ({span}), where queries and keys sum many earlier components, "
+              f"it gives the most attention from {which}, {labels[query]!r}, to another word: {weight:.0%} to "
+              f"{labels[key]!r}")
     if not top[i, head]:
         reason += " (more goes to the first token or punctuation)"
     return Opening(layer, int(head), query, key, weight, bool(top[i, head]), reason)
