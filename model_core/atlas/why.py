@@ -1,7 +1,7 @@
 """Why a head looks where it does and what it writes, at its top contexts: the QK split of "Why this key"
 (``model_core.qk``) averaged over a capped number of contexts, and the direct logit effect of its output there.
 
-One full trace per text serves every head whose contexts are in that text: the QK split of a decoder is rebuilt from
+One pass per text (in padded batches) serves every head whose contexts are in that text: the QK split of a decoder is rebuilt from
 the trace (``qk_pass_for_trace``, no model run); an encoder's takes the head's hooked pass.
 
 **The QK split, above the row mean.** At query i and key j the score splits into query-side components
@@ -13,21 +13,20 @@ Either side sums over components to ``s_ij − mean_j' s_ij'``, the score above 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from model_core.corpus.batches import EncodedText
+from model_core.atlas.qk_fast import TextSplit, supported
+from model_core.corpus.batches import EncodedText, pad_batch, plan_batches
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.effects.norms import freeze
-from model_core.families.encoding import EncodedInput
 from model_core.families.weights import layer_weights
 from model_core.gate import GATE
 from model_core.qk.terms import component_names, qk_pass_for_trace
-from model_core.trace.forward import trace_model
 
 Context = tuple[int, int, int]
 """(text_id, query, key)."""
@@ -66,18 +65,46 @@ def split_above_mean(pass_: Any, query: int, key: int) -> tuple[np.ndarray, np.n
     return query_side.numpy(), key_side.numpy()
 
 
-def encoded_input(tokenizer: Any, text: EncodedText) -> EncodedInput:
-    """A corpus text's ids (exactly as the atlas scanned them) as a batch of one for a full trace."""
-    types = list(text.types)
-    b_start = types.index(1) if 1 in types else None
-    return EncodedInput(tuple(tokenizer.convert_ids_to_tokens(text.ids)), torch.tensor([text.ids]),
-                        torch.tensor([types]), b_start, text.truncated)
+@dataclass(frozen=True, eq=False)
+class TextArrays:
+    """What the QK split and the direct logit effect read of one text's pass: a full trace's arrays, without its
+    predictions and value norms (``model_core.trace.AttentionTrace`` names them the same).
+
+    Shape: weights (layer, head, q_pos, k_pos); queries, keys, values (layer, head, pos, d_head), keys and values
+    of each query head's key/value head; hidden_states (layer + 1, pos, d_model); token_ids, token_type_ids (pos,).
+    """
+
+    token_ids: np.ndarray
+    token_type_ids: np.ndarray
+    weights: np.ndarray
+    queries: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    hidden_states: np.ndarray
+    causal: bool
+    score_softcap: float | None = None
 
 
-def text_trace(loaded: LoadedCorpusModel, text: EncodedText) -> Any:
-    """The full trace of one corpus text."""
-    return trace_model(loaded.family, loaded.module, encoded_input(loaded.tokenizer, text), loaded.description,
-                       tokenizer=loaded.tokenizer)
+def text_arrays(loaded: LoadedCorpusModel, texts: list[EncodedText]) -> Iterator[tuple[int, TextArrays]]:
+    """Run the texts in padded, length-sorted batches through the family's one forward pass and cut out each text's
+    arrays (right padding changes nothing for the real tokens: a decoder's never see the pads, an encoder's mask
+    hides them). Yields (text_id, arrays) in batch order."""
+    kv = torch.as_tensor(loaded.family.kv_heads(loaded.module.config), device=loaded.device)
+    for batch in plan_batches(texts, 16, loaded.n_layers * loaded.n_heads):
+        with GATE.turn():  # the pass and its copy to the host, as one turn of the route's gate
+            ids, types, mask, _ = pad_batch(batch, loaded.tokenizer.pad_token_id or 0, loaded.device)
+            out = loaded.family.forward(loaded.module, ids, types, mask, vectors=True, hidden=True)
+            host = lambda layers, per_head=False: torch.stack(  # noqa: E731 - (batch, layer, head, pos, ...)
+                [t.index_select(1, kv) if per_head else t for t in layers], 1).to("cpu", torch.float32).numpy()
+            weights, queries = host(out.weights), host(out.queries)
+            keys, values = host(out.keys, True), host(out.values, True)
+            hidden = torch.stack(list(out.hidden), 1).to("cpu", torch.float32).numpy()
+        for row, text in enumerate(batch):
+            m = len(text.ids)
+            yield text.text_id, TextArrays(
+                np.asarray(text.ids, dtype=np.int64), np.asarray(text.types, dtype=np.int64),
+                weights[row, :, :, :m, :m], queries[row, :, :, :m], keys[row, :, :, :m], values[row, :, :, :m],
+                hidden[row, :, :m], loaded.family.is_decoder, getattr(out, "score_softcap", None))
 
 
 def _unembedding(loaded: LoadedCorpusModel) -> torch.Tensor | None:
@@ -131,7 +158,7 @@ class _Acc:
 
 
 def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: dict[tuple[int, int], list[Context]], *,
-            qk: bool = True, effects: bool = True,
+            qk: bool = True, effects: bool = True, fast_qk: bool = True,
             progress: Callable[[int, int], None] | None = None) -> tuple[dict[tuple[int, int], QKAverage],
                                                                       dict[tuple[int, int], np.ndarray]]:
     """The QK averages and the mean direct logit effect of every head of ``wanted`` over its contexts.
@@ -139,6 +166,8 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
     Args:
         texts: every text a context names, as scanned.
         wanted: (layer, head) -> its contexts (text_id, query, key).
+        fast_qk: split by ``model_core.atlas.qk_fast`` where it serves the model (the same numbers, a test holds);
+            False: ``model_core.qk``'s pass for every head.
         progress: called with (texts done, texts) after each text.
 
     Returns:
@@ -150,8 +179,10 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
         for text_id, q, k in contexts:
             by_text.setdefault(text_id, []).append((layer, head, q, k))
     acc: dict[tuple[int, int], _Acc] = {lh: _Acc() for lh in wanted}
-    for done, (text_id, items) in enumerate(sorted(by_text.items())):
-        trace = text_trace(loaded, texts[text_id])
+    quick = fast_qk and supported(loaded.module, loaded.family)
+    names: dict[int, list[str]] = {}
+    for done, (text_id, trace) in enumerate(text_arrays(loaded, [texts[t] for t in sorted(by_text)])):
+        items = by_text[text_id]
         if effects:
             effect = direct_effects(loaded, trace, [(la, h, q) for la, h, q, _ in items])
             if effect is not None:
@@ -160,9 +191,15 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
                     a.effect = row.astype(np.float64) if a.effect is None else a.effect + row
                     a.n_effect += 1
         if qk:
+            fast = TextSplit(loaded.module, loaded.family, trace) if quick else None
             for la, h, q, k in items:
-                pass_ = qk_pass_for_trace(loaded.module, trace, la, h)
-                qs, ks = split_above_mean(pass_, q, k)
+                if fast is not None:
+                    if la not in names:
+                        names[la] = component_names(loaded.module, la)
+                    comp = names[la]
+                    qs, ks = fast.split(la, h, q, k, comp[-1] == "bias")
+                else:
+                    qs, ks = split_above_mean(qk_pass_for_trace(loaded.module, trace, la, h), q, k)
                 a = acc[(la, h)]
                 a.query = qs if a.query is None else a.query + qs
                 a.key = ks if a.key is None else a.key + ks
@@ -170,10 +207,11 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
         if progress is not None:
             progress(done + 1, len(by_text))
     averages, effects_out = {}, {}
-    names: dict[int, list[str]] = {}
     for (la, h), a in acc.items():
         if a.n_qk:
-            comp = names.setdefault(la, component_names(loaded.module, la))
+            if la not in names:
+                names[la] = component_names(loaded.module, la)
+            comp = names[la]
             query, key = a.query / a.n_qk, a.key / a.n_qk
             averages[(la, h)] = QKAverage(comp, query, key, float(key.sum()), a.n_qk)
         if a.n_effect:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from model_core.cli.atlas import add_atlas_parser, atlas_main
 from model_core.cli.attribute import add_attribute_parser, attribute_main
 from model_core.cli.circuit import add_circuit_parser, circuit_main
 from model_core.cli.composition import add_composition_parser, composition_main
@@ -22,7 +23,7 @@ from model_core.cli.weights import add_weights_parser, weights_main
 VERBS = {"export": export_main, "weights": weights_main, "roles": roles_main, "corpus": corpus_main,
          "models": models_main, "neighbours": neighbours_main, "graph": graph_main, "attribute": attribute_main,
          "patch": patch_main, "generate": generate_main, "kv": kv_main, "composition": composition_main, "qk": qk_main,
-         "circuit": circuit_main}
+         "circuit": circuit_main, "atlas": atlas_main}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_export_parser, add_weights_parser, add_roles_parser, add_corpus_parser, add_models_parser,
                 add_neighbours_parser, add_graph_parser, add_attribute_parser, add_patch_parser, add_generate_parser,
-                add_kv_parser, add_composition_parser, add_qk_parser, add_circuit_parser):
+                add_kv_parser, add_composition_parser, add_qk_parser, add_circuit_parser, add_atlas_parser):
         add(sub)
     return parser
 

@@ -1,0 +1,157 @@
+"""The QK split above the row mean (``model_core.atlas.why``) for many heads of one text, without a pass per head.
+
+``model_core.qk`` builds every component's share of one head's query and key at every position (a pass per head,
+and a (d_model, d_model)-sized fold of each earlier layer's W_O per head): about 2 s a head at SmolLM2's layer 29
+on two cores, whatever the text's length. The atlas needs only two numbers per component and context, and both are
+linear in the component, so it takes the model's own query and key at the context and pulls them back onto the
+residual stream once (the rotary embedding is a rotation: ``R_j q · k = q · R_j^T k``):
+
+    query side  Q_c · u       = inv_i (x_c[i] ⊙ g) · (W_Q R_i^T u),      u = k_j − mean_j' k_j'
+    key side    Σ_j' w_j' q_i · K_c[j'] = Σ_j' w_j' inv_j' (x_c[j'] ⊙ g) · (W_K R_j'^T q_i),  w = δ_j − 1/|keys|
+
+with x_c the component's vector (each head's write ``z W_O``, each MLP's output, the embeddings), g the gain of the
+norm before attention (a LayerNorm also centres), inv its frozen 1/rms or 1/σ, and the constant terms (LayerNorm's
+β, b_Q, b_K, earlier b_O) in ``bias``, as ``model_core.qk`` splits them. Each head's write at every position is made
+once per text. A test holds the result equal to ``model_core.qk``'s split.
+
+It serves pre-norm models whose embeddings are not normed and whose heads have no query/key or output norm (GPT-2,
+Llama, Qwen2, Mistral, Phi, SmolLM2); ``supported`` says so, and the others take ``model_core.qk``'s pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_core.families.hook_attention import apply_rotary
+from model_core.families.weights import layer_weights
+from model_core.gate import GATE
+from model_core.qk.frozen import inv_scale, on_cpu, window
+
+F64 = torch.float64
+
+
+def supported(model: Any, family: Any) -> bool:
+    """Whether this model's split can be taken this way (the module's docstring)."""
+    if not family.is_decoder or family.parts(model, 0).post_norm:
+        return False
+    embed = family.embed_parts(model)
+    if embed.norm is not None or embed.type_embed is not None:
+        return False
+    return all(lw.ln1_kind is not None and lw.q_norm_w is None and lw.k_norm_w is None and lw.out_norm_w is None
+               for lw in layer_weights(model))
+
+
+def _t(array: Any) -> torch.Tensor:
+    return torch.from_numpy(np.array(array, dtype=np.float64))
+
+
+class TextSplit:
+    """One text's full trace, ready to split any head's score at any (query, key) above the row mean."""
+
+    def __init__(self, model: Any, family: Any, trace: Any) -> None:
+        self.model, self.family, self.trace = model, family, trace
+        self.weights = [on_cpu(lw) for lw in layer_weights(model)]
+        self.hidden = _t(trace.hidden_states)  # (layer + 1, n, d_model)
+        self.n = self.hidden.shape[1]
+        self.n_heads = int(trace.weights.shape[1])
+        self._stack: torch.Tensor | None = None  # (component, n, d_model), the layers below ``_done``
+        self._done = 0
+        self._rope: dict[int, Any] = {}
+        embed = family.embed_parts(model)
+        first = self.hidden[0]
+        self.embeds = [first]
+        if embed.pos_embed is not None:  # absolute positions: the token embedding, the rest is ``pos``
+            ids = torch.as_tensor(np.array(trace.token_ids), dtype=torch.long,
+                                  device=next(model.parameters()).device)
+            with GATE.turn(), torch.no_grad():
+                tok = embed.embed(ids).to("cpu", F64)
+            self.embeds = [tok, first - tok]
+
+    def _layer_parts(self, upto: int) -> None:
+        """Each head's write and each MLP's output of the layers below ``upto``, made once, stacked after the
+        embeddings in ``component_names`` order: layer l's components are the first ``n_components(l)`` rows."""
+        rows = [self._stack] if self._stack is not None else list(x[None] for x in self.embeds)
+        for layer in range(self._done, upto):
+            lw = self.weights[layer]
+            z = torch.matmul(_t(self.trace.weights[layer]), _t(self.trace.values[layer]))  # (head, n, d_head)
+            writes = torch.einsum("hnd,hdm->hnm", z, lw.W_O.to(F64))  # (head, n, d_model)
+            attn_out = writes.sum(0) + (0 if lw.b_O is None else lw.b_O.to(F64))
+            rows += [writes, (self.hidden[layer + 1] - self.hidden[layer] - attn_out)[None]]
+        if upto > self._done or self._stack is None:
+            self._stack = torch.cat(rows)  # (component, n, d_model)
+            self._done = max(upto, self._done)
+
+    def _rotary(self, layer: int) -> Any:
+        if layer not in self._rope:
+            with GATE.turn():  # the model's rotary module (a dynamic one updates itself by length)
+                rope = self.family.position_embeddings(self.model, layer, self.n)
+            self._rope[layer] = None if rope is None else tuple(t[0].detach().to("cpu", F64) for t in rope)
+        return self._rope[layer]
+
+    def _unrotate(self, layer: int, vectors: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        """``R_p^T v`` for each vector v (rows) at its position p. Shape: (m, d_head) -> (m, d_head)."""
+        rope = self._rotary(layer)
+        if rope is None:
+            return vectors
+        cos, sin = (t[positions][None] for t in rope)  # (1, m, d_head)
+        attn = self.family.parts(self.model, layer).attn
+        x = vectors[None, None]  # (1, 1, m, d_head)
+        return apply_rotary(attn, x, x, (cos, -sin))[0][0, 0]  # a rotation's inverse: the angle negated
+
+    def components(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s input in ``component_names`` order, the constant term left out.
+
+        Shape: (component, n, d_model) float64.
+        """
+        self._layer_parts(layer)
+        return self._stack[: len(self.embeds) + layer * (self.n_heads + 1)]
+
+    def split(self, layer: int, head: int, query: int, key: int, has_bias: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The query-side and key-side components of the score above the row mean at (query, key).
+
+        Shape: -> (component,), (component,) float64 (``bias`` last where ``has_bias``).
+        """
+        lw = self.weights[layer]
+        kv = int(lw.kv_of_head[head])
+        win = window(self.model, layer)
+        visible = [j for j in range(query + 1) if win is None or query - j < win]
+        keys = _t(self.trace.keys[layer, head])[visible]  # (keys, d_head), after the rotary embedding
+        q = _t(self.trace.queries[layer, head, query])  # (d_head,)
+        u = keys[visible.index(key)] - keys.mean(0)
+        w_bar = torch.full((len(visible),), -1.0 / len(visible), dtype=F64)
+        w_bar[visible.index(key)] += 1.0
+        gain = torch.ones(lw.W_Q.shape[1], dtype=F64) if lw.ln1_w is None else lw.ln1_w.to(F64)
+        centred = lw.ln1_kind == "layer"
+
+        def pulled(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # (.., d_head) -> (.., d_model): norm's map^T
+            out = (v @ w.to(F64).T) * gain
+            return out - out.mean(-1, keepdim=True) if centred else out
+
+        inv = inv_scale(lw, self.hidden[layer]).squeeze(-1)  # (n,)
+        u_back = self._unrotate(layer, u[None], [query])[0]  # R_i^T u
+        a = pulled(lw.W_Q[head], u_back) * inv[query]  # (d_model,)
+        r = self._unrotate(layer, q.expand(len(visible), -1).clone(), visible)  # (keys, d_head): R_j^T q
+        b = pulled(lw.W_K[kv], r) * (w_bar * inv[visible])[:, None]  # (keys, d_model)
+        parts = self.components(layer)
+        query_side = parts[:, query] @ a  # (C,)
+        key_side = torch.einsum("cjd,jd->c", parts[:, visible], b)
+        if has_bias:
+            b_o = sum((w.b_O.to(F64) for w in self.weights[:layer] if w.b_O is not None), torch.zeros_like(gain))
+            q_const = torch.zeros(lw.W_Q.shape[-1], dtype=F64)
+            k_const = torch.zeros(lw.W_K.shape[-1], dtype=F64)
+            if lw.ln1_b is not None:
+                q_const = q_const + lw.ln1_b.to(F64) @ lw.W_Q[head].to(F64)
+                k_const = k_const + lw.ln1_b.to(F64) @ lw.W_K[kv].to(F64)
+            if lw.b_Q is not None:
+                q_const = q_const + lw.b_Q[head].to(F64)
+            if lw.b_K is not None:
+                k_const = k_const + lw.b_K[kv].to(F64)
+            q_bias = b_o @ a + q_const @ u_back
+            k_bias = (b @ b_o).sum() + (w_bar[:, None] * r).sum(0) @ k_const
+            query_side = torch.cat([query_side, q_bias[None]])
+            key_side = torch.cat([key_side, k_bias[None]])
+        scale = lw.scale
+        return (query_side * scale).numpy(), (key_side * scale).numpy()
