@@ -102,6 +102,11 @@ def opening_head(trace: Any) -> Opening:
     first = trace.n_layers // 2
     layers = range(first, trace.n_layers)
     rows = np.stack([_row(trace, layer, query) for layer in layers])  # (layer, head, k_pos)
+    if other.all():  # nothing but markers (or the query alone): the later half's first head, at its top key
+        key = int(rows[0, 0].argmax())
+        return Opening(first, 0, query, key, float(rows[0, 0, key]), True,
+                       f"the first head of the model's later half; this text has no other word for {labels[query]!r} "
+                       "to attend to")
     on_words = np.where(other, 0.0, rows)
     best = on_words.max(axis=-1)  # (layer, head)
     top = ~other[rows.argmax(axis=-1)]  # the head's top key is a word
@@ -116,6 +121,9 @@ def opening_head(trace: Any) -> Opening:
               f"{labels[key]!r}")
     if not top[i, head]:
         reason += " (more goes to the first token or punctuation)"
+    seen = query + 1 if trace.is_decoder else n  # the keys the query sees
+    if weight < 3.0 / max(seen, 1):  # e.g. random weights: no head singles a key out
+        reason += f"; every head here spreads its attention almost evenly (about 1/{seen} a key)"
     return Opening(layer, int(head), query, key, weight, bool(top[i, head]), reason)
 
 
