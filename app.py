@@ -53,6 +53,7 @@ PAGES = [
     ("pages/kv_cache.py", "KV cache", ":material/compress:", "Generation", False),
     ("pages/corpus.py", "Corpus statistics", ":material/library_books:", "Corpus", False),
     ("pages/corpus_space.py", "Query–key space & nearest contexts", ":material/scatter_plot:", "Corpus", True),
+    ("pages/head_atlas.py", "Head atlas", ":material/auto_stories:", "Corpus", False),
 ]
 register_pages(PAGES)  # the Home page's links read them: one list of pages
 

@@ -10,8 +10,9 @@ from attention_explorer.generation import GeneratedTrace, generate
 from attention_explorer.patching import patch
 from attention_explorer.circuits import Circuit, circuit
 from attention_explorer.composition import Composition, composition
+from attention_explorer.atlas import Atlas, atlas
 from attention_explorer.hooks import ActivationCache, hook_points, run_with_cache, run_with_hooks
 
-__all__ = ["ActivationCache", "Circuit", "Composition", "GeneratedTrace", "Trace", "View", "circuit", "composition",
-           "generate", "head_roles", "hook_points", "load", "offline_figures", "patch", "run_with_cache",
+__all__ = ["ActivationCache", "Atlas", "Circuit", "Composition", "GeneratedTrace", "Trace", "View", "atlas", "circuit",
+           "composition", "generate", "head_roles", "hook_points", "load", "offline_figures", "patch", "run_with_cache",
            "run_with_hooks", "trace", "walk"]

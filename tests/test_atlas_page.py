@@ -1,0 +1,66 @@
+"""AppTest of the Head atlas page: the demo corpus run from the page (its folder reopens without a run), and an atlas
+folder from the CLI with a head in focus, its card's six sections and the escaped contexts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from model_core.atlas import AtlasOptions, run_atlas
+from model_core.corpus import Corpus, CorpusModel
+
+pytestmark = pytest.mark.slow
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+SMALL = dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=32)
+SIDEBAR = {"ctl_model": "custom", "ctl_num_hidden_layers": 2, "ctl_num_attention_heads": 2, "ctl_hidden_size": 32}
+
+
+def _page(monkeypatch, runs: Path, **state) -> AppTest:
+    monkeypatch.setenv("AE_CORPUS_DIR", str(runs))
+    at = AppTest.from_file(APP, default_timeout=240)
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.switch_page("pages/head_atlas.py")
+    return at
+
+
+def _clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_the_demo_atlas_runs_from_the_page_and_reopens_from_its_folder(tmp_path, monkeypatch):
+    at = _page(monkeypatch, tmp_path / "runs", **SIDEBAR)
+    at.run()
+    _clean(at)
+    assert [h.value for h in at.header] == ["Head atlas"]
+    at.button(key="atlas_run").click().run()
+    _clean(at)
+    assert at.subheader[0].value == "Layer 0, head 0"
+    assert len(at.get("plotly_chart")) >= 3  # the kinds grid, the scatter, the profile bars
+    folders = list((tmp_path / "runs" / "atlas").iterdir())
+    assert len(folders) == 1 and (folders[0] / "heads.json").is_file()
+    stamp = (folders[0] / "heads.json").stat().st_mtime_ns
+    again = _page(monkeypatch, tmp_path / "runs", **SIDEBAR)
+    again.run()
+    _clean(again)
+    assert again.subheader[0].value == "Layer 0, head 0"
+    assert (folders[0] / "heads.json").stat().st_mtime_ns == stamp
+
+
+def test_an_atlas_folder_opens_on_the_focused_head_with_its_text_escaped(tmp_path, monkeypatch):
+    texts = tuple((f"<b>bold</b> & text {i} with <script>x</script> words, words.", None) for i in range(8))
+    run_atlas(Corpus("html", texts), CorpusModel.from_options("custom", **SMALL), tmp_path / "atlas",
+              options=AtlasOptions(chunk_size=4, qk_contexts=1), device="cpu")
+    at = _page(monkeypatch, tmp_path / "runs", atlas_source="folder", atlas_folder=str(tmp_path / "atlas"),
+               sel_layer=1, sel_head=1, **SIDEBAR)
+    at.run()
+    _clean(at)
+    assert at.subheader[0].value == "Layer 1, head 1"
+    page_html = " ".join(str(e.proto) for e in at.get("html"))
+    assert "&lt;script&gt;" in page_html and "<script>" not in page_html
+    assert any("no unembedding" in i.value for i in at.info)  # an encoder writes no logits: the card says so
+    assert len(at.tabs) >= 6
