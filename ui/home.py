@@ -66,6 +66,7 @@ NOTES = {
     "pages/kv_cache.py": "what a compressed key/value cache keeps (StreamingLLM, SnapKV, TOVA…) and what it costs.",
     "pages/corpus.py": "head statistics over many texts, in a streamed run that can resume.",
     "pages/corpus_space.py": "every token's query and key in one space, and its nearest contexts.",
+    "pages/head_atlas.py": "what every head does across a corpus, each head on one card.",
 }
 """One line per page file: what it shows (the title is app.py's)."""
 
