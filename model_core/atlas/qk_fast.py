@@ -57,8 +57,7 @@ class TextSplit:
         self.hidden = _t(trace.hidden_states)  # (layer + 1, n, d_model)
         self.n = self.hidden.shape[1]
         self.n_heads = int(trace.weights.shape[1])
-        self._stack: torch.Tensor | None = None  # (component, n, d_model), the layers below ``_done``
-        self._done = 0
+        self._parts: list[torch.Tensor] = []  # per layer: (head + 1, n, d_model), its heads' writes then its MLP
         self._rope: dict[int, Any] = {}
         embed = family.embed_parts(model)
         first = self.hidden[0]
@@ -71,18 +70,15 @@ class TextSplit:
             self.embeds = [tok, first - tok]
 
     def _layer_parts(self, upto: int) -> None:
-        """Each head's write and each MLP's output of the layers below ``upto``, made once, stacked after the
-        embeddings in ``component_names`` order: layer l's components are the first ``n_components(l)`` rows."""
-        rows = [self._stack] if self._stack is not None else list(x[None] for x in self.embeds)
-        for layer in range(self._done, upto):
+        """Each head's write and each MLP's output of the layers below ``upto``, made once: layer l's components are
+        the embeddings, then per layer its heads' writes and its MLP (``component_names`` order)."""
+        for layer in range(len(self._parts), upto):
             lw = self.weights[layer]
             z = torch.matmul(_t(self.trace.weights[layer]), _t(self.trace.values[layer]))  # (head, n, d_head)
             writes = torch.einsum("hnd,hdm->hnm", z, lw.W_O.to(F64))  # (head, n, d_model)
             attn_out = writes.sum(0) + (0 if lw.b_O is None else lw.b_O.to(F64))
-            rows += [writes, (self.hidden[layer + 1] - self.hidden[layer] - attn_out)[None]]
-        if upto > self._done or self._stack is None:
-            self._stack = torch.cat(rows)  # (component, n, d_model)
-            self._done = max(upto, self._done)
+            mlp = self.hidden[layer + 1] - self.hidden[layer] - attn_out
+            self._parts.append(torch.cat([writes, mlp[None]]))  # (head + 1, n, d_model)
 
     def _rotary(self, layer: int) -> Any:
         if layer not in self._rope:
@@ -101,13 +97,11 @@ class TextSplit:
         x = vectors[None, None]  # (1, 1, m, d_head)
         return apply_rotary(attn, x, x, (cos, -sin))[0][0, 0]  # a rotation's inverse: the angle negated
 
-    def components(self, layer: int) -> torch.Tensor:
-        """Layer ``layer``'s input in ``component_names`` order, the constant term left out.
-
-        Shape: (component, n, d_model) float64.
-        """
+    def components(self, layer: int) -> list[torch.Tensor]:
+        """Layer ``layer``'s input in ``component_names`` order, the constant term left out, in groups: the
+        embeddings, then each earlier layer's heads and MLP. Shape: each (count, n, d_model) float64."""
         self._layer_parts(layer)
-        return self._stack[: len(self.embeds) + layer * (self.n_heads + 1)]
+        return [torch.stack(self.embeds)] + self._parts[:layer]
 
     def split(self, layer: int, head: int, query: int, key: int, has_bias: bool) -> tuple[np.ndarray, np.ndarray]:
         """The query-side and key-side components of the score above the row mean at (query, key).
@@ -136,8 +130,8 @@ class TextSplit:
         r = self._unrotate(layer, q.expand(len(visible), -1).clone(), visible)  # (keys, d_head): R_j^T q
         b = pulled(lw.W_K[kv], r) * (w_bar * inv[visible])[:, None]  # (keys, d_model)
         parts = self.components(layer)
-        query_side = parts[:, query] @ a  # (C,)
-        key_side = torch.einsum("cjd,jd->c", parts[:, visible], b)
+        query_side = torch.cat([g[:, query] @ a for g in parts])  # (C,)
+        key_side = torch.cat([torch.einsum("cjd,jd->c", g[:, visible], b) for g in parts])
         if has_bias:
             b_o = sum((w.b_O.to(F64) for w in self.weights[:layer] if w.b_O is not None), torch.zeros_like(gain))
             q_const = torch.zeros(lw.W_Q.shape[-1], dtype=F64)
