@@ -79,7 +79,7 @@ if st.session_state.pop(EXAMPLE_FLAG, False) and ctx.trace is not None:
         layer, head = np.unravel_index(int(np.argmax(scores)), scores.shape)
         request_focus(int(layer), int(head))
         st.session_state["qk_query"] = n - 2  # a token of the repeat, whose next token the head looks up
-        st.session_state["qk_key"] = None
+        st.session_state.pop("qk_key", None)  # its default: the key the head attends to most
         st.session_state[OPENED_KEY] = ctx.key
         st.rerun()
 
@@ -89,8 +89,10 @@ if not focus_chosen():  # the focus is the default, not the user's: open where t
     if st.session_state.get(OPENED_KEY) != ctx.key:  # once per text: then the query and key are the user's
         st.session_state[OPENED_KEY] = ctx.key
         st.session_state["qk_query"] = opening.query
-        st.session_state["qk_key"] = None if opening.top else opening.key
-        st.session_state["qk_versus"] = None
+        for name in ("qk_key", "qk_versus"):  # their defaults (None, shown as "the one it attends to most" and
+            st.session_state.pop(name, None)  # "the runner-up"; a None set here would show as no choice)
+        if not opening.top:
+            st.session_state["qk_key"] = opening.key
     if (ctx.layer, ctx.head) != (opening.layer, opening.head):
         request_focus(opening.layer, opening.head, chosen=False)
         st.rerun()
@@ -102,7 +104,9 @@ decoder = bool(t.is_decoder)
 options = list(range(n))
 fmt = lambda i: f"{i}: {labels[i]!r}" if i < len(labels) else str(i)
 left, mid, right = st.columns(3)
-query = left.selectbox("Query token", options, index=n - 1 if decoder else 0, format_func=fmt, key="qk_query",
+if st.session_state.get("qk_query") not in range(n):  # a first visit, or a shorter text than the last
+    st.session_state["qk_query"] = n - 1 if decoder else 0  # (set here, not by index=, as the example sets it)
+query = left.selectbox("Query token", options, format_func=fmt, key="qk_query",
                        help="The token that attends (a row of the heatmap). Default: the last token of a decoder.")
 visible = list(range(query + 1)) if decoder else options
 key_opts = [None] + visible

@@ -110,6 +110,8 @@ def test_a_first_visit_opens_on_a_later_head_and_says_why_and_a_chosen_head_stay
     assert caption is not None and caption.startswith(f"Opened on layer {layer} head {head}: ")
     assert caption.endswith("Pick another head in the sidebar.")
     assert at.selectbox(key="qk_query").value == len(at.selectbox(key="qk_query").options) - 1  # the last token
+    key_box = at.selectbox(key="qk_key").proto  # "the one it attends to most" shown, not an empty "Choose an option"
+    assert key_box.HasField("default") and key_box.default == 0
     _through_app(at).sidebar.selectbox(key="sel_layer").set_value(2).run()  # the user picks a head
     assert_page_ok(at, TITLE)
     assert _sidebar_focus(at) == (2, head) and _opened_caption(at) is None
