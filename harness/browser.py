@@ -167,18 +167,92 @@ def chromium():
         yield browser
 
 
-def wait_for_run(page, timeout_s: float, quiet_s: float = 1.5) -> None:
-    """Until the app has drawn and the status widget ("Running…") and spinners stayed away ``quiet_s``."""
-    page.wait_for_selector('[data-testid="stSidebar"]', timeout=timeout_s * 1000)
+RUN_TIMEOUT_S = 300
+"""One generous limit for a run to finish: a slow or busy machine's first SmolLM2 pass included."""
+# The app is idle: Streamlit's frontend says its script is not running (it says "initial" before the first run, so a
+# freshly opened page is not idle), the websocket is up, and no spinner is drawn (a fragment's, a cached call's).
+IDLE_JS = """() => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  return !!app && app.getAttribute('data-test-script-state') === 'notRunning'
+    && app.getAttribute('data-test-connection-state') === 'CONNECTED'
+    && !document.querySelector('[data-testid="stSpinner"]');
+}"""
+
+
+def wait_for_run(page, timeout_s: float = RUN_TIMEOUT_S, quiet_s: float | None = None, *,
+                 selector: str | None = None, text: str | None = None) -> None:
+    """Until the app's own state says its run has finished, and the element the caller needs is there.
+
+    Finished: ``stApp``'s ``data-test-script-state`` is ``notRunning`` (Streamlit's frontend sets it from the
+    server's script-started and script-finished messages), the websocket is connected, and no spinner shows. Then,
+    when given, ``selector`` (a CSS selector) or ``text`` (a text in the page) must be attached, and the app idle
+    again (the element may come from a rerun the first one started). One limit, ``timeout_s``, for all of it.
+
+    Right after a click the app may not have started the run the click asks for (the message is on its way), so a
+    caller that waits for a click's result names what the result draws (``selector`` or ``text``), or counts the
+    runs with ``ScriptRuns``. ``quiet_s`` is ignored: the wait no longer asks for a quiet spell (kept so that older
+    callers still call it).
+    """
+    del quiet_s
     deadline = time.monotonic() + timeout_s
-    quiet_since = None
-    while time.monotonic() < deadline:
-        busy = page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"]').count() > 0
-        if busy:
-            quiet_since = None
-        elif quiet_since is None:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= quiet_s:
+    ms = lambda: max(1.0, (deadline - time.monotonic()) * 1000)  # noqa: E731 - what is left of the one limit
+    try:
+        page.wait_for_function(IDLE_JS, timeout=ms(), polling=100)
+        if selector is None and text is None:
             return
-        page.wait_for_timeout(200)
-    raise AssertionError(f"the page was still running after {timeout_s} s")
+        target = page.locator(selector) if selector is not None else page.get_by_text(text, exact=False)
+        if selector is not None and text is not None:
+            target = target.filter(has_text=text)
+        target.first.wait_for(state="attached", timeout=ms())
+        page.wait_for_function(IDLE_JS, timeout=ms(), polling=100)
+    except Exception as exc:  # noqa: BLE001 - Playwright's TimeoutError: say what was awaited
+        if "Timeout" not in type(exc).__name__ and "Timeout" not in str(exc):
+            raise
+        state = page.evaluate("""() => { const a = document.querySelector('[data-testid="stApp"]');
+            return a ? [a.getAttribute('data-test-script-state'), a.getAttribute('data-test-connection-state')]
+                     : null; }""")
+        wanted = f" and {selector or ''}{' ' if selector and text else ''}{repr(text) if text else ''}" \
+            if selector or text else ""
+        raise AssertionError(f"the app did not finish its run{wanted} in {timeout_s:.0f} s "
+                             f"(script state, connection: {state})") from exc
+
+
+class ScriptRuns:
+    """Counts the runs the server starts and finishes for one page, from its websocket messages (``new_session``
+    opens every run, a fragment's too; ``script_finished`` ends it). Make it before the page opens the app.
+
+    ``started`` and ``finished`` are read while Playwright runs (any call on the page lets its events through). A new
+    websocket (the page opened again, a reconnection) is a new session: what the old one left running is not waited
+    for.
+    """
+
+    def __init__(self, page) -> None:
+        self.started = 0
+        self.finished = 0
+        self._socket = None
+        page.on("websocket", self._on_socket)
+
+    def _on_socket(self, ws) -> None:
+        self._socket = ws
+        self.finished = self.started
+        ws.on("framereceived", lambda payload: self._on_frame(ws, payload))
+
+    def _on_frame(self, ws, payload) -> None:
+        if ws is not self._socket or not isinstance(payload, (bytes, bytearray)):
+            return
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        msg = ForwardMsg()
+        try:
+            msg.ParseFromString(bytes(payload))
+        except Exception:  # noqa: BLE001 - not a ForwardMsg (no other frames are expected)
+            return
+        kind = msg.WhichOneof("type")
+        if kind == "new_session":
+            self.started += 1
+        elif kind == "script_finished":
+            self.finished += 1
+
+    @property
+    def idle(self) -> bool:
+        return self.finished >= self.started

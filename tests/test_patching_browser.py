@@ -34,14 +34,14 @@ def test_stop_keeps_a_partial_grid(app_url, browser):
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         page.goto(f"{app_url}/patching?{LINK}", wait_until="domcontentloaded")
-        wait_for_run(page, TIMEOUT_S, 2.0)
-        assert page.get_by_text("Attribution patching (estimate)").count() > 0
+        wait_for_run(page, TIMEOUT_S, text="Attribution patching (estimate)")  # the page's first figure
         run = page.get_by_role("button", name="Run exact patching")
         needed = int(run.inner_text().split("(")[1].split(" ")[0])  # "Run exact patching (N patched passes)"
         run.click()
         page.get_by_text("Exact patching: 1", exact=False).first.wait_for(timeout=TIMEOUT_S * 1000)  # a batch done
         page.get_by_test_id("stMainBlockContainer").get_by_role("button", name="Stop").click()
-        wait_for_run(page, TIMEOUT_S, 2.0)
+        wait_for_run(page, TIMEOUT_S, selector='[data-testid="stAlertContentWarning"]',
+                     text="Exact patching was stopped by you")
         warning = page.locator('[data-testid="stAlertContentWarning"]').inner_text()
         assert "Exact patching was stopped by you" in warning
         done = int(warning.split(": ")[1].split(" of ")[0])
@@ -52,7 +52,7 @@ def test_stop_keeps_a_partial_grid(app_url, browser):
         assert page.locator('[data-testid="stException"]').count() == 0
         _click_head(page, "Exact patching (partial)", layer=1, head=2, n_layers=30, n_heads=9)
         page.wait_for_url("**/heatmaps?**", timeout=TIMEOUT_S * 1000)
-        wait_for_run(page, TIMEOUT_S, 2.0)
+        wait_for_run(page, TIMEOUT_S, text="Layer 1, head 2")  # the heatmaps page's focused head
         assert "layer=1" in page.url and "head=2" in page.url
         assert "When Mary and John" in page.locator('section[data-testid="stSidebar"] textarea').first.input_value()
         assert not errors, errors

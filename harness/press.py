@@ -1,0 +1,267 @@
+"""Press everything a user can press, page by page, in the real app: the engine of the press-everything browser tests.
+
+Every page of app.py's PAGES is opened from its link in the navigation, then every button, toggle, checkbox, radio
+option and tab in the main area is pressed once, in page order, and the app is let finish the run each press starts
+(counted from the server's own messages, ``harness.browser.ScriptRuns``). Stop buttons and downloads are left alone;
+a run still going after ``LONG_RUN_S`` is stopped with the page's own Stop button, as a user would. After each press
+an exception or traceback drawn by Streamlit, an error box, a page error in the browser or a traceback in the
+server's log is a failure that names the page and the press. All failures are collected and reported together.
+
+The elements are found again after every press (a rerun redraws the page) and known by their labels, so a press
+that adds a button (a result's "Open in heatmaps") adds it to what is pressed, and a report reads as the page does.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import parse_qs, urlsplit
+from dataclasses import dataclass, field
+
+from harness.browser import IDLE_JS, RUN_TIMEOUT_S, ScriptRuns, app_pages, nav_to
+
+MAX_PRESSES_PER_PAGE = 40
+"""A bound on one page's presses, should a page keep adding new buttons."""
+START_S = 20.0
+"""How long a press that reruns the app may take to start its run (a busy server answers late)."""
+NO_RERUN_START_S = 1.0
+"""How long to watch for a run after a press that normally starts none (a tab, a widget inside a form)."""
+LONG_RUN_S = 15.0
+"""A run still going after this long is stopped with the page's Stop button, where it has one."""
+POLL_MS = 50
+MODEL_PARAMS = ("model", "model_id", "weights", "causal", "norm_placement", "num_hidden_layers",
+                "num_attention_heads", "hidden_size")
+"""The link's parameters that name the model (the app writes those not at their default)."""
+
+# Every pressable element in the main area, in page order, tagged with data-ae-press so that Python can click the
+# one it picked; collapsed expanders are opened first (their content is hidden until then). A tab or a radio option
+# already selected is not pressed (pressing it does nothing); it is once another is picked.
+COLLECT_JS = r"""() => {
+  const main = document.querySelector('[data-testid="stMain"]');
+  if (!main) return [];
+  main.querySelectorAll('[data-testid="stExpander"] details:not([open]) > summary').forEach(s => s.click());
+  const text = el => (el ? (el.innerText || el.getAttribute('aria-label') || '') : '').replace(/\s+/g, ' ').trim();
+  const shown = el => !!(el.offsetWidth || el.offsetHeight || el.getClientRects().length);
+  const found = [];
+  const seen = {};
+  main.querySelectorAll('[data-ae-press]').forEach(el => el.removeAttribute('data-ae-press'));
+  const selector = ['[data-testid="stButton"] button', '[data-testid="stFormSubmitButton"] button',
+                    '[data-testid="stButtonGroup"] button[data-variant]', '[data-testid="stCheckbox"] label',
+                    '[data-testid="stRadio"] [role="radiogroup"] label',
+                    '[data-testid="stTabs"] [role="tab"]'].join(', ');
+  main.querySelectorAll(selector).forEach(el => {
+    // a widget's help icon is a button too: it shows a tooltip, nothing to press
+    if (!shown(el) || el.closest('[data-testid="stWidgetLabel"], [data-testid="stTooltipIcon"]')) return;
+    let kind, label, selected = false, disabled = false;
+    const form = !!el.closest('[data-testid="stForm"]');
+    if (el.matches('[role="tab"]')) {
+      kind = 'tab'; label = text(el); selected = el.getAttribute('aria-selected') === 'true';
+    } else if (el.closest('[data-testid="stRadio"]')) {
+      const group = el.closest('[data-testid="stRadio"]');
+      const input = el.querySelector('input');
+      kind = 'radio'; label = `${text(group.querySelector('[data-testid="stWidgetLabel"]'))} → ${text(el)}`;
+      selected = !!(input && input.checked); disabled = !!(input && input.disabled);
+    } else if (el.closest('[data-testid="stCheckbox"]')) {
+      const input = el.querySelector('input') || el.closest('[data-testid="stCheckbox"]').querySelector('input');
+      kind = input && input.getAttribute('role') === 'switch' ? 'toggle' : 'checkbox';
+      label = text(el); disabled = !!(input && input.disabled);
+    } else {
+      kind = 'button'; label = text(el); disabled = el.disabled || el.getAttribute('aria-disabled') === 'true';
+      if (el.closest('[data-testid="stButtonGroup"]')) {
+        const group = el.closest('[data-testid="stButtonGroup"]').parentElement;
+        kind = 'option';
+        label = `${text(group && group.querySelector('[data-testid="stWidgetLabel"]'))} → ${label}`;
+        selected = el.getAttribute('aria-checked') === 'true';
+      }
+    }
+    const base = `${kind} "${label}"`;
+    seen[base] = (seen[base] || 0) + 1;
+    const key = seen[base] > 1 ? `${base} #${seen[base]}` : base;
+    el.setAttribute('data-ae-press', String(found.length));
+    found.push({index: found.length, key, kind, label, selected, disabled, form});
+  });
+  return found;
+}"""
+STATE_JS = """() => { const a = document.querySelector('[data-testid="stApp"]');
+  return [a && a.getAttribute('data-test-script-state'), a && a.getAttribute('data-test-connection-state'),
+          [...document.querySelectorAll('[data-testid="stSpinner"]')].map(e => e.innerText).join(' | ')]; }"""
+STOP_JS = """() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stButton"] button')]
+  .find(b => /^Stop\\b/.test((b.innerText || '').trim()) && !b.disabled)"""
+PROBLEMS_JS = r"""() => {
+  const out = [];
+  document.querySelectorAll('[data-testid="stException"]').forEach(e => out.push('exception: ' + e.innerText));
+  document.querySelectorAll('[data-testid="stAlertContentError"]').forEach(e => {
+    if (!e.closest('[data-testid="stException"]')) out.push('error box: ' + e.innerText); });
+  const main = document.querySelector('[data-testid="stMain"]');
+  if (main && !out.length && main.innerText.includes('Traceback (most recent call last)'))
+    out.push('traceback text: ' + main.innerText.slice(main.innerText.indexOf('Traceback'), 2000));
+  return out.map(s => s.replace(/\s+/g, ' ').trim().slice(0, 1200));
+}"""
+
+
+def skipped(item: dict) -> bool:
+    """Not pressed: Stop (it is pressed only to end a long run) and the one already selected."""
+    return item["label"].startswith("Stop") or item["selected"]
+
+
+@dataclass
+class PressReport:
+    """What a press-everything pass did: every press as ``page: press``, the failures, seconds per page."""
+
+    presses: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = [f"{len(self.presses)} presses on {len(self.seconds)} pages, {sum(self.seconds.values()):.0f} s"]
+        lines += [f"  {title}: {s:.1f} s, {sum(p.startswith(title + ': ') for p in self.presses)} presses"
+                  for title, s in self.seconds.items()]
+        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"FAILED {f}" for f in self.failures]
+        return "\n".join(lines)
+
+
+class Presser:
+    """Presses everything on every page of one browser page (one session) of the app served with log ``log_path``."""
+
+    def __init__(self, page, runs: ScriptRuns, start_url: str, log_path=None, run_timeout_s: float = RUN_TIMEOUT_S,
+                 progress=None) -> None:
+        self.page = page
+        self.start_url = start_url
+        # The model the pass is about, as the app's link says it once the start link has opened (set by ``start``):
+        # a press that switches the sidebar to another model ("Use SmolLM2") is undone before the next press, so
+        # that every page is pressed with this one.
+        self.model: dict[str, list[str]] | None = None
+        self.progress = progress or (lambda line: None)
+        self.runs = runs
+        self.log_path = log_path
+        self.timeout_s = run_timeout_s
+        self.report = PressReport()
+        self._page_errors: list[str] = []
+        self._log_at = log_path.stat().st_size if log_path is not None and log_path.exists() else 0
+        page.on("pageerror", lambda e: self._page_errors.append(str(e)))
+
+    # --- waiting -------------------------------------------------------------------------------------------------
+
+    def _idle_in_page(self) -> bool:
+        return bool(self.page.evaluate(IDLE_JS))
+
+    def settle(self, before: int, expect_run: bool, where: str) -> None:
+        """After a press: wait for the run it starts (if one starts), stop it if long, and wait for the app idle."""
+        start = time.monotonic()
+        limit = START_S if expect_run else NO_RERUN_START_S
+        while self.runs.started <= before and time.monotonic() - start < limit:
+            self.page.wait_for_timeout(POLL_MS)
+        if expect_run and self.runs.started <= before:
+            self.report.notes.append(f"{where}: no run started in {START_S:.0f} s")
+        stopped = False
+        deadline = start + self.timeout_s
+        while not (self.runs.idle and self._idle_in_page()):
+            if time.monotonic() > deadline:
+                state = self.page.evaluate(STATE_JS)
+                self.report.failures.append(f"{where}: the app was still running after {self.timeout_s:.0f} s "
+                                            f"(runs started {self.runs.started}, finished {self.runs.finished}; "
+                                            f"page: {state})")
+                return
+            if not stopped and time.monotonic() - start > LONG_RUN_S:
+                stop = self.page.evaluate_handle(STOP_JS).as_element()
+                if stop is not None:
+                    stop.click()
+                    stopped = True
+                    self.report.notes.append(f"{where}: stopped after {LONG_RUN_S:.0f} s with the page's Stop")
+            self.page.wait_for_timeout(POLL_MS)
+
+    # --- checking ------------------------------------------------------------------------------------------------
+
+    def _server_log_tracebacks(self) -> list[str]:
+        if self.log_path is None or not self.log_path.exists():
+            return []
+        with open(self.log_path, errors="replace") as f:
+            f.seek(self._log_at)
+            new = f.read()
+            self._log_at = f.tell()
+        found = []
+        for chunk in new.split("Traceback (most recent call last)")[1:]:
+            lines = [line for line in chunk.splitlines() if line.strip()]
+            found.append("server log traceback: " + (lines[-1].strip() if lines else "?"))
+        return found
+
+    def check(self, where: str) -> None:
+        problems = list(self.page.evaluate(PROBLEMS_JS)) + self._server_log_tracebacks()
+        problems += [f"page error: {e}" for e in self._page_errors]
+        self._page_errors.clear()
+        for problem in problems:
+            self.report.failures.append(f"{where}: {problem}")
+
+    # --- pressing ------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the start link (the app with the model in its query) and wait for its run."""
+        before = self.runs.started
+        self.page.goto(self.start_url, wait_until="domcontentloaded")
+        self.settle(before, True, "start")
+        self.check("start")
+        if self.model is None:
+            self.model = self._model_in_link()
+
+    def _model_in_link(self) -> dict[str, list[str]]:
+        query = parse_qs(urlsplit(self.page.url).query)
+        return {name: query[name] for name in MODEL_PARAMS if name in query}
+
+    def model_changed(self) -> bool:
+        return self._model_in_link() != self.model
+
+    def open(self, title: str) -> None:
+        """Open ``title`` from the navigation and wait for its run."""
+        before = self.runs.started
+        nav_to(self.page, title)
+        self.settle(before, True, f"{title}: open")
+        self.check(f"{title}: open")
+
+    def press_page(self, title: str) -> None:
+        """Open ``title`` and press everything on it once, in order."""
+        t0 = time.monotonic()
+        self.open(title)
+        path = self.page.url.split("?")[0]
+        pressed: set[str] = set()
+        for _ in range(MAX_PRESSES_PER_PAGE):
+            items = [i for i in self.page.evaluate(COLLECT_JS) if i["key"] not in pressed and not skipped(i)
+                     and not i["disabled"]]
+            if not items:
+                break
+            item = items[0]
+            pressed.add(item["key"])
+            where = f"{title}: {item['key']}"
+            before = self.runs.started
+            try:
+                self.page.locator(f'[data-testid="stMain"] [data-ae-press="{item["index"]}"]').click(timeout=10_000)
+            except Exception as exc:  # noqa: BLE001 - redrawn under the pointer: noted, not a fault of the app
+                self.report.notes.append(f"{where}: could not press ({type(exc).__name__})")
+                continue
+            self.report.presses.append(where)
+            expect_run = not (item["kind"] == "tab" or (item["form"] and item["kind"] != "button"))
+            t = time.monotonic()
+            self.settle(before, expect_run, where)
+            self.check(where)
+            self.progress(f"{time.monotonic() - t:5.1f} s  {where}")
+            if self.model_changed():  # the press switched the model: back to the one this pass is about
+                self.report.notes.append(f"{where}: switched the model; switched back")
+                self.start()
+                self.open(title)
+            elif self.page.url.split("?")[0] != path:  # the press opened another page: back, as a user would go
+                self.report.notes.append(f"{where}: opened {self.page.url.split('?')[0].rsplit('/', 1)[-1]}")
+                self.open(title)
+        else:
+            self.report.notes.append(f"{title}: stopped at {MAX_PRESSES_PER_PAGE} presses")
+        self.report.seconds[title] = time.monotonic() - t0
+
+
+def press_everything(page, runs: ScriptRuns, start_url: str, log_path=None, titles: list[str] | None = None,
+                     progress=None) -> PressReport:
+    """Open ``start_url`` (the app with the model in its query), then press everything on every page of PAGES (or
+    ``titles``), each opened from the navigation; the report of it all."""
+    presser = Presser(page, runs, start_url, log_path, progress=progress)
+    presser.start()
+    for title in titles or [title for _, title in app_pages()]:
+        presser.press_page(title)
+    return presser.report

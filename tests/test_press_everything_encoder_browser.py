@@ -1,0 +1,30 @@
+"""Every button, toggle, checkbox, radio option and tab of every page, pressed once in headless Chromium with the
+chapter-3 encoder (``model=custom``), as a user reaches them: no press may bring an exception, a traceback or an
+error box (harness/press.py does the pressing; every failure is reported at the end, with its page and its press)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, ScriptRuns
+from harness.press import press_everything
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+if not CHROMIUM.exists():
+    pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
+
+MIN_PRESSES = 60  # far fewer would mean pages went unpressed (an encoder's decoder-only pages offer little)
+
+
+def test_every_press_on_every_page_with_the_chapter3_encoder(app_server, browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    runs = ScriptRuns(page)
+    try:
+        report = press_everything(page, runs, f"{app_server.url}/?model=custom", app_server.log_path)
+    finally:
+        context.close()
+    print(report.summary())
+    assert not report.failures, report.summary()
+    assert len(report.presses) >= MIN_PRESSES, report.summary()
