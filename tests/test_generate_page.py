@@ -77,7 +77,7 @@ def test_a_reply_tokens_contribution_graph_opens_from_the_query_that_wrote_it(ch
     _button(at, "gen_go").click()
     rerun(at)
     result = at.session_state["_gen_result"]["generation"]
-    at.session_state["gen_step"] = 2
+    at.select_slider(key="gen_step").set_value(2)  # the reader's slider, as a user moves it
     rerun(at)
     _button(at, "gen_graph").click()
     rerun(at)
@@ -92,8 +92,8 @@ def test_the_reader_steps_through_the_reply_for_a_layer_mean(chat_llama):
     at = _page(chat_llama, pg_prompt=PROMPT, pg_max_new=4)
     _button(at, "gen_go").click()
     rerun(at)
-    at.session_state["gen_step"] = 3
-    at.session_state["gen_how"] = "all"
+    at.select_slider(key="gen_step").set_value(3)
+    at.radio(key="gen_how").set_value("all")
     rerun(at)
     assert not at.error, [e.value for e in at.error]
     assert "position" in " ".join(c.value for c in at.caption)
