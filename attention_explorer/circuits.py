@@ -19,6 +19,20 @@ MAX_DRAWN = 2000
 """The most edges the graph draws (the largest by |score|): beyond that it is a blur."""
 
 
+def nothing_to_show(message: str, title: str = "") -> go.Figure:
+    """A figure that says in its middle why it has nothing to draw (no trace, so no NaN reaches the browser)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font={"size": 14, "color": "#555"})
+    fig.update_layout(title=title, height=260, xaxis={"visible": False}, yaxis={"visible": False},
+                      margin={"t": 60 if title else 20})
+    return fig
+
+
+def _finite(value: float) -> str:
+    return f"{value:.4f}" if np.isfinite(value) else "n/a"
+
+
 def _node(name: str) -> str:
     """The node a receiver belongs to: a head's <q>, <k>, <v> inputs are drawn at the head."""
     return name.split("<")[0]
@@ -44,11 +58,12 @@ def circuit_graph_figure(scores: EdgeScores, fraction: float, *, title: str | No
     hover says which."""
     graph = scores.graph
     kept = edge_budget(fraction, graph.n_edges)
-    edges = scores.top(min(kept, MAX_DRAWN))
+    edges = [(u, v, s) for u, v, s in scores.top(min(kept, MAX_DRAWN)) if np.isfinite(s) and s != 0]
+    if not edges:  # every score 0 (clean and corrupted prompts alike) or none finite: no circuit to draw
+        return nothing_to_show("Every edge scores 0 here, so there is no circuit to draw: the clean and corrupted "
+                               "prompts give the same activations (or the same metric). Change a word of each "
+                               "corrupted prompt.", title or f"The circuit at {fraction:g} of the edges")
     fig = go.Figure()
-    if not edges:
-        fig.update_layout(title=title or "No edges at this budget")
-        return fig
     top = max(abs(v) for _, _, v in edges) or 1.0
     groups: dict[tuple[bool, int], list] = {}
     mids_x, mids_y, mids_text = [], [], []
@@ -97,13 +112,17 @@ def circuit_graph_figure(scores: EdgeScores, fraction: float, *, title: str | No
 def faithfulness_figure(curve: Any) -> go.Figure:
     """Faithfulness against the edge fraction, with CPR and CMD (areas on the linear axis) and their log-axis
     variants in the title. The x axis is drawn on a log scale so the small fractions can be read."""
-    fig = go.Figure(go.Scatter(x=list(curve.fractions), y=list(curve.values), mode="lines+markers",
+    pairs = [(float(f), float(v)) for f, v in zip(curve.fractions, curve.values) if np.isfinite(v)]
+    if not pairs:
+        return nothing_to_show("No faithfulness to draw: the curve has no finite value (the clean and corrupted "
+                               "metrics are equal, or no fraction was run).", "Faithfulness")
+    fig = go.Figure(go.Scatter(x=[f for f, _ in pairs], y=[v for _, v in pairs], mode="lines+markers",
                                hovertemplate="%{x:g} of the edges: faithfulness %{y:.3f}<extra></extra>"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
     fig.add_hline(y=0.0, line_dash="dot", line_color="#888")
     fig.update_layout(
-        title=(f"Faithfulness: CPR {curve.cpr:.4f}, CMD {curve.cmd:.4f} (areas on the linear axis, 0.001 to 1); "
-               f"log-axis CPR {curve.cpr_log:.3f}, CMD {curve.cmd_log:.3f}"),
+        title=(f"Faithfulness: CPR {_finite(curve.cpr)}, CMD {_finite(curve.cmd)} (areas on the linear axis, 0.001 to "
+               f"1); log-axis CPR {_finite(curve.cpr_log)}, CMD {_finite(curve.cmd_log)}"),
         xaxis={"title": "fraction of the edges (drawn on a log scale)", "type": "log"},
         yaxis={"title": "faithfulness"}, height=380, margin={"t": 60})
     return fig
@@ -121,7 +140,9 @@ def node_totals(scores: EdgeScores, keep: np.ndarray | None = None) -> list[tupl
 
 def node_totals_figure(scores: EdgeScores, keep: np.ndarray | None = None, top: int = 30) -> go.Figure:
     """The ``top`` nodes by the sum of their edges' |scores|."""
-    rows = node_totals(scores, keep)[:top]
+    rows = [(n, v) for n, v in node_totals(scores, keep)[:top] if np.isfinite(v)]
+    if not rows:
+        return nothing_to_show("No node has an edge with a score other than 0: nothing to rank.", "Nodes")
     fig = go.Figure(go.Bar(x=[v for _, v in rows][::-1], y=[n for n, _ in rows][::-1], orientation="h",
                            hovertemplate="%{y}: Σ|score| %{x:.4g}<extra></extra>"))
     fig.update_layout(title=f"The {len(rows)} nodes with the largest Σ|score| over their edges",

@@ -45,6 +45,13 @@ beside its traces."""
 MAX_RUNS_LIMIT = 64
 """The most ``AE_MAX_RUNS`` may be."""
 
+RUN_MEMORY_SHARE = 4
+"""AE_RUN_MEMORY_MB=auto: one run may hold a quarter of the machine's physical memory (6 GB of 24 GB), so a run
+that fits leaves three quarters to the model, the traces and other sessions' runs (``model_core.models.run_memory``)."""
+
+DEFAULT_MAX_PAIRS = 256
+"""The most pairs a page runs from an upload (the generators' count stops there too; the CLI has no cap)."""
+
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 
 # name -> (default, description); the README's settings table is checked against this.
@@ -61,6 +68,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_CORPUS_MAX_TEXTS": ("5000", "Most texts the Corpus page runs from an upload or a dataset (the CLI has no cap)."),
     "AE_CORPUS_DIR": ("", "Folder of the Corpus page's run folders; empty uses ~/.cache/attention-explorer/corpus-runs."),
     "AE_MAX_RUNS": ("auto", "Most model passes that run at once (1 to 64); the others wait their turn, first in first out, and a waiting page shows its place. auto: 1 on a CPU (passes share its cores, and each holds about 0.9 GB at 400 SmolLM2 tokens), 2 with a CUDA GPU."),
+    "AE_RUN_MEMORY_MB": ("auto", "Most memory, in MB, one run (a circuit, patching, Why this key at length, generation, a corpus batch, head roles) may take above the model, estimated from its shapes before it starts; a run over it is refused with the estimate (circuits first take fewer pairs a batch). auto: a quarter of the machine's memory (6 GB on 24 GB). The command line's --run-memory-mb raises it for one run."),
+    "AE_MAX_PAIRS": (str(DEFAULT_MAX_PAIRS), "Most prompt pairs the Circuits page and the patching page's dataset mode run from an upload (the first ones; the page says so); the command line has no cap."),
     "AE_TORCH_THREADS": ("", "Threads for torch on the CPU; empty uses half the cores for a page's passes (other sessions' pages are drawn meanwhile) and every core while a reply is generated. OMP_NUM_THREADS also works."),
 }
 
@@ -94,6 +103,29 @@ def _has_cuda() -> bool:
     except ImportError:  # pragma: no cover - torch is a requirement; settings also load without it
         return False
     return bool(torch.cuda.is_available())
+
+
+def machine_memory_mb() -> float:
+    """The machine's physical memory in MB (``os.sysconf``), or 16,000 where it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e6
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not a POSIX system
+        return 16_000.0
+
+
+def auto_run_memory_mb() -> float:
+    """AE_RUN_MEMORY_MB=auto: ``1 / RUN_MEMORY_SHARE`` of the machine's memory, in whole MB."""
+    return float(int(machine_memory_mb() / RUN_MEMORY_SHARE))
+
+
+def _parse_run_memory(raw: str) -> float | None:
+    value = raw.strip().lower()
+    if value == "auto":
+        return None
+    try:
+        return float(value.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise ValueError(f"AE_RUN_MEMORY_MB={raw!r} is not a number of MB; use one such as 6000, or auto.") from None
 
 
 def _parse_max_runs(raw: str) -> int | None:
@@ -133,6 +165,9 @@ class Settings:
         corpus_dir: where the Corpus page keeps its run folders ("" = the user's cache).
         max_runs: the most model passes that run at once (``model_core.gate``); None on creation means auto:
             1 on a CPU, 2 where the device is a CUDA GPU.
+        run_memory_mb: the most memory one run may take above the model, in MB (``model_core.models.run_memory``);
+            None on creation means auto: a quarter of the machine's memory.
+        max_pairs: the most pairs a page runs from an upload.
     """
 
     default_model: str = BUNDLED_MODEL_ID
@@ -146,8 +181,16 @@ class Settings:
     corpus_max_texts: int = 5000
     corpus_dir: str = ""
     max_runs: int | None = None
+    run_memory_mb: float | None = None
+    max_pairs: int = DEFAULT_MAX_PAIRS
 
     def __post_init__(self) -> None:
+        if self.run_memory_mb is None:
+            object.__setattr__(self, "run_memory_mb", auto_run_memory_mb())  # frozen
+        if not 1 <= self.run_memory_mb <= 100_000_000:
+            raise ValueError(f"AE_RUN_MEMORY_MB={self.run_memory_mb} must be between 1 and 100,000,000 (MB), or auto.")
+        if not 1 <= self.max_pairs <= 10_000_000:
+            raise ValueError(f"AE_MAX_PAIRS={self.max_pairs} must be between 1 and 10,000,000.")
         if self.max_runs is None:
             object.__setattr__(self, "max_runs", auto_max_runs(self.device))  # frozen
         if not 1 <= self.max_runs <= MAX_RUNS_LIMIT:
@@ -240,6 +283,11 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         corpus_max_texts = int(raw_cap)
     except ValueError:
         raise ValueError(f"AE_CORPUS_MAX_TEXTS={raw_cap!r} is not a whole number; use one such as 5000.") from None
+    raw_pairs = get("AE_MAX_PAIRS")
+    try:
+        max_pairs = int(raw_pairs)
+    except ValueError:
+        raise ValueError(f"AE_MAX_PAIRS={raw_pairs!r} is not a whole number; use one such as 256.") from None
     return Settings(
         default_model=get("AE_DEFAULT_MODEL").strip() or BUNDLED_MODEL_ID,
         device=get("AE_DEVICE").strip().lower(),
@@ -252,6 +300,8 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         corpus_max_texts=corpus_max_texts,
         corpus_dir=get("AE_CORPUS_DIR").strip(),
         max_runs=_parse_max_runs(get("AE_MAX_RUNS")),
+        run_memory_mb=_parse_run_memory(get("AE_RUN_MEMORY_MB")),
+        max_pairs=max_pairs,
     )
 
 

@@ -19,9 +19,11 @@ from ui.circuits import (
     RUN_KEY,
     STOPPED_KEY,
     circuit_model_of,
+    fitted_or_refused,
     head_rows,
     method_fields,
     run,
+    time_estimate,
 )
 from ui.context import require_request
 from ui.dataset_fields import (
@@ -77,6 +79,14 @@ if checked is None:
     st.stop()
 st.caption(f"{pair_counts(dataset, checked)}{cm.graph.n_edges:,} edges in {cm.n_layers} layers × {cm.n_heads} heads.")
 key = (model, source_key, method, steps)
+kept_result = KEPT.finished(key)
+if kept_result is None:  # before a run: what it will hold and how long it will take, or why it cannot run
+    fitted = fitted_or_refused(cm, checked)
+    if fitted is None:
+        show_problems(checked.messages, "cannot run")
+        st.stop()
+    show_problems(fitted.problems, "do not fit this server's memory for one run")
+    st.caption(time_estimate(key, cm, fitted, steps))
 result = run_when_asked(
     KEPT.finished(key), checked, f"Run {method.upper()} on {len(checked.pairs)} pairs", RUN_KEY,
     "Edge scores in batches of pairs, then the faithfulness curve; a Stop keeps the batches finished.",

@@ -15,10 +15,18 @@ import streamlit as st
 
 from attention_explorer.circuits import node_totals
 from model_core import TraceRequest
-from model_core.circuits.datasets import Dataset
-from model_core.circuits.eap import CircuitModel, circuit_model
+from model_core.circuits.budget import (
+    FittedBatches,
+    fitted_batches,
+    pass_seconds,
+    passes_a_batch,
+    run_seconds,
+)
+from model_core.circuits.datasets import Dataset, Validated
+from model_core.circuits.eap import DEFAULT_BATCH, CircuitModel, circuit_model
 from model_core.circuits.result import CircuitResult
 from model_core.circuits.run import run_circuit
+from model_core.models.run_memory import RunMemoryError, run_memory_limit_mb
 from ui.kept_run import KeptRun
 from ui.roles import heatmaps_url
 
@@ -30,6 +38,8 @@ RUN_KEY, STOP_BUTTON_KEY, FRACTION_KEY = "circ_run", "circ_stop", "circ_fraction
 RESULT_KEY = "_circ_result"
 """Session state: (run key, CircuitResult) of this session's latest run, partial while it runs or when stopped."""
 STOPPED_KEY = "_circ_stopped"
+ETA_KEY = "_circ_eta"
+"""Session state: (run key, seconds of the calibration pass) of the latest time estimate."""
 KEPT = KeptRun(RESULT_KEY, STOPPED_KEY, STOP_BUTTON_KEY)
 DEFAULT_COUNT = 16
 
@@ -67,6 +77,39 @@ def run(key: tuple, cm: CircuitModel, dataset: Dataset, method: str, steps: int)
                              keep=lambda done: KEPT.keep(key, done))
         KEPT.keep(key, result)
     return result
+
+
+def fitted_or_refused(cm: CircuitModel, checked: Validated) -> FittedBatches | None:
+    """The run's batches within ``AE_RUN_MEMORY_MB`` (long pairs fewer to a batch); None, with the refusal shown
+    (the estimate and the limit), when not one pair fits."""
+    try:
+        return fitted_batches(cm, checked.pairs, DEFAULT_BATCH, limit_mb=run_memory_limit_mb(), curve=True)
+    except RunMemoryError as exc:
+        st.error(str(exc), icon=":material/memory:")
+        return None
+
+
+def duration(seconds: float) -> str:
+    """About how long, in words: "about 40 s", "about 3 min", "about 1.5 h"."""
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"about {round(seconds / 60)} min"
+    return f"about {seconds / 3600:.1f} h"
+
+
+def time_estimate(key: tuple, cm: CircuitModel, fitted: FittedBatches, steps: int) -> str:
+    """How long the run will take here: one forward pass of its first batch is timed (once per run key, in the gate's
+    turn) and scaled by the run's tokens and passes (``circuits.budget.run_seconds``)."""
+    kept = st.session_state.get(ETA_KEY)
+    if kept is None or kept[0] != key:
+        kept = (key, pass_seconds(cm, fitted.batches[0]))
+        st.session_state[ETA_KEY] = kept
+    first = kept[1]
+    total = run_seconds(fitted.batches, first, steps, curve=True)
+    return (f"The run will take {duration(total)} on this server now: one pass of the first batch took "
+            f"{first:.2f} s, and each batch makes about {passes_a_batch(steps, True):.0f} such passes "
+            f"({len(fitted.batches)} batch{'es' if len(fitted.batches) != 1 else ''}).")
 
 
 def head_rows(result: CircuitResult, keep: Any, request: TraceRequest, text: str) -> list[dict[str, Any]]:

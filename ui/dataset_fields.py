@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import streamlit as st
 
+from model_core.circuits.budget import first_pairs
 from model_core.circuits.datasets import (
     Dataset,
     DatasetError,
@@ -19,8 +20,11 @@ from model_core.circuits.datasets import (
     validate,
 )
 from model_core.circuits.generators import GENERATORS
+from model_core.settings import load_settings
 
-MAX_COUNT = 256
+MAX_UPLOAD_MB = 25
+"""The largest file of pairs the uploader takes: 25 MB holds about 200,000 short pairs, far past what a page runs
+(``AE_MAX_PAIRS``); Streamlit's own limit (200 MB) would let one upload hold GBs while it is parsed."""
 R = TypeVar("R")
 """A run's result: it has ``partial`` (True when a Stop ended the run)."""
 GENERATOR_TITLES = {"ioi": "Names (IOI)", "greater-than": "Greater-than (years)", "induction": "Induction (words)",
@@ -38,7 +42,9 @@ def pair_source(prefix: str, default_count: int) -> tuple[tuple, Dataset] | None
         name = left.selectbox("Generator", list(GENERATORS), key=f"{prefix}generator",
                               format_func=GENERATOR_TITLES.get,
                               help="Written by the team; the same pairs for the same seed.")
-        count = mid.number_input("Pairs", 1, MAX_COUNT, default_count, key=f"{prefix}count")
+        max_pairs = load_settings().max_pairs  # AE_MAX_PAIRS caps an upload too
+        count = mid.number_input("Pairs", 1, max_pairs, min(default_count, max_pairs), key=f"{prefix}count",
+                                 help="At most AE_MAX_PAIRS on this server; the command line has no cap.")
         seed = right.number_input("Seed", 0, 2**31 - 1, 0, key=f"{prefix}seed")
         spec = f"{name}:{int(count)}:{int(seed)}"
         try:
@@ -47,18 +53,29 @@ def pair_source(prefix: str, default_count: int) -> tuple[tuple, Dataset] | None
             st.error(str(exc), icon=":material/error:")
             return None
     upload = st.file_uploader("Pairs: JSONL (one object a line) or CSV, with clean, corrupt, answer, foil",
-                              key=f"{prefix}upload")
+                              key=f"{prefix}upload", max_upload_size=MAX_UPLOAD_MB)
     if upload is None:
         st.info('Upload a file of pairs: JSONL lines such as {"clean": "...", "corrupt": "...", "answer": " Mary", '
                 '"foil": " John"}, or a CSV whose header is clean,corrupt,answer,foil.', icon=":material/upload:")
         return None
     data = upload.getvalue()
+    if len(data) > MAX_UPLOAD_MB * 1_000_000:  # Streamlit refuses it first; a check of our own all the same
+        st.error(f"{upload.name} is {len(data) / 1e6:,.1f} MB, over the {MAX_UPLOAD_MB} MB this page reads. Keep "
+                 "the pairs you want to run, or run the file on the command line.", icon=":material/error:")
+        return None
     try:
         dataset = parse_pairs(data, upload.name)
     except DatasetError as exc:
         st.error(str(exc), icon=":material/error:")
         return None
-    return ("upload", upload.name, hashlib.sha256(data).hexdigest()), dataset
+    max_pairs = load_settings().max_pairs
+    dataset, left_out = first_pairs(dataset, max_pairs)
+    if left_out:
+        st.info(f"{upload.name} has {max_pairs + left_out:,} rows; this page runs the first {max_pairs:,} "
+                f"(AE_MAX_PAIRS on this server) and leaves out the other {left_out:,}. The command line runs them "
+                f"all: python -m model_core circuit --dataset {upload.name} … (or patch --dataset).",
+                icon=":material/content_cut:")
+    return ("upload", upload.name, hashlib.sha256(data).hexdigest(), max_pairs), dataset
 
 
 def show_problems(problems: list[str] | tuple[str, ...], ran: str) -> None:

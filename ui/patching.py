@@ -18,7 +18,11 @@ from model_core import AttentionTrace, TraceRequest
 from model_core.effects.pairs import READY_PAIRS, PromptPair
 from model_core.effects.patching import ExactPatching, PatchRuns
 from model_core.effects.patching_attribution import AttributionPatching
-from model_core.effects.patching_run import PatchingPipeline, TableParts
+from model_core.effects.patching_run import (
+    PatchingPipeline,
+    TableParts,
+    check_patching_memory,
+)
 from model_core.effects.patching_run import table_parts as core_table_parts
 from ui.fields import PAGE_PARAMS
 from ui.trace_cache import per_trace
@@ -98,6 +102,7 @@ def patch_base(model: TraceRequest, clean: str, corrupt: str, answer: str,
 
     pipeline = PatchingPipeline.prepare(_resolved(model), clean, corrupt, answer, foil)  # the checks: said at once
     inputs = pipeline.inputs
+    check_patching_memory(pipeline.resolved, inputs.n_tokens)  # before the clean prompt's trace, not after it
     trace = get_trace(clean_request(model, clean))  # before the turn: it may wait for another session's build
     _table_beside(trace, pretrained_key(model), inputs.answer_id, inputs.foil_id)
     return in_turn(f"patch|{model!r}|{clean}|{corrupt}", lambda: pipeline.runs(trace))

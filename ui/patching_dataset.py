@@ -20,10 +20,13 @@ from attention_explorer.patching import (
     residual_figure,
 )
 from model_core import TraceRequest
-from model_core.circuits.datasets import Dataset
+from model_core.circuits.budget import mean_patching_seconds
+from model_core.circuits.datasets import Dataset, Validated
 from model_core.circuits.mean_patching import MeanPatching, mean_patching
+from model_core.effects.patching_run import check_patching_memory
 from model_core.io.tables import grid_to_csv, matrix_to_csv
 from ui.analysis_widgets import csv_button, how_to_read, show_figure
+from ui.circuits import duration
 from ui.dataset_fields import (
     checked_pairs,
     pair_counts,
@@ -42,6 +45,8 @@ RUN_KEY, STOP_BUTTON_KEY = "patch_ds_run", "patch_ds_stop"
 RESULT_KEY = "_patch_ds_result"
 """Session state: (run key, MeanPatching) of this session's latest run, partial while it runs or when stopped."""
 STOPPED_KEY = "_patch_ds_stopped"
+ETA_KEY = "_patch_ds_eta"
+"""Session state: (run key, (seconds of the calibration pass, seconds of the run)) of the latest time estimate."""
 KEPT = KeptRun(RESULT_KEY, STOPPED_KEY, STOP_BUTTON_KEY)
 DEFAULT_COUNT = 8
 
@@ -57,6 +62,25 @@ def run_mean(key: tuple, resolved: Any, dataset: Dataset) -> MeanPatching:
         result = mean_patching(resolved, dataset, progress=progress, keep=lambda done: KEPT.keep(key, done))
         KEPT.keep(key, result)
     return result
+
+
+def before_run(key: tuple, resolved: Any, checked: Validated) -> bool:
+    """Before a run: False, with the refusal shown (the estimate and the limit), when not even the shortest pair fits
+    ``AE_RUN_MEMORY_MB``; else True, with how long the run will take (one timed pass, once per run key)."""
+    try:
+        check_patching_memory(resolved, min(p.n_tokens for p in checked.pairs), attribution=False)
+    except ValueError as exc:  # RunMemoryError
+        st.error(str(exc), icon=":material/memory:")
+        return False
+    kept = st.session_state.get(ETA_KEY)
+    if kept is None or kept[0] != key:
+        kept = (key, mean_patching_seconds(resolved, checked.pairs))
+        st.session_state[ETA_KEY] = kept
+    first, total = kept[1]
+    st.caption(f"The run will take {duration(total)} on this server now: one pass of the first pair's patched copies "
+               f"took {first:.2f} s, and each pair makes its two runs and a patched copy a head and a residual "
+               "position.")
+    return True
 
 
 def explain() -> None:
@@ -139,6 +163,8 @@ def dataset_mode(model: TraceRequest) -> None:
                + (f"{shared} tokens each (one template)." if shared is not None else
                   "of different token counts, so the residual stream is left out."))
     key = (model, source_key)
+    if KEPT.finished(key) is None and not before_run(key, resolved, checked):
+        return
     result = run_when_asked(
         KEPT.finished(key), checked, f"Run mean patching ({len(checked.pairs)} pairs)", RUN_KEY,
         "Exact patching of every pair, one after another; a Stop keeps the pairs finished.",

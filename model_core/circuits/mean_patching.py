@@ -27,7 +27,7 @@ from model_core.circuits.datasets import (
 )
 from model_core.effects.patching import Stop, prepare_runs
 from model_core.effects.patching_inputs import require_decoder
-from model_core.effects.patching_run import PatchingPipeline
+from model_core.effects.patching_run import PatchingPipeline, check_patching_memory
 from model_core.trace.request import TraceRequest
 from model_core.trace.resolve import resolve
 
@@ -137,10 +137,13 @@ def mean_patching(resolved: Any, dataset: Dataset | Sequence[Pair], *, residual:
     Raises:
         DatasetError: no pair of the dataset is valid (the message lists the problems).
         NotADecoder: an encoder.
+        RunMemoryError: not even the shortest pair fits ``AE_RUN_MEMORY_MB`` (a longer pair that does not fit is a
+            problem, and the others run).
     """
     require_decoder(resolved.family)
     checked = validate(dataset, resolved.tokenizer).require()
     patch_residual, note = residual_plan(checked, residual)
+    check_patching_memory(resolved, min(p.n_tokens for p in checked.pairs), attribution=False)  # none would fit
     problems = list(checked.messages)
     done: list[PairEffects] = []
     total = len(checked.pairs)
@@ -156,6 +159,7 @@ def mean_patching(resolved: Any, dataset: Dataset | Sequence[Pair], *, residual:
             progress(float(i), total)
         pair = tok.pair
         try:
+            check_patching_memory(resolved, tok.n_tokens, attribution=False)
             pipeline = PatchingPipeline.prepare(resolved, pair.clean, pair.corrupt, pair.answer, pair.foil)
             runs = prepare_runs(resolved.family, resolved.model, pipeline.inputs)
         except ValueError as exc:  # PatchingError: the same tokens, or equal metrics

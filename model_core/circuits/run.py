@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from model_core.circuits.budget import fitted_batches
 from model_core.circuits.datasets import (
     Dataset,
     Pair,
@@ -26,7 +27,6 @@ from model_core.circuits.eap import (
     BatchScores,
     CircuitModel,
     PairBatch,
-    make_batches,
     score_batch,
 )
 from model_core.circuits.evaluate import Stop, faithfulness_curve
@@ -34,6 +34,7 @@ from model_core.circuits.faithfulness import FRACTIONS
 from model_core.circuits.graph import EdgeScores
 from model_core.circuits.loading import load_circuit_model
 from model_core.circuits.result import METHODS, CircuitResult
+from model_core.models.run_memory import run_memory_limit_mb
 
 Progress = Callable[[float, str], None]
 """Called with (share of the whole run done, 0..1; what is running)."""
@@ -90,7 +91,8 @@ def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: 
                 steps: int | None = None, batch_size: int = DEFAULT_BATCH, curve: bool = True,
                 engine: str = "local", model_id: str | None = None, num_cpus: int | None = None,
                 ray_address: str | None = None, progress: Progress | None = None, stop: Stop | None = None,
-                keep: Callable[[CircuitResult], None] | None = None) -> CircuitResult:
+                keep: Callable[[CircuitResult], None] | None = None,
+                run_memory_mb: float | None = None) -> CircuitResult:
     """Edge attribution of every valid pair of ``dataset`` on ``cm``'s model, and its faithfulness curve.
 
     Args:
@@ -100,19 +102,24 @@ def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: 
         engine: "local", or "ray": the batches go to Ray workers that load ``model_id`` themselves, and their
             per-pair sums are combined into the same mean.
         progress, stop, keep: see the module docstring.
+        run_memory_mb: the memory one batch may take (default ``AE_RUN_MEMORY_MB``): a batch of long pairs holds
+            fewer pairs, and a pair that does not fit alone is skipped with a problem (``circuits.budget``).
 
     Raises:
         DatasetError: no pair is valid (the message lists the problems).
+        RunMemoryError: no valid pair fits the memory limit (the message names the estimate and the limit).
         ValueError: a bad method, steps, batch size or engine.
     """
     if engine not in ENGINES:
         raise ValueError(f"The engine is one of {', '.join(ENGINES)}, not {engine!r}.")
     steps = method_steps(method, steps)
     checked: Validated = validate(dataset, cm.tokenizer).require()
-    problems = list(checked.messages)
-    batches = make_batches(checked.pairs, batch_size)
+    fitted = fitted_batches(cm, checked.pairs, batch_size, limit_mb=run_memory_limit_mb(override_mb=run_memory_mb),
+                            curve=curve)
+    problems = sorted([*checked.messages, *fitted.problems], key=_row_of)
+    batches = fitted.batches
     totals = Totals(cm.graph.shape)
-    n_total = len(checked.pairs)
+    n_total = sum(len(b) for b in batches)
     w_scores, w_curve = _passes(steps, curve, len(FRACTIONS))
     share = w_scores / (w_scores + w_curve)
 
@@ -167,6 +174,14 @@ def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: 
     return final
 
 
+def _row_of(problem: str) -> int:
+    """A problem line's row ("pair 3 (row 3): ..."), to list them in row order."""
+    try:
+        return int(problem.split()[1])
+    except (IndexError, ValueError):
+        return 0
+
+
 def _done(batches: list[PairBatch], n: int) -> list[PairBatch]:
     """The first batches holding ``n`` pairs (the ones scored)."""
     out, count = [], 0
@@ -181,7 +196,8 @@ def _done(batches: list[PairBatch], n: int) -> list[PairBatch]:
 def circuit(source: str | Dataset | Sequence[Pair], *, model_id: str | None = None, method: str = "eap-ig",
             steps: int | None = None, batch_size: int = DEFAULT_BATCH, curve: bool = True, engine: str = "local",
             device: str | torch.device | None = None, num_cpus: int | None = None, ray_address: str | None = None,
-            progress: Progress | None = None, stop: Stop | None = None) -> CircuitResult:
+            progress: Progress | None = None, stop: Stop | None = None,
+            run_memory_mb: float | None = None) -> CircuitResult:
     """Edge attribution from scratch: ``source`` is a JSONL or CSV file, a generator spec (``ioi:64:0``), a
     ``Dataset`` or a list of pairs; the model a pretrained decoder id.
 
@@ -191,4 +207,5 @@ def circuit(source: str | Dataset | Sequence[Pair], *, model_id: str | None = No
     dataset = load_dataset(source) if isinstance(source, str) else source
     cm = load_circuit_model(model_id, device=device)
     return run_circuit(cm, dataset, method=method, steps=steps, batch_size=batch_size, curve=curve, engine=engine,
-                       model_id=model_id, num_cpus=num_cpus, ray_address=ray_address, progress=progress, stop=stop)
+                       model_id=model_id, num_cpus=num_cpus, ray_address=ray_address, progress=progress, stop=stop,
+                       run_memory_mb=run_memory_mb)

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from model_core.cli.options import MODEL_CHOICES
+from model_core.cli.run_memory_flag import add_run_memory_flag, apply_run_memory_flag
 
 TOP = 20
 
@@ -38,6 +39,7 @@ def add_circuit_parser(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="pairs a pass (pairs of one token count only)")
     p.add_argument("--no-curve", action="store_true", help="skip the faithfulness curve (\"faithfulness\": null)")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
+    add_run_memory_flag(p)
     p.add_argument("--json", action="store_true",
                    help='print {"n", "clean", "corrupt", "method", "steps", "edges": [[sender, receiver, score], ...], '
                         '"faithfulness": {"fractions", "faithfulness", "cpr", "cmd"}}')
@@ -45,6 +47,7 @@ def add_circuit_parser(sub: Any) -> None:
 
 def circuit_main(args: argparse.Namespace) -> int:
     """The ``circuit`` verb: JSON (``--json``) or a summary; exit 1 with a one-line message on bad input."""
+    apply_run_memory_flag(args)
     if args.model != "pretrained":
         _error("edge attribution compares next-token logits: use --model pretrained with a decoder (e.g. --model-id "
                "bundled:SmolLM2-135M-Instruct).")

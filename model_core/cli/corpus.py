@@ -11,6 +11,7 @@ from model_core.cli.options import (
     add_encoder_shape_options,
     custom_options_misused,
 )
+from model_core.cli.run_memory_flag import add_run_memory_flag, apply_run_memory_flag
 from model_core.corpus.sample import DEFAULT_CAP
 
 
@@ -43,6 +44,7 @@ def add_corpus_parser(sub: Any) -> None:
     cor.add_argument("--engine", choices=["local", "ray"], default="local")
     cor.add_argument("--ray-address", default=None, help="a Ray cluster's address (default: start a local Ray)")
     cor.add_argument("--device", default=None, help="auto, cpu, cuda or mps (local engine)")
+    add_run_memory_flag(cor)
     cor.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     cor.add_argument("--qk", action="store_true",
                      help="keep the queries and keys of a token sample (the query-key space page)")
@@ -68,6 +70,7 @@ def _read_corpus(args: argparse.Namespace):
 
 def corpus_main(args: argparse.Namespace) -> int:
     """The ``corpus`` verb: read, run with a progress bar, print where the run is."""
+    apply_run_memory_flag(args)
     # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.corpus import CorpusModel, RunOptions, run_corpus
     from model_core.models.memory import fixed_mmap_threshold

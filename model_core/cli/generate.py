@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from model_core.cli.options import MODEL_CHOICES
+from model_core.cli.run_memory_flag import add_run_memory_flag, apply_run_memory_flag
 
 JSON_HELP = ('print {"prompt_tokens": k, "token_ids": [...], "tokens": [...], "text": reply}: token_ids and tokens are '
              "the NEW tokens only (the reply; an end-of-sequence token that ended it is kept), prompt_tokens the "
@@ -33,6 +34,7 @@ def add_generate_parser(sub: Any) -> None:
     gen.add_argument("--top-p", type=float, default=1.0, help="sampling only: in (0, 1] (default 1: every token)")
     gen.add_argument("--seed", type=int, default=0, help="sampling only: the random seed (default 0)")
     gen.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
+    add_run_memory_flag(gen)
     gen.add_argument("--json", action="store_true", help=JSON_HELP)
     gen.add_argument("--out", default=None,
                      help="FILE.npz or FILE.json: the whole sequence's trace (prompt and reply, up to and including "
@@ -42,6 +44,7 @@ def add_generate_parser(sub: Any) -> None:
 
 def generate_main(args: argparse.Namespace) -> int:
     """The ``generate`` verb: JSON (``--json``) or the reply and a summary line; a one-line error otherwise."""
+    apply_run_memory_flag(args)
     if args.model == "custom":
         print("error: the chapter-3 encoder does not generate text; use --model pretrained with a decoder's "
               "--model-id", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from model_core.cli.options import MODEL_ID_HELP, add_model_options
+from model_core.cli.run_memory_flag import add_run_memory_flag, apply_run_memory_flag
 
 TOP = 10
 
@@ -33,12 +34,14 @@ def add_patch_parser(sub: Any) -> None:
     patch.add_argument("--no-residual", action="store_true", help="skip the residual stream's layer x position grid")
     patch.add_argument("--no-table", action="store_true", help="skip the table of attention beside effect")
     patch.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
+    add_run_memory_flag(patch)
     patch.add_argument("--json", action="store_true",
                        help='print {"clean", "corrupt", "heads": L x H, "attribution": L x H, "residual", ...}')
 
 
 def patch_main(args: argparse.Namespace) -> int:
     """The ``patch`` verb: JSON (``--json``) or the metrics and the top heads; exit 1 with the message on bad input."""
+    apply_run_memory_flag(args)
     # Loaded when the verb runs: the model's stack (torch, transformers) takes seconds, and --help none
     from model_core.effects.patching_inputs import CONTRIBUTIONS_HINT
     from model_core.effects.patching_run import patch_prompts

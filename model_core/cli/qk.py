@@ -11,6 +11,7 @@ from typing import Any
 
 from model_core.cli._common import custom_trace_request, model_verb_parser
 from model_core.cli.options import add_custom_options, print_error
+from model_core.cli.run_memory_flag import add_run_memory_flag, apply_run_memory_flag
 
 
 def add_qk_parser(sub: Any) -> None:
@@ -26,6 +27,7 @@ def add_qk_parser(sub: Any) -> None:
     qk.add_argument("--versus", type=int, default=None, help="a second key (default: the runner-up)")
     add_custom_options(qk)
     qk.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
+    add_run_memory_flag(qk)
     qk.add_argument("--json", action="store_true",
                     help='print {"tokens", "layer", "head", "query", "key", "score", "weight", "components", '
                          '"terms": C x C, "versus": {...}}')
@@ -33,6 +35,7 @@ def add_qk_parser(sub: Any) -> None:
 
 def qk_main(args: argparse.Namespace) -> int:
     """The ``qk`` verb: JSON (``--json``) or the top pairs in words; exit 1 with the message on bad input."""
+    apply_run_memory_flag(args)
     # torch and transformers load only when the verb runs, so `python -m model_core --help` stays quick
     from model_core.qk.terms import qk_for_request
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from model_core.cli._common import model_verb_parser
 from model_core.cli.options import add_encoder_shape_options
+from model_core.cli.run_memory_flag import add_run_memory_flag, apply_run_memory_flag
 
 if TYPE_CHECKING:  # the probes import torch: loaded when the verb runs, not for --help
     from model_core.roles.probes import RoleScores
@@ -30,6 +31,7 @@ def add_roles_parser(sub: Any) -> None:
     roles.add_argument("--no-retrieval", action="store_true", help="skip the retrieval probe (it decodes; slower)")
     roles.add_argument("--top", type=int, default=10, help="how many top heads to list per role")
     roles.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
+    add_run_memory_flag(roles)
     roles.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -58,6 +60,7 @@ def run_roles(args: argparse.Namespace) -> tuple[RoleScores, dict[str, Any]]:
 
 def roles_main(args: argparse.Namespace) -> int:
     """The ``roles`` verb: JSON (``--json``) or a few lines per role."""
+    apply_run_memory_flag(args)
     if args.model == "custom" and args.model_id and args.weights != "pretrained":
         print("error: --model-id applies to --model custom only with --weights pretrained", file=sys.stderr)
         return 2

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Literal
 
 from model_core.analysis.per_head import STAT_NAMES
-from model_core.corpus.batches import ChunkResult, LongPolicy, encode_texts, process_chunk
+from model_core.corpus.batches import DEFAULT_CELL_BUDGET, ChunkResult, LongPolicy, encode_texts, process_chunk
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.families import Family
 from model_core.corpus.sample import array_path, create_arrays, plan_sample, write_rows
 from model_core.corpus.sources import Corpus
 from model_core.corpus.stats import PatternRules, StatSums
+from model_core.models.run_memory import check_run_memory, model_shape, run_memory_limit_mb, trace_pass_bytes
 import model_core.corpus.store as store
 from model_core.corpus.index import build_indexes
 from model_core.corpus.ray_engine import describe_remote, run_shards_on_ray
@@ -127,6 +128,19 @@ def _prepare_folder(out: Path, corpus: Corpus, model: CorpusModel, options: RunO
     return options
 
 
+def check_batch_memory(model: object, batch_size: int, tokens: int) -> None:
+    """Refuse a run whose largest batch (the cell budget's: ``batch_size`` texts at most, of ``tokens`` tokens) would
+    pass ``AE_RUN_MEMORY_MB``.
+
+    Raises:
+        RunMemoryError (a ValueError): the estimate and the limit.
+    """
+    shape = model_shape(model)
+    batch = max(1, min(batch_size, DEFAULT_CELL_BUDGET // (tokens * tokens * shape.n_layers * shape.n_heads)))
+    check_run_memory(f"A corpus batch of {batch} texts of {tokens:,} tokens", trace_pass_bytes(shape, batch, tokens),
+                     run_memory_limit_mb(), "Lower --max-tokens or --batch-size.")
+
+
 def run_corpus(
     corpus: Corpus,
     model: CorpusModel,
@@ -167,6 +181,7 @@ def run_corpus(
     elif engine not in ("local", "ray"):
         raise ValueError(f"--engine must be 'local' or 'ray', got {engine!r}.")
     if local is not None:
+        check_batch_memory(local.model, options.batch_size, min(options.max_tokens, local.max_positions))
         n_layers, n_heads, description, dev = local.n_layers, local.n_heads, local.description, str(local.device)
         max_positions, tokenizer, hidden_size = local.max_positions, local.tokenizer, local.hidden_size
     else:

@@ -20,6 +20,7 @@ from model_core.effects.patching import (
     PatchRuns,
     Progress,
     Stop,
+    batch_size,
     exact_patching,
 )
 from model_core.effects.patching_attribution import (
@@ -31,6 +32,13 @@ from model_core.effects.patching_inputs import PatchInputs, prepare_inputs
 from model_core.effects.patching_table import (
     AttentionBesideEffect,
     attention_beside_effect,
+)
+from model_core.models.run_memory import (
+    check_run_memory,
+    longest_fitting,
+    model_shape,
+    patching_bytes,
+    run_memory_limit_mb,
 )
 from model_core.roles.scores import TEXT_ROLES, role_scores
 from model_core.trace.request import TraceRequest, build_trace
@@ -142,6 +150,27 @@ def table_for(trace: AttentionTrace, inputs: PatchInputs, heads: np.ndarray, att
     return attention_beside_effect(trace, inputs.differing, heads, attribution, dla=dla, roles=roles)
 
 
+def check_patching_memory(resolved: Any, n_tokens: int, *, attribution: bool = True) -> None:
+    """Refuse patching two prompts of ``n_tokens`` tokens whose estimated memory (``run_memory.patching_bytes``:
+    both runs' activations, the batched patched passes and, with ``attribution``, the gradient pass) is over
+    ``AE_RUN_MEMORY_MB`` of ``resolved``'s settings.
+
+    Raises:
+        RunMemoryError: the estimate, the limit and the longest prompts that fit.
+    """
+    shape = model_shape(resolved.model)
+    limit = run_memory_limit_mb(getattr(resolved, "settings", None))
+
+    def estimate(t: int) -> float:
+        return patching_bytes(shape, max(t, 1), attribution=attribution, copies=batch_size(max(t, 1)))
+    if estimate(n_tokens) <= limit * 1e6:
+        return
+    longest = longest_fitting(estimate, limit, hi=1 << 15)
+    check_run_memory(f"Activation patching of two prompts of {n_tokens:,} tokens"
+                     + (" (with attribution patching's gradient pass)" if attribution else ""),
+                     estimate(n_tokens), limit, f"Prompts of up to about {longest:,} tokens fit on this model.")
+
+
 @dataclass(frozen=True, eq=False)
 class PatchingPipeline:
     """Activation patching of one checked prompt pair on one model, step by step; each step is written only here.
@@ -168,7 +197,12 @@ class PatchingPipeline:
 
     def runs(self, clean_trace: AttentionTrace | None = None) -> tuple[PatchRuns, AttributionPatching]:
         """Both prompts' runs and attribution patching (``runs_and_attribution``; the clean run read from the clean
-        prompt's trace when given)."""
+        prompt's trace when given).
+
+        Raises:
+            RunMemoryError: the passes would not fit ``AE_RUN_MEMORY_MB`` (``check_patching_memory``).
+        """
+        check_patching_memory(self.resolved, self.inputs.n_tokens, attribution=True)
         return runs_and_attribution(self.resolved.family, self.resolved.model, self.inputs, clean_trace=clean_trace)
 
     def exact(self, runs: PatchRuns, **options: Any) -> ExactPatching:

@@ -24,6 +24,12 @@ from transformers import DynamicCache
 from model_core.families.checks import require_decoder
 from model_core.families.encoding import clean_text
 from model_core.gate import GATE
+from model_core.models.run_memory import (
+    check_run_memory,
+    generation_bytes,
+    model_shape,
+    run_memory_limit_mb,
+)
 from model_core.settings import Settings, load_settings
 from model_core.trace.forward import top_tokens
 from model_core.trace.request import TraceRequest
@@ -259,6 +265,9 @@ class GenerationStream:
         self.options, self.stop, self.chat, self.top_k = options, stop, chat, top_k
         limit = family.max_positions(model.config) if limit is None else limit
         check_room(len(self.prompt), options.max_new_tokens, limit, limit_hint)
+        check_run_memory(f"Generating {options.max_new_tokens:,} tokens after a prompt of {len(self.prompt):,}",
+                         generation_bytes(model_shape(model), len(self.prompt), options.max_new_tokens),
+                         run_memory_limit_mb(), "Shorten the prompt or ask for fewer new tokens.")
         self.steps: list[Step] = []
         self._clock = clock  # a test passes a fake one: the step times are then exact
         self._started = clock()

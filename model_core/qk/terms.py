@@ -25,6 +25,12 @@ import torch
 
 from model_core.families import family_of
 from model_core.families.weights import layer_weights
+from model_core.models.run_memory import (
+    check_run_memory,
+    model_shape,
+    qk_bytes,
+    run_memory_limit_mb,
+)
 from model_core.qk.gather import COMPACT_FROM, PartsPass  # noqa: F401 (COMPACT_FROM: for callers)
 from model_core.trace.resolve import resolve
 
@@ -135,8 +141,21 @@ def qk_pass(model: Any, input_ids: torch.Tensor, layer: int, head: int, *,
     """
     family = family_of(model)
     _check_head(family, model.config, layer, head)
+    check_qk_memory(model, layer, int(input_ids.shape[-1]))
     lw = layer_weights(model)[layer]
     return PartsPass(model, family, lw, layer, head, input_ids, token_type_ids)
+
+
+def check_qk_memory(model: Any, layer: int, n_tokens: int) -> None:
+    """Refuse a split whose pass and parts (``run_memory.qk_bytes``) would pass ``AE_RUN_MEMORY_MB``.
+
+    Raises:
+        RunMemoryError (a ValueError): the estimate and the limit.
+    """
+    n_components = len(component_names(model, layer))
+    check_run_memory(f"Why this key on layer {layer} at {n_tokens:,} tokens ({n_components} components of the "
+                     "query and the key at every position)", qk_bytes(model_shape(model), n_tokens, n_components),
+                     run_memory_limit_mb(), "Shorten the text, or pick an earlier layer (fewer components).")
 
 
 def qk_pass_for_trace(model: Any, trace: Any, layer: int, head: int) -> PartsPass:

@@ -31,8 +31,14 @@ import torch
 from model_core.analysis._common import is_special
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.gate import GATE
-from model_core.trace.request import Models, TraceRequest
+from model_core.models.run_memory import (
+    check_run_memory,
+    model_shape,
+    run_memory_limit_mb,
+    trace_pass_bytes,
+)
 from model_core.roles.scores import PROBE_ROLES, RoleInput, role_scores
+from model_core.trace.request import Models, TraceRequest
 
 N_SEQUENCES = 4
 SEQ_LEN = 50
@@ -213,6 +219,19 @@ def usable_words(tokenizer: Any) -> int:
     return sum(_one_token(tokenizer, w) for w in word_pool(tokenizer))
 
 
+def check_probe_memory(model: Any, n_sequences: int, tokens: int) -> None:
+    """Refuse a probe whose traces (every sequence's weights, kept until scored) would pass ``AE_RUN_MEMORY_MB``.
+
+    Raises:
+        RunMemoryError (a ValueError): the estimate and the limit.
+    """
+    shape = model_shape(model)
+    weights = 4.0 * (n_sequences - 1) * shape.n_layers * shape.n_heads * tokens * tokens
+    check_run_memory(f"Head roles' probe of {n_sequences} sequences of about {tokens:,} tokens",
+                     trace_pass_bytes(shape, 1, tokens) + weights, run_memory_limit_mb(),
+                     "Use fewer or shorter sequences.")
+
+
 def score_roles(request: TraceRequest, seed: int = 0, *, n_sequences: int = N_SEQUENCES, seq_len: int | None = None,
                 models: Models | None = None, device: Any = None) -> RoleScores:
     """Score every head of the request's model for previous-token, duplicate-token, induction and sink heads.
@@ -237,6 +256,7 @@ def score_roles(request: TraceRequest, seed: int = 0, *, n_sequences: int = N_SE
             notes["induction"] = (f"This vocabulary has only {usable} one-token words, so the probe's sequences "
                                   f"have {seq_len} words, not {SEQ_LEN}.")
     texts = probe_texts(loaded.tokenizer, seed, n_sequences, seq_len)
+    check_probe_memory(loaded.model, n_sequences, 2 * seq_len + 2)
     sums: dict[str, np.ndarray] = {}
     inputs = probe_inputs(loaded, texts)
     for x in inputs:

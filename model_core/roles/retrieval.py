@@ -29,9 +29,15 @@ from transformers import DynamicCache
 
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.gate import GATE
-from model_core.trace.request import Models, TraceRequest
+from model_core.models.run_memory import (
+    check_run_memory,
+    model_shape,
+    run_memory_limit_mb,
+    trace_pass_bytes,
+)
 from model_core.roles.haystack import HAYSTACK, haystack_prompt, password
 from model_core.roles.probes import ENCODER_NOTES
+from model_core.trace.request import Models, TraceRequest
 
 DEPTHS: tuple[float, ...] = (0.1, 0.5, 0.9)
 EXTRA_STEPS = 2
@@ -158,6 +164,9 @@ def retrieval_scores(request: TraceRequest, seed: int = 0, *, depths: tuple[floa
     secret = password(seed)
     n_sentences = _fitting_haystack(loaded, secret)
     prompts = [haystack_prompt(secret, d, n_sentences) for d in depths]
+    tokens = max(len(loaded.tokenizer(p).input_ids) for p, _ in prompts)
+    check_run_memory(f"Retrieval heads on a haystack of {tokens:,} tokens", trace_pass_bytes(
+        model_shape(loaded.model), 1, tokens), run_memory_limit_mb(), "Use a model with fewer positions.")
     answer_len = len(password_positions(loaded.tokenizer, *prompts[0], secret)[1])
     total, done = len(depths) * (answer_len + EXTRA_STEPS + 1), [0]
 

@@ -1,0 +1,209 @@
+"""Every run knows its memory before it starts: peak-memory estimates from a run's shapes, and the one check that
+refuses a run over ``AE_RUN_MEMORY_MB`` with the estimate and the limit in its message.
+
+The estimates are pure functions of shapes (tokens, batch, layers, heads, d_model, d_ff, vocab, bytes a number),
+calibrated against the peak resident memory measured on SmolLM2-135M (``tests/test_run_memory.py`` and the README's
+settings section give the table); they count what a run holds above the loaded model, and lean high. Each entry
+point (``model_core.circuits.run``, ``effects.patching_run``, ``circuits.mean_patching``, ``qk.terms``,
+``generate.generation``, ``corpus.run``, ``roles``) calls ``check_run_memory`` before its first pass.
+
+The graph of edge attribution has S = 1 + L(H + 1) senders and R = L(3H + 1) + 1 receivers; a batch of B pairs of
+T tokens stacks N = B·T positions of d_model numbers for each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from model_core.settings import Settings, load_settings
+
+MB = 1e6
+OVERHEAD_MB = 150.0
+"""What any run holds besides its tensors (the allocator's arenas, the hooks' bookkeeping), measured ~100 MB."""
+MARGIN = 1.1
+"""The estimates' headroom over what they count: measured peaks on SmolLM2 came within 0-25% below them."""
+
+
+class RunMemoryError(ValueError):
+    """A run whose estimated peak memory is over ``AE_RUN_MEMORY_MB``; the message names both and what to change."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a run's memory depends on in the model.
+
+    Attributes:
+        n_layers, n_heads, n_kv_heads, d_model, d_head, d_ff, vocab: the model's sizes.
+        act_bytes: bytes of one activation (the model's dtype: 4 for float32, 2 for bfloat16).
+    """
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    d_ff: int
+    vocab: int
+    act_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        if min(self.n_layers, self.n_heads, self.n_kv_heads, self.d_model, self.d_head, self.d_ff, self.vocab,
+               self.act_bytes) < 1:
+            raise ValueError(f"A model shape has positive sizes, not {self}.")
+
+    @property
+    def stack_bytes(self) -> int:
+        """Bytes of one number in the circuits' stacks and sums: the model's own, at least float32."""
+        return max(4, self.act_bytes)
+
+    @property
+    def n_senders(self) -> int:
+        return 1 + self.n_layers * (self.n_heads + 1)
+
+    @property
+    def n_receivers(self) -> int:
+        return self.n_layers * (3 * self.n_heads + 1) + 1
+
+
+def _first(config: Any, *names: str, default: int | None = None) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if value:
+            return int(value)
+    if default is None:
+        raise ValueError(f"The model's config names none of {', '.join(names)}: its run memory cannot be estimated.")
+    return default
+
+
+def model_shape(model: Any) -> ModelShape:
+    """The shape of a loaded transformers model (or the chapter-3 encoder) from its config and parameters' dtype."""
+    config = getattr(model, "config", model)
+    config = getattr(config, "text_config", None) or config
+    n_layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
+    n_heads = _first(config, "num_attention_heads", "n_head", "num_heads")
+    d_model = _first(config, "hidden_size", "n_embd", "d_model")
+    d_head = _first(config, "head_dim", default=max(1, d_model // n_heads))
+    try:
+        act_bytes = next(model.parameters()).element_size()
+    except (AttributeError, StopIteration, TypeError):
+        act_bytes = 4
+    return ModelShape(n_layers, n_heads, _first(config, "num_key_value_heads", default=n_heads), d_model, d_head,
+                      _first(config, "intermediate_size", "n_inner", default=4 * d_model),
+                      _first(config, "vocab_size", default=1), act_bytes)
+
+
+# -- the estimates (bytes) -------------------------------------------------------------------------------------------
+def forward_bytes(shape: ModelShape, batch: int, tokens: int, *, grad: bool = False, logits: bool = True) -> float:
+    """One pass of ``batch`` sequences of ``tokens`` through the hook layer's eager attention.
+
+    Without gradients only one layer's activations live at a time: its scores, masked scores and weights
+    (batch·H·T² each) and its MLP (batch·T·d_ff, three times). With gradients every layer's are kept for the
+    backward pass (their scores and weights: two of the three). Logits are (batch, T, vocab).
+    """
+    a, n = shape.act_bytes, batch * tokens
+    attention = (2 if grad else 3) * a * batch * shape.n_heads * tokens * tokens
+    layer = attention + a * n * (8 * shape.d_model + 3 * shape.d_ff)
+    held = layer * (shape.n_layers if grad else 1) + a * n * shape.d_model * (shape.n_layers + 1)
+    return held + (a * n * shape.vocab * (3 if grad else 1) if logits else 0.0)
+
+
+def circuit_scores_bytes(shape: ModelShape, batch: int, tokens: int) -> float:
+    """EAP / EAP-IG on one batch (``circuits.eap.score_batch``): the clean and corrupted sender stacks (2·S·N·d),
+    the receivers' gradient sum (R·N·d) and, in the gradient pass, the gradients of each query head's own q, k and v
+    inputs (the split inputs: 3·L·H·N·d) on top of a gradient pass."""
+    n, d = batch * tokens, shape.d_model
+    stacks = shape.stack_bytes * n * d * (2 * shape.n_senders + shape.n_receivers)
+    split = shape.act_bytes * n * d * 3 * shape.n_layers * shape.n_heads
+    return stacks + split + forward_bytes(shape, batch, tokens, grad=True)
+
+
+def circuit_curve_bytes(shape: ModelShape, batch: int, tokens: int) -> float:
+    """One batch of the faithfulness curve (``circuits.evaluate.circuit_metrics``): the corrupted sender stack and
+    the patched pass's Δ (2·S·N·d), each receiver group's loss and its subtraction (2·R·N·d), a pass without
+    gradients."""
+    n, d = batch * tokens, shape.d_model
+    stacks = shape.stack_bytes * n * d * 2 * (shape.n_senders + shape.n_receivers)
+    return stacks + forward_bytes(shape, batch, tokens)
+
+
+def circuit_batch_bytes(shape: ModelShape, batch: int, tokens: int, *, curve: bool = True) -> float:
+    """A circuit run's peak for batches of ``batch`` pairs of ``tokens`` tokens: the larger of its two parts."""
+    scores = circuit_scores_bytes(shape, batch, tokens)
+    return OVERHEAD_MB * MB + MARGIN * max(scores, circuit_curve_bytes(shape, batch, tokens) if curve else 0.0)
+
+
+def patching_bytes(shape: ModelShape, tokens: int, *, attribution: bool = True, copies: int = 1) -> float:
+    """Exact patching of one pair (``effects.patching``): both runs' resid_pre and z per layer (4·L·T·d), patched
+    passes of ``copies`` copies of the prompt; with ``attribution`` the corrupted run's gradient pass too."""
+    kept = 4 * shape.act_bytes * shape.n_layers * tokens * max(shape.d_model, shape.n_heads * shape.d_head)
+    passes = forward_bytes(shape, copies, tokens, logits=False) + shape.act_bytes * copies * shape.vocab
+    if attribution:
+        passes = max(passes, forward_bytes(shape, 1, tokens, grad=True) + kept)
+    return OVERHEAD_MB * MB + kept + passes
+
+
+def trace_pass_bytes(shape: ModelShape, batch: int, tokens: int, *, keep_weights: bool = True) -> float:
+    """One traced pass (a corpus batch, head roles' probes, a reply's prefill): the pass, and with
+    ``keep_weights`` every layer's weights (batch·L·H·T² float32) as the trace keeps them."""
+    weights = 4 * batch * shape.n_layers * shape.n_heads * tokens * tokens if keep_weights else 0.0
+    return OVERHEAD_MB * MB + forward_bytes(shape, batch, tokens) + weights
+
+
+def generation_bytes(shape: ModelShape, prompt: int, new_tokens: int) -> float:
+    """Generating ``new_tokens`` after ``prompt`` tokens: the prefill pass and the key/value cache of the whole
+    sequence (2·L·kv_heads·T·d_head)."""
+    total = prompt + new_tokens
+    cache = 2 * shape.act_bytes * shape.n_layers * shape.n_kv_heads * total * shape.d_head
+    return OVERHEAD_MB * MB + forward_bytes(shape, 1, prompt) + cache
+
+
+def qk_bytes(shape: ModelShape, tokens: int, n_components: int) -> float:
+    """Why this key on one head: one pass, and each of ``n_components`` parts of the head's query and key at every
+    position (2·C·T·d_head), and their C² products at one query (C²·T)."""
+    parts = 2 * 4 * n_components * tokens * shape.d_head + 4 * n_components * n_components * tokens
+    return OVERHEAD_MB * MB + forward_bytes(shape, 1, tokens) + parts
+
+
+# -- the limit and the check -----------------------------------------------------------------------------------------
+def run_memory_limit_mb(settings: Settings | None = None, override_mb: float | None = None) -> float:
+    """The limit a run is checked against: ``override_mb`` (the command line's --run-memory-mb) when given, else
+    ``AE_RUN_MEMORY_MB`` of ``settings`` (default: read from the environment)."""
+    if override_mb is not None:
+        if not override_mb > 0:
+            raise ValueError(f"--run-memory-mb is a number of MB above 0, not {override_mb!r}.")
+        return float(override_mb)
+    return float((settings or load_settings()).run_memory_mb)
+
+
+def fits(estimate_bytes: float, limit_mb: float) -> bool:
+    """Whether an estimate fits the limit."""
+    return estimate_bytes <= limit_mb * MB
+
+
+def refusal(what: str, estimate_bytes: float, limit_mb: float, advice: str) -> str:
+    """The message of a refused run: what it is, the estimate, the limit, and what to change."""
+    return (f"{what} would need about {estimate_bytes / MB:,.0f} MB of memory, over this server's limit of "
+            f"{limit_mb:,.0f} MB for one run (AE_RUN_MEMORY_MB). {advice} On a machine with more memory, raise "
+            "AE_RUN_MEMORY_MB (on the command line: --run-memory-mb).")
+
+
+def check_run_memory(what: str, estimate_bytes: float, limit_mb: float, advice: str) -> None:
+    """Refuse a run whose estimate is over the limit.
+
+    Raises:
+        RunMemoryError: the message (``refusal``) names the run, the estimate, the limit and ``advice``.
+    """
+    if not fits(estimate_bytes, limit_mb):
+        raise RunMemoryError(refusal(what, estimate_bytes, limit_mb, advice))
+
+
+def longest_fitting(estimate: Any, limit_mb: float, hi: int = 1 << 17) -> int:
+    """The largest n ≥ 0 with ``estimate(n)`` within the limit (``estimate`` grows with n), for the advice."""
+    lo = 0
+    if fits(estimate(hi), limit_mb):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(estimate(mid), limit_mb) else (lo, mid)
+    return lo

@@ -1,0 +1,176 @@
+"""Every run knows its memory before it starts (model_core.models.run_memory): the estimates grow with the run's shapes,
+a run over AE_RUN_MEMORY_MB is refused with the estimate and the limit, a circuit's long pairs run fewer to a batch
+before they are refused, the page's cap on an upload, and the command line's --run-memory-mb."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model_core.circuits.budget import batch_that_fits, first_pairs, fitted_batches, passes_a_batch, run_seconds
+from model_core.circuits.datasets import Dataset, Pair, Problem, validate
+from model_core.circuits.eap import circuit_model
+from model_core.models.run_memory import (
+    ModelShape,
+    RunMemoryError,
+    check_run_memory,
+    circuit_batch_bytes,
+    generation_bytes,
+    longest_fitting,
+    model_shape,
+    patching_bytes,
+    qk_bytes,
+    trace_pass_bytes,
+)
+from model_core.settings import RUN_MEMORY_SHARE, load_settings, machine_memory_mb
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOL = ModelShape(n_layers=30, n_heads=9, n_kv_heads=3, d_model=576, d_head=64, d_ff=1536, vocab=49152)
+"""SmolLM2-135M's shape (its config: 30 layers, 9 heads of 64, 3 key/value heads, 576 wide, MLP 1536)."""
+CALIBRATION = [  # (pairs a batch, tokens, measured peak MB above the model: EAP edge scores, curve), SmolLM2 on CPU
+    (1, 100, 810, 536), (1, 300, 2175, 1812), (16, 20, 2385, 1840)]
+
+
+# -- the estimates ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("estimate", [
+    lambda t: circuit_batch_bytes(SMOL, 1, t), lambda t: circuit_batch_bytes(SMOL, 4, t, curve=False),
+    lambda t: patching_bytes(SMOL, t), lambda t: patching_bytes(SMOL, t, attribution=False, copies=8),
+    lambda t: trace_pass_bytes(SMOL, 2, t), lambda t: generation_bytes(SMOL, t, 64), lambda t: qk_bytes(SMOL, t, 200),
+], ids=["circuit", "circuit-scores", "patching", "mean-patching", "trace", "generation", "qk"])
+def test_every_estimate_grows_with_the_tokens(estimate):
+    sizes = [estimate(t) for t in (1, 10, 100, 1000, 6000)]
+    assert all(a < b for a, b in zip(sizes, sizes[1:])), sizes
+
+
+def test_a_circuit_estimate_grows_with_the_pairs_a_batch():
+    sizes = [circuit_batch_bytes(SMOL, b, 20) for b in (1, 2, 4, 8, 16, 32)]
+    assert all(a < b for a, b in zip(sizes, sizes[1:])), sizes
+
+
+@pytest.mark.parametrize("batch, tokens, scores_mb, curve_mb", CALIBRATION)
+def test_the_circuit_estimate_is_above_the_measured_peak_and_within_half_again(batch, tokens, scores_mb, curve_mb):
+    """Conservative, not absurd: the measured peaks (tests' docstring; the README's table) lie below the estimate,
+    and the estimate is under 1.5 times the larger of them."""
+    estimate = circuit_batch_bytes(SMOL, batch, tokens) / 1e6
+    measured = max(scores_mb, curve_mb)
+    assert measured <= estimate < 1.5 * measured, (estimate, measured)
+
+
+def test_a_normal_ioi_run_fits_and_a_6000_token_pair_does_not_on_a_24_gb_machine():
+    limit = 24_000 / RUN_MEMORY_SHARE
+    assert batch_that_fits(SMOL, 20, 16, limit) == 16  # 16 IOI pairs of 20 tokens: one batch
+    assert batch_that_fits(SMOL, 6000, 16, limit) == 0
+    assert 0 < batch_that_fits(SMOL, 150, 16, limit) < 16  # long pairs run fewer to a batch before they are refused
+
+
+def test_the_refusal_names_the_run_the_estimate_and_the_limit():
+    with pytest.raises(RunMemoryError) as info:
+        check_run_memory("Edge attribution of a pair", 12_345e6, 6_000, "Shorten it.")
+    message = str(info.value)
+    assert "Edge attribution of a pair" in message and "12,345 MB" in message and "6,000 MB" in message
+    assert "AE_RUN_MEMORY_MB" in message and "--run-memory-mb" in message and "Shorten it." in message
+    assert isinstance(info.value, ValueError)  # pages that catch ValueError show it
+    check_run_memory("A small run", 5_999e6, 6_000, "")  # within the limit: nothing raised
+
+
+def test_longest_fitting_is_the_last_size_within_the_limit():
+    assert longest_fitting(lambda n: n * 1e6, 100) == 100
+    assert longest_fitting(lambda n: 1e12, 100) == 0
+
+
+# -- the setting ------------------------------------------------------------------------------------------------------
+def test_the_limit_is_a_quarter_of_the_machine_by_default_and_reads_the_variable():
+    assert load_settings({}).run_memory_mb == int(machine_memory_mb() / RUN_MEMORY_SHARE)
+    assert load_settings({"AE_RUN_MEMORY_MB": "auto"}).run_memory_mb == load_settings({}).run_memory_mb
+    assert load_settings({"AE_RUN_MEMORY_MB": "12000"}).run_memory_mb == 12_000
+    assert load_settings({}).max_pairs == 256 and load_settings({"AE_MAX_PAIRS": "10"}).max_pairs == 10
+    for name, bad in (("AE_RUN_MEMORY_MB", "lots"), ("AE_RUN_MEMORY_MB", "0"), ("AE_MAX_PAIRS", "0"),
+                      ("AE_MAX_PAIRS", "many")):
+        with pytest.raises(ValueError, match=name):
+            load_settings({name: bad})
+
+
+# -- circuits: batches that fit, or a refusal --------------------------------------------------------------------------
+def _tiny_cm(tiny_decoders):
+    from model_core.models.loading import load_pretrained
+
+    loaded = load_pretrained(str(tiny_decoders["llama"]), device="cpu")
+    return circuit_model(loaded.model, loaded.tokenizer)
+
+
+def test_long_pairs_are_batched_smaller_and_a_pair_too_long_alone_is_refused(tiny_decoders):
+    cm = _tiny_cm(tiny_decoders)
+    shape = model_shape(cm.model)
+    short = "The cat sat on the mat and the"
+    pairs = [Pair(short, short.replace("cat", "bank"), " cat", " bank")] * 6
+    checked = validate(pairs, cm.tokenizer)
+    tokens = checked.pairs[0].n_tokens
+    three = circuit_batch_bytes(shape, 3, tokens) / 1e6  # a limit that holds three pairs a batch, not four
+    fitted = fitted_batches(cm, checked.pairs, 16, limit_mb=three)
+    assert [len(b) for b in fitted.batches] == [3, 3] and fitted.sizes == {tokens: 3} and not fitted.problems
+    assert [len(b) for b in fitted_batches(cm, checked.pairs, 16, limit_mb=1e6).batches] == [6]
+    with pytest.raises(RunMemoryError, match=r"pair of \d+ tokens .* would need about [\d,]+ MB .* limit of 1 MB"):
+        fitted_batches(cm, checked.pairs, 16, limit_mb=1)
+
+
+def test_a_run_skips_the_pairs_too_long_and_names_them(tiny_decoders):
+    from model_core.circuits.run import run_circuit
+
+    cm = _tiny_cm(tiny_decoders)
+    short = "The cat sat on the mat and the"
+    long = " ".join([short] * 12)
+    pairs = [Pair(short, short.replace("cat", "bank"), " cat", " bank"), Pair(long, long.replace("cat", "bank"), " cat",
+                                                                              " bank")]
+    checked = validate(pairs, cm.tokenizer)
+    limit = circuit_batch_bytes(model_shape(cm.model), 1, checked.pairs[0].n_tokens) / 1e6 + 0.01
+    result = run_circuit(cm, pairs, method="eap", curve=False, run_memory_mb=limit)
+    assert result.n == 1
+    assert len(result.problems) == 1 and result.problems[0].startswith("pair 2 (row 2)")
+    assert "would need about" in result.problems[0] and "AE_RUN_MEMORY_MB" in result.problems[0]
+
+
+def test_the_time_estimate_counts_every_batchs_tokens_and_passes(tiny_decoders):
+    cm = _tiny_cm(tiny_decoders)
+    short = "The cat sat on the mat and the"
+    checked = validate([Pair(short, short.replace("cat", "bank"), " cat", " bank")] * 5, cm.tokenizer)
+    batches = fitted_batches(cm, checked.pairs, 2, limit_mb=1e6).batches
+    assert run_seconds(batches, 1.0, 1, True) == pytest.approx(2.5 * passes_a_batch(1, True))  # 5 pairs / 2 a pass
+    assert passes_a_batch(5, True) > passes_a_batch(1, True) > passes_a_batch(1, False)
+
+
+def test_an_upload_runs_its_first_pairs_only():
+    pairs = tuple(Pair(f"a {i}", f"b {i}", " x", " y") for i in range(10))
+    dataset = Dataset(pairs[:4] + pairs[5:], (1, 2, 3, 4, 6, 7, 8, 9, 10), (Problem(5, "bad json"),), "f.jsonl")
+    capped, left_out = first_pairs(dataset, 6)
+    assert capped.rows == (1, 2, 3, 4, 6) and [p.row for p in capped.problems] == [5] and left_out == 4
+    assert first_pairs(dataset, 100) == (dataset, 0)
+
+
+# -- the command line ---------------------------------------------------------------------------------------------------
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "model_core", *args], check=False, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+
+
+def test_the_flag_sets_the_limit_of_one_command(tmp_path, tiny_decoders):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"clean": "The cat sat on the mat and the", "corrupt": "The bank sat on the mat and the",
+                                 "answer": " cat", "foil": " bank"}) + "\n")
+    model = str(tiny_decoders["llama"])
+    refused = _cli("circuit", "--model", "pretrained", "--model-id", model, "--dataset", str(pairs), "--method", "eap",
+                   "--no-curve", "--json", "--run-memory-mb", "100")
+    assert refused.returncode == 1 and not refused.stdout
+    assert re.search(r"error: Edge attribution of a pair of \d+ tokens .* would need about [\d,]+ MB of memory, over "
+                     r"this server's limit of 100 MB", refused.stderr), refused.stderr
+    ran = _cli("circuit", "--model", "pretrained", "--model-id", model, "--dataset", str(pairs), "--method", "eap",
+               "--no-curve", "--json", "--run-memory-mb", "4000", env={"AE_RUN_MEMORY_MB": "100"})
+    assert ran.returncode == 0 and json.loads(ran.stdout)["n"] == 1, ran.stderr  # the flag over the variable
+    bad = _cli("circuit", "--model", "pretrained", "--dataset", str(pairs), "--run-memory-mb", "-3")
+    assert bad.returncode == 2 and "--run-memory-mb" in bad.stderr
