@@ -27,7 +27,6 @@ from ui.atlas import (
 from ui.context import get_context
 from ui.corpus import link_params, load_text_and_head, sidebar_model_or_stop
 from ui.focus import get_focus, set_focus
-from ui.state import open_page_if_requested
 
 OPEN_FLAG = "_atlas_open_page"
 TARGET = "_atlas_target_page"

@@ -5,8 +5,6 @@ resumed atlas equal to one run at once, and an encoder's card."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -27,7 +25,7 @@ TEXTS = (("Time flies like an arrow, and fruit flies like a banana.", None),
          ("The dog slept by the door.", None))
 CORPUS = Corpus("six", TEXTS)
 OPTIONS = AtlasOptions(batch_size=4, chunk_size=4, qk_contexts=2)
-ENCODER = dict(num_hidden_layers=2, num_attention_heads=3, hidden_size=48, seed=1)
+ENCODER = {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 48, "seed": 1}
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +259,23 @@ def test_an_encoder_card_says_it_writes_no_logits_and_still_explains_its_scores(
     assert card["qk"] is not None and card["summary"]
     assert card["roles"]["induction"] is not None
     assert set(card["composition"]) == {"q", "k", "v"}
+
+
+@pytest.mark.slow
+def test_the_ray_engine_equals_the_local_one(decoder, tmp_path):
+    ray = pytest.importorskip("ray")
+    try:
+        remote = run_atlas(CORPUS, decoder["model"], tmp_path / "ray", options=OPTIONS, loaded=decoder["loaded"],
+                           engine="ray", ray_num_cpus=1)
+    finally:
+        ray.shutdown()
+    assert remote.manifest["engine"] == "ray"
+    local = decoder["run"]
+    for layer, head in np.ndindex(*local.shape):
+        a, b = remote.card(layer, head), local.card(layer, head)
+        for key in ("top_contexts", "top_contexts_no_sink"):
+            assert [(c["text_id"], c["query"], c["key"]) for c in a[key]] == \
+                [(c["text_id"], c["query"], c["key"]) for c in b[key]]
+            np.testing.assert_allclose([c["weight"] for c in a[key]], [c["weight"] for c in b[key]], atol=1e-6)
+        for key, value in b["profile"].items():
+            assert a["profile"][key] == pytest.approx(value, abs=1e-6)

@@ -14,7 +14,7 @@ from model_core.corpus import Corpus, CorpusModel
 pytestmark = pytest.mark.slow
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-SMALL = dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=32)
+SMALL = {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 32}
 SIDEBAR = {"ctl_model": "custom", "ctl_num_hidden_layers": 2, "ctl_num_attention_heads": 2, "ctl_hidden_size": 32}
 
 

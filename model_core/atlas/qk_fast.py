@@ -130,8 +130,9 @@ class TextSplit:
         r = self._unrotate(layer, q.expand(len(visible), -1).clone(), visible)  # (keys, d_head): R_j^T q
         b = pulled(lw.W_K[kv], r) * (w_bar * inv[visible])[:, None]  # (keys, d_model)
         parts = self.components(layer)
+        keys_at = slice(visible[0], visible[-1] + 1)  # the visible keys are one run of positions: a view, no copy
         query_side = torch.cat([g[:, query] @ a for g in parts])  # (C,)
-        key_side = torch.cat([torch.einsum("cjd,jd->c", g[:, visible], b) for g in parts])
+        key_side = torch.cat([torch.einsum("cjd,jd->c", g[:, keys_at], b) for g in parts])
         if has_bias:
             b_o = sum((w.b_O.to(F64) for w in self.weights[:layer] if w.b_O is not None), torch.zeros_like(gain))
             q_const = torch.zeros(lw.W_Q.shape[-1], dtype=F64)

@@ -23,7 +23,7 @@ import model_core.atlas.store as store
 from model_core.atlas.contexts import TOP_K, TokenText, context, decile_samples, top_texts
 from model_core.atlas.keys import LISTS, PROFILE_KEYS, ROW_KEYS
 from model_core.atlas.ov import TOP_N, copying_scores
-from model_core.atlas.shard import ShardResult, process_shard
+from model_core.atlas.shard import process_shard
 from model_core.atlas.summary import SummaryRules, summarise
 from model_core.atlas.why import QKAverage, explain
 from model_core.corpus.batches import EncodedText, encode_texts
@@ -108,7 +108,8 @@ def _prepare(out: Path, corpus: Corpus, model: CorpusModel, options: AtlasOption
 
 def run_atlas(corpus: Corpus, model: CorpusModel, out: str | Path, *, options: AtlasOptions = AtlasOptions(),
               loaded: LoadedCorpusModel | None = None, engine: Engine = "local", device: str | None = None,
-              ray_address: str | None = None, circuit: str | Path | dict | None = None,
+              ray_address: str | None = None, ray_num_cpus: int | None = None,
+              circuit: str | Path | dict | None = None,
               rules: SummaryRules = SummaryRules(),
               progress: Callable[[AtlasProgress], None] | None = None) -> store.AtlasRun:
     """Scan ``corpus`` through ``model`` into the atlas folder ``out`` and write every head's card.
@@ -156,7 +157,7 @@ def run_atlas(corpus: Corpus, model: CorpusModel, out: str | Path, *, options: A
     if engine == "ray":
         from model_core.atlas.ray_engine import run_shards_on_ray  # noqa: PLC0415 (Ray is optional and seconds to import)
 
-        results = run_shards_on_ray(model, shards, options, ray_address)
+        results = run_shards_on_ray(model, shards, options, ray_address, ray_num_cpus)
     else:
         results = (process_shard(loaded, index, first, texts, batch_size=options.batch_size,
                                  max_tokens=options.max_tokens, long=options.long,
@@ -282,6 +283,8 @@ def build_cards(loaded: LoadedCorpusModel, corpus: Corpus, scanned: store.Scanne
     """Every head's card, layer-major, from the scanned parts (the module's docstring)."""
     n_layers, n_heads = loaded.n_layers, loaded.n_heads
     ids = scanned.text_ids
+    if progress is not None:
+        progress(0, 0)  # the cards begin
     tops: dict[tuple[int, int], list[np.ndarray]] = {}
     deciles: dict[tuple[int, int], list[np.ndarray]] = {}
     needed: set[int] = set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from model_core.atlas.keys import DECODER_MIN_QUERY
@@ -32,7 +33,7 @@ class BatchMasks:
 
     @classmethod
     def build(cls, ids: torch.Tensor, lengths: torch.Tensor, punct: torch.Tensor, special: torch.Tensor,
-              is_decoder: bool) -> "BatchMasks":
+              is_decoder: bool) -> BatchMasks:
         """Masks of a right-padded batch: ``ids`` (batch, pos), ``lengths`` (batch,), per-position flags ``punct``
         and ``special`` (batch, pos) bool."""
         n = ids.shape[1]
@@ -62,11 +63,11 @@ class BatchScan:
     rows, those with another copy of their token, those with an induction target.
     """
 
-    best_w: "object"
-    best_q: "object"
-    best_k: "object"
-    sums: "object"
-    rows: "object"
+    best_w: np.ndarray
+    best_q: np.ndarray
+    best_k: np.ndarray
+    sums: np.ndarray
+    rows: np.ndarray
 
 
 def _best(w: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
