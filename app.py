@@ -130,7 +130,7 @@ def main() -> None:
                 focus_picker(shaped.n_layers, shaped.n_heads)
     if trace is not None:
         words = trace.words() if st.session_state.get("ctl_words") else None
-        st.sidebar.caption(f"{trace.description} · {trace.n_tokens} tokens")
+        st.sidebar.caption(f"{trace.description} · {trace.n_tokens} tokens · {trace.dtype}")  # the precision (AE_DTYPE)
         if trace.is_decoder:  # a decoder has no [SEP]: say how it read sentence B
             st.sidebar.caption(f"A {trace.family.label} reads a pair as {trace.family.pair_rule}.")
     elif compact is not None:

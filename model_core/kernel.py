@@ -58,9 +58,12 @@ def attention_scores(q: Array, k: Array, *, scale: float, softcap: float | None 
         scale: 1/√d_head for most models (Gemma: query_pre_attn_scalar^-1/2).
         softcap: Gemma 2's attention softcap, or None.
 
-    Shape: -> (..., q_pos, k_pos), in the inputs' dtype.
+    Shape: -> (..., q_pos, k_pos), in the inputs' dtype; float32 for half-precision inputs (bfloat16, float16):
+    scores and weights are always float32's, whatever precision the model runs in.
     """
     q, k, scale = as_tensor(q), as_tensor(k), float(scale)
+    if q.dtype in (torch.bfloat16, torch.float16) or k.dtype in (torch.bfloat16, torch.float16):
+        q, k = q.float(), k.float()
     if softcap is None:
         return torch.matmul(q * scale, k.transpose(-1, -2))
     return cap_scores(torch.matmul(q, k.transpose(-1, -2)) * scale, softcap)

@@ -39,8 +39,15 @@ or a 4,096-token compact one, or several smaller ones; the latest always stays. 
 the server stays within 1.5 GB."""
 
 DEFAULT_MAX_PARAMS = 1_500_000_000
-"""The largest model the default deployment loads: 1.5 B parameters is 6 GB in float32, which fits a 24 GB machine
-beside its traces."""
+"""The largest model the default deployment loads on a CPU: 1.5 B parameters is 6 GB in float32, which fits a 24 GB
+machine beside its traces. On a GPU, AE_MAX_PARAMS=auto follows the GPU's memory (``model_core.models.loading``)."""
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+"""AE_DTYPE: the models' precision. auto is float32 on a CPU, and on a GPU bfloat16 for a model over
+``AUTO_HALF_PARAMS`` parameters (float32 below). Attention weights are softmaxed and kept in float32 either way."""
+
+AUTO_HALF_PARAMS = 1_000_000_000
+"""AE_DTYPE=auto loads a model over this many parameters in bfloat16 on a GPU."""
 
 MAX_RUNS_LIMIT = 64
 """The most ``AE_MAX_RUNS`` may be."""
@@ -61,7 +68,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "AE_MAX_TOKENS": (str(DEFAULT_MAX_TOKENS), "Largest input, in tokens, that the server accepts (at most 8192; a model's own positions may allow fewer: BERT's 512)."),
     "AE_FULL_TRACE_MB": (str(DEFAULT_FULL_TRACE_MB), "Largest full trace (every layer x head x n² weights, float32) in MB; a longer input is traced in compact form (queries, keys, row log-sum-exps, exact block means)."),
     "AE_TRACE_CACHE_MB": (str(DEFAULT_TRACE_CACHE_MB), "Memory, in MB, the server keeps finished traces in (shared by every session; least recently used first out, the latest always kept; head masking's runs get a quarter of it more). Raise it for many users at once: a 512-token SmolLM2 trace is about 400 MB."),
-    "AE_MAX_PARAMS": (str(DEFAULT_MAX_PARAMS), "Largest model, in parameters counted from its config, that the server loads; a larger one is refused before any download."),
+    "AE_MAX_PARAMS": ("auto", "Largest model, in parameters counted from its config, that the server loads; a larger one is refused before any download, with its size and the device's memory. auto: 1500000000 on a CPU; on a GPU, what fits in three quarters of its memory at the precision AE_DTYPE picks (the rest is for the passes)."),
+    "AE_DTYPE": ("auto", "The models' precision: auto, float32, bfloat16 or float16. auto: float32 on a CPU; on a GPU, bfloat16 for a model over 1B parameters, float32 below. Attention weights and scores are computed and kept in float32 either way; the sidebar says which precision a trace used."),
     "AE_MODEL_CACHE": ("", "Folder of the bundled decoder converted from its GGUF file (done once); empty uses ~/.cache/attention-explorer/models."),
     "AE_ALLOWED_MODELS": ("", "Comma-separated model ids a deployment allows; empty allows any. The bundled model and the default are always allowed."),
     "AE_ALLOW_LOCAL_MODELS": ("true", "Whether local folders may be loaded as models (true/false)."),
@@ -158,7 +166,9 @@ class Settings:
         max_tokens: the longest input accepted, in tokens.
         full_trace_mb: the largest full trace, in MB of weights; past it a trace is compact.
         trace_cache_mb: the memory the server keeps finished traces in, in MB.
-        max_params: the largest model loaded, in parameters.
+        max_params: the largest model loaded, in parameters; None means auto (``model_core.models.loading.max_params``:
+            1.5 B on a CPU, what fits a GPU's memory there).
+        dtype: the models' precision, one of ``DTYPE_CHOICES`` (auto: float32 on a CPU, bfloat16 on a GPU over 1 B).
         allowed_models: ids a public deployment allows; empty means any id.
         allow_local_models: whether a local folder may be loaded (a model, or a run folder on the Corpus page).
         corpus_max_texts: the most texts the Corpus page runs from an upload or a dataset.
@@ -175,7 +185,7 @@ class Settings:
     max_tokens: int = DEFAULT_MAX_TOKENS
     full_trace_mb: float = DEFAULT_FULL_TRACE_MB
     trace_cache_mb: float = DEFAULT_TRACE_CACHE_MB
-    max_params: int = DEFAULT_MAX_PARAMS
+    max_params: int | None = None
     allowed_models: tuple[str, ...] = ()
     allow_local_models: bool = True
     corpus_max_texts: int = 5000
@@ -183,6 +193,7 @@ class Settings:
     max_runs: int | None = None
     run_memory_mb: float | None = None
     max_pairs: int = DEFAULT_MAX_PAIRS
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.run_memory_mb is None:
@@ -205,7 +216,9 @@ class Settings:
             raise ValueError(f"AE_FULL_TRACE_MB={self.full_trace_mb} must be between 0.01 and 1,000,000 (MB).")
         if not 0 <= self.trace_cache_mb <= 10_000_000:
             raise ValueError(f"AE_TRACE_CACHE_MB={self.trace_cache_mb} must be between 0 and 10,000,000 (MB).")
-        if self.max_params < 1:
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"AE_DTYPE={self.dtype!r} is not one of {', '.join(DTYPE_CHOICES)}.")
+        if self.max_params is not None and self.max_params < 1:
             raise ValueError(f"AE_MAX_PARAMS={self.max_params} must be a positive whole number of parameters.")
         if not self.default_model.strip():
             raise ValueError("AE_DEFAULT_MODEL is empty; unset it to use the bundled model.")
@@ -272,11 +285,12 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         trace_cache_mb = float(raw_cache)
     except ValueError:
         raise ValueError(f"AE_TRACE_CACHE_MB={raw_cache!r} is not a number of MB; use one such as 512.") from None
-    raw_params = get("AE_MAX_PARAMS").replace("_", "").replace(",", "")
+    raw_params = get("AE_MAX_PARAMS").replace("_", "").replace(",", "").strip()
     try:
-        max_params = int(float(raw_params))
+        max_params = None if raw_params.lower() == "auto" else int(float(raw_params))
     except ValueError:
-        raise ValueError(f"AE_MAX_PARAMS={raw_params!r} is not a number; use a parameter count such as 1500000000.") from None
+        raise ValueError(f"AE_MAX_PARAMS={raw_params!r} is not a number; use a parameter count such as 1500000000, "
+                         "or auto.") from None
     allowed = tuple(m.strip() for m in get("AE_ALLOWED_MODELS").split(",") if m.strip())
     raw_cap = get("AE_CORPUS_MAX_TEXTS")
     try:
@@ -302,6 +316,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         max_runs=_parse_max_runs(get("AE_MAX_RUNS")),
         run_memory_mb=_parse_run_memory(get("AE_RUN_MEMORY_MB")),
         max_pairs=max_pairs,
+        dtype=get("AE_DTYPE").strip().lower(),
     )
 
 

@@ -58,8 +58,13 @@ class CircuitModel:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The stacks' dtype on the host: the model's own, at least float32 (a float64 model keeps float64)."""
+        """The stacks' dtype: the model's own, at least float32 (a float64 model keeps float64)."""
         return torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model is: the stacks, the gradients and the sums stay there until a run returns."""
+        return next(self.model.parameters()).device
 
     @property
     def n_heads(self) -> int:
@@ -109,6 +114,18 @@ class PairBatch:
     def __len__(self) -> int:
         """How many pairs."""
         return int(self.clean.shape[0])
+
+    def to(self, device: torch.device) -> PairBatch:
+        """The batch on ``device`` (itself when it is there already): moved once, not in every pass."""
+        if self.clean.device == torch.device(device):
+            return self
+        return PairBatch(self.clean.to(device), self.corrupt.to(device), self.answer.to(device),
+                         self.foil.to(device), self.rows)
+
+
+def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``, moved only when it is elsewhere (a host-to-device copy, never back)."""
+    return t if t.device == torch.device(device) else t.to(device)
 
 
 def make_batches(pairs: Sequence[TokenizedPair], batch_size: int = DEFAULT_BATCH) -> list[PairBatch]:
@@ -210,7 +227,7 @@ def metric(logits: torch.Tensor, answer: torch.Tensor, foil: torch.Tensor) -> to
     """M = logit(answer) − logit(foil) at the last position. Shape: logits (batch, pos, vocab) -> (batch,)."""
     last = logits[:, -1, :]
     rows = torch.arange(last.shape[0], device=last.device)
-    return last[rows, answer.to(last.device)] - last[rows, foil.to(last.device)]
+    return last[rows, on_device(answer, last.device)] - last[rows, on_device(foil, last.device)]
 
 
 # -- the clean and corrupted runs ------------------------------------------------------------------------------------
@@ -228,17 +245,17 @@ class SenderRun:
 
 def sender_run(cm: CircuitModel, ids: torch.Tensor, batch: PairBatch,
                hooks: Sequence[tuple[str, Callable]] = ()) -> SenderRun:
-    """Run ``ids`` recording every sender's output into one stack (no gradients)."""
+    """Run ``ids`` recording every sender's output into one stack on the model's device (no gradients)."""
     graph = cm.graph
     n = ids.numel() * cm.d_model
-    stack = torch.empty(len(graph.senders), n, dtype=cm.dtype)
+    stack = torch.empty(len(graph.senders), n, dtype=cm.dtype, device=cm.device)
 
     def keep(t: torch.Tensor, point: Any) -> None:
-        stack[sender_rows(graph, point.name)] = as_rows(t.detach()).to(device="cpu", dtype=cm.dtype)
+        stack[sender_rows(graph, point.name)] = as_rows(t.detach())  # copy_ casts to the stack's dtype in place
     out = run_with_hooks(cm.model, ids, names=["hook_embed"], hooks=[*hooks, *((p, keep) for p in
                                                                                  sender_points(cm.n_layers))])
     return SenderRun(stack, out.cache["hook_embed"].detach(),
-                     metric(out.logits, batch.answer, batch.foil).detach().to(device="cpu", dtype=cm.dtype))
+                     metric(out.logits, batch.answer, batch.foil).detach().to(dtype=cm.dtype))
 
 
 # -- gradients -------------------------------------------------------------------------------------------------------
@@ -246,25 +263,25 @@ def receiver_gradients(cm: CircuitModel, batch: PairBatch, e_clean: torch.Tensor
                        steps: int) -> torch.Tensor:
     """g_v = (1/m) Σ_{k=1..m} ∂(Σ_pairs M)/∂x_v, the input embeddings at e_corrupt + (k/m)(e_clean − e_corrupt).
 
-    Shape: -> (n_receivers, batch·pos·d_model), ``cm.dtype``.
+    Shape: -> (n_receivers, batch·pos·d_model), ``cm.dtype``, on the model's device.
     """
     graph = cm.graph
     points = receiver_points(cm.n_layers)
-    total = torch.zeros(len(graph.receivers), batch.clean.numel() * cm.d_model, dtype=cm.dtype)
+    total = torch.zeros(len(graph.receivers), batch.clean.numel() * cm.d_model, dtype=cm.dtype, device=cm.device)
     for k in range(1, steps + 1):
         alpha = k / steps
 
         def embed(t: torch.Tensor, _point: Any, alpha: float = alpha) -> torch.Tensor:
             # A leaf of its own, so the pass is differentiable whatever the embedding module gave
             path = e_corrupt + alpha * (e_clean - e_corrupt) if alpha != 1.0 else e_clean.clone()
-            return path.to(device=t.device, dtype=t.dtype).requires_grad_(True)
+            return path.to(dtype=t.dtype).requires_grad_(True)  # the embeddings are on the model's device already
         out = run_with_hooks(cm.model, batch.clean, names=points,
                              hooks=[("hook_embed", embed), *receiver_hooks(cm.n_layers)], grad=True)
         metric(out.logits, batch.answer, batch.foil).sum().backward()
         for point in points:
             grad = out.cache[point].grad
             if grad is not None:  # a receiver the metric does not reach keeps a zero gradient
-                total[receiver_rows(graph, point)] += as_rows(grad).to(device="cpu", dtype=cm.dtype)
+                total[receiver_rows(graph, point)] += as_rows(grad).to(dtype=cm.dtype)
         del out
     return total / steps
 
@@ -281,14 +298,20 @@ def upstream_groups(graph: Graph) -> Iterator[tuple[int, int, int]]:
         start = end
 
 
-def edge_products(graph: Graph, delta: torch.Tensor, grads: torch.Tensor) -> np.ndarray:
-    """Σ over the stacked (pair, position, d_model) axis of Δ_u · g_v for every edge; 0 off the edges.
+def sum_dtype(device: torch.device) -> torch.dtype:
+    """The dtype sums over pairs and batches are kept in on ``device``: float64, where the device has it (not MPS)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def edge_products(graph: Graph, delta: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """Σ over the stacked (pair, position, d_model) axis of Δ_u · g_v for every edge; 0 off the edges. On the
+    stacks' device.
 
     Shape: delta (n_senders, N), grads (n_receivers, N) -> (n_senders, n_receivers) float64.
     """
-    out = np.zeros(graph.shape, dtype=np.float64)
+    out = torch.zeros(graph.shape, dtype=sum_dtype(delta.device), device=delta.device)
     for start, end, up in upstream_groups(graph):
-        out[:up, start:end] = (delta[:up] @ grads[start:end].T).double().numpy()
+        out[:up, start:end] = delta[:up] @ grads[start:end].T
     return out
 
 
@@ -310,18 +333,50 @@ class BatchScores:
         return len(self.rows)
 
 
-def score_batch(cm: CircuitModel, batch: PairBatch, steps: int = DEFAULT_STEPS) -> BatchScores:
-    """EAP-IG (EAP with ``steps`` 1) on one batch: Σ over its pairs of Σ_positions Δ_u · g_v for every edge.
+@dataclass(frozen=True, eq=False)
+class DeviceScores:
+    """``BatchScores`` still on the model's device: what a run adds up before it copies to the host once.
+
+    Shape: score_sum (n_senders, n_receivers); clean, corrupt (batch,); ``sum_dtype`` of the device.
+    """
+
+    score_sum: torch.Tensor
+    clean: torch.Tensor
+    corrupt: torch.Tensor
+    rows: tuple[int, ...]
+
+    def __len__(self) -> int:
+        """How many pairs."""
+        return len(self.rows)
+
+    def host(self) -> BatchScores:
+        """The scores on the host, float64 (three copies)."""
+        return BatchScores(self.score_sum.cpu().double().numpy(), self.clean.cpu().double().numpy(),
+                           self.corrupt.cpu().double().numpy(), self.rows)
+
+
+def score_batch_on_device(cm: CircuitModel, batch: PairBatch, steps: int = DEFAULT_STEPS) -> DeviceScores:
+    """``score_batch`` with its sums left on the model's device (no copy to the host).
 
     Raises:
         ValueError: steps below 1.
     """
     if isinstance(steps, bool) or int(steps) < 1:
         raise ValueError(f"steps is a whole number ≥ 1, not {steps!r}.")
+    batch = batch.to(cm.device)
     with GATE.turn():  # the forward passes take their own turns; the backward passes run inside this one
         clean = sender_run(cm, batch.clean, batch)
         corrupt = sender_run(cm, batch.corrupt, batch)
         delta = clean.senders.sub_(corrupt.senders)  # (n_senders, N): Δ_u, in place
         grads = receiver_gradients(cm, batch, clean.embed, corrupt.embed, int(steps))
     scores = edge_products(cm.graph, delta, grads)
-    return BatchScores(scores, clean.metric.double().numpy(), corrupt.metric.double().numpy(), batch.rows)
+    return DeviceScores(scores, clean.metric.to(scores.dtype), corrupt.metric.to(scores.dtype), batch.rows)
+
+
+def score_batch(cm: CircuitModel, batch: PairBatch, steps: int = DEFAULT_STEPS) -> BatchScores:
+    """EAP-IG (EAP with ``steps`` 1) on one batch: Σ over its pairs of Σ_positions Δ_u · g_v for every edge.
+
+    Raises:
+        ValueError: steps below 1.
+    """
+    return score_batch_on_device(cm, batch, steps).host()

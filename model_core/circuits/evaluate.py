@@ -22,12 +22,14 @@ from model_core.circuits.eap import (
     as_rows,
     from_rows,
     metric,
+    on_device,
     receiver_hooks,
     receiver_points,
     receiver_rows,
     sender_points,
     sender_rows,
     sender_run,
+    sum_dtype,
 )
 from model_core.circuits.faithfulness import FRACTIONS, faithfulness
 from model_core.circuits.graph import EdgeScores
@@ -76,10 +78,12 @@ def _groups(cm: CircuitModel) -> dict[str, tuple[str, slice, int]]:
 
 
 def _plan(cm: CircuitModel, keep: np.ndarray) -> dict[str, _Step | None]:
-    """Each receiver group's ``_Step``, or None where the circuit keeps every edge into it.
+    """Each receiver group's ``_Step``, or None where the circuit keeps every edge into it; its matrices on the
+    model's device (made once a circuit, on the host, and moved there).
 
     Shape: keep (n_senders, n_receivers) bool.
     """
+    device = cm.device
     graph = cm.graph
     plan: dict[str, _Step | None] = {}
     for group, cols, _ in _groups(cm).values():
@@ -96,33 +100,38 @@ def _plan(cm: CircuitModel, keep: np.ndarray) -> dict[str, _Step | None]:
         matrix = torch.from_numpy(np.ascontiguousarray(chosen.T)).to(cm.dtype)  # (receivers, up)
         used = np.flatnonzero(chosen.any(axis=1))
         senders = torch.from_numpy(used) if len(used) < GATHER_BELOW * up else None
-        plan[group] = _Step(form, matrix if senders is None else matrix[:, senders].contiguous(), senders, up)
+        if senders is not None:
+            matrix = matrix[:, senders].contiguous()
+        plan[group] = _Step(form, on_device(matrix, device), None if senders is None else on_device(senders, device),
+                            up)
     return plan
 
 
-def patched_metric(cm: CircuitModel, batch: PairBatch, corrupt: torch.Tensor, keep: np.ndarray) -> torch.Tensor:
+def patched_metric(cm: CircuitModel, batch: PairBatch, corrupt: torch.Tensor, keep: np.ndarray | dict) -> torch.Tensor:
     """M on the clean prompts with every edge outside ``keep`` carrying the corrupted run's sender output.
+
+    Every tensor of the pass stays on the model's device, and so does the result.
 
     Args:
         corrupt: the corrupted run's sender outputs (``sender_run(...).senders``).
-        keep: the circuit. Shape: (n_senders, n_receivers) bool.
+        keep: the circuit, shape (n_senders, n_receivers) bool; or its plan (``_plan``), made once for many batches.
 
     Shape: corrupt (n_senders, batch·pos·d_model) -> (batch,).
     """
     graph = cm.graph
-    plan = _plan(cm, keep)
+    plan = keep if isinstance(keep, dict) else _plan(cm, keep)
+    batch = batch.to(corrupt.device)
     if all(step is None for step in plan.values()):  # the full graph: the clean run itself
         out = run_with_hooks(cm.model, batch.clean)
-        return metric(out.logits, batch.answer, batch.foil).to(device="cpu", dtype=corrupt.dtype)
+        return metric(out.logits, batch.answer, batch.foil).to(dtype=corrupt.dtype)
     groups = _groups(cm)
     delta = torch.zeros_like(corrupt)  # (n_senders, N): Δ_u of this pass
-    total = torch.zeros(corrupt.shape[1], dtype=corrupt.dtype)  # Σ of the Δ recorded so far
+    total = torch.zeros(corrupt.shape[1], dtype=corrupt.dtype, device=corrupt.device)  # Σ of the Δ recorded so far
     done: dict[str, torch.Tensor] = {}  # each group's loss, (receivers, N), once per pass
 
     def record(t: torch.Tensor, point: Any) -> None:
         rows = sender_rows(graph, point.name)
-        d = as_rows(t).to(device="cpu", dtype=corrupt.dtype) - corrupt[rows]
-        delta[rows] = d
+        d = torch.sub(as_rows(t), corrupt[rows], out=delta[rows])  # the model's dtype promoted to the stack's
         total.add_(d.sum(dim=0))
 
     def loss(group: str) -> torch.Tensor:
@@ -132,7 +141,7 @@ def patched_metric(cm: CircuitModel, batch: PairBatch, corrupt: torch.Tensor, ke
         elif len(step.senders):
             part = step.matrix @ delta[step.senders]
         else:
-            part = torch.zeros(step.matrix.shape[0], delta.shape[1], dtype=delta.dtype)
+            part = torch.zeros(step.matrix.shape[0], delta.shape[1], dtype=delta.dtype, device=delta.device)
         # "in": the senders recorded so far are exactly this group's upstream (senders come before receivers)
         return total[None, :] - part if step.form == "in" else part
 
@@ -143,12 +152,12 @@ def patched_metric(cm: CircuitModel, batch: PairBatch, corrupt: torch.Tensor, ke
         if group not in done:
             done[group] = loss(group)
         rows = done[group][first::3] if t.dim() == 4 else done[group]  # a head input: its part, q, k or v
-        return t - from_rows(rows, t).to(device=t.device, dtype=t.dtype)
+        return t - from_rows(rows, t).to(dtype=t.dtype)  # on the model's device already
 
     hooks = [*receiver_hooks(cm.n_layers), *((p, record) for p in sender_points(cm.n_layers)),
              *((p, subtract) for p in receiver_points(cm.n_layers))]
     out = run_with_hooks(cm.model, batch.clean, hooks=hooks)
-    return metric(out.logits, batch.answer, batch.foil).to(device="cpu", dtype=corrupt.dtype)
+    return metric(out.logits, batch.answer, batch.foil).to(dtype=corrupt.dtype)
 
 
 def circuit_metrics(cm: CircuitModel, batches: Sequence[PairBatch], circuits: Sequence[np.ndarray], *,
@@ -156,30 +165,34 @@ def circuit_metrics(cm: CircuitModel, batches: Sequence[PairBatch], circuits: Se
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
     """Σ over the pairs of m for each circuit, of the clean and of the corrupted metric; and the pairs run.
 
-    One corrupted pass a batch records its senders; then one patched pass a circuit. ``progress`` gets the share
-    done (0..1); ``stop`` is asked before each batch, and a Stop returns None (a curve over part of the pairs is no
-    curve of the dataset).
+    One corrupted pass a batch records its senders; then one patched pass a circuit. The sums stay on the model's
+    device and come to the host once, at the end. ``progress`` gets the share done (0..1); ``stop`` is asked before
+    each batch, and a Stop returns None (a curve over part of the pairs is no curve of the dataset).
 
     Shape: circuits[i] (n_senders, n_receivers) bool -> (n_circuits,), (), (), int.
     """
-    sums = np.zeros(len(circuits), dtype=np.float64)
-    clean_sum = corrupt_sum = 0.0
+    device = cm.device
+    # [circuit 0 .. circuit k-1, clean, corrupt]: one tensor, one copy to the host
+    sums = torch.zeros(len(circuits) + 2, dtype=sum_dtype(device), device=device)
+    plans = [_plan(cm, keep) for keep in circuits]  # once a circuit, not once a batch
     n = 0
     total = sum(len(b) for b in batches)
     for batch in batches:
         if stop is not None and stop():
             return None
+        batch = batch.to(device)
         with GATE.turn(), torch.no_grad():
             corrupt = sender_run(cm, batch.corrupt, batch)
             clean = run_with_hooks(cm.model, batch.clean)
-            clean_sum += float(metric(clean.logits, batch.answer, batch.foil).double().sum())
-            corrupt_sum += float(corrupt.metric.double().sum())
-            for i, keep in enumerate(circuits):
-                sums[i] += float(patched_metric(cm, batch, corrupt.senders, keep).double().sum())
+            sums[-2] += metric(clean.logits, batch.answer, batch.foil).to(sums.dtype).sum()
+            sums[-1] += corrupt.metric.to(sums.dtype).sum()
+            for i, plan in enumerate(plans):
+                sums[i] += patched_metric(cm, batch, corrupt.senders, plan).to(sums.dtype).sum()
                 if progress is not None:
                     progress((n + len(batch) * (i + 1) / len(circuits)) / total)
         n += len(batch)
-    return sums, np.float64(clean_sum), np.float64(corrupt_sum), n
+    host = sums.cpu().double().numpy()
+    return host[:-2].copy(), np.float64(host[-2]), np.float64(host[-1]), n
 
 
 def faithfulness_curve(cm: CircuitModel, batches: Sequence[PairBatch], scores: EdgeScores,

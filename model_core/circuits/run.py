@@ -26,8 +26,9 @@ from model_core.circuits.eap import (
     DEFAULT_STEPS,
     BatchScores,
     CircuitModel,
+    DeviceScores,
     PairBatch,
-    score_batch,
+    score_batch_on_device,
 )
 from model_core.circuits.evaluate import Stop, faithfulness_curve
 from model_core.circuits.faithfulness import FRACTIONS
@@ -58,27 +59,39 @@ def method_steps(method: str, steps: int | None) -> int:
 
 
 class Totals:
-    """Sums over the batches done: of the per-pair edge scores and of the clean and corrupted metrics."""
+    """Sums over the batches done: of the per-pair edge scores and of the clean and corrupted metrics. A local run's
+    sums stay on the model's device (``DeviceScores``) and come to the host once, when a result is asked for."""
 
     def __init__(self, shape: tuple[int, int]) -> None:
-        self.score_sum = np.zeros(shape, dtype=np.float64)
-        self.clean_sum = 0.0
-        self.corrupt_sum = 0.0
+        self.score_sum: np.ndarray | torch.Tensor = np.zeros(shape, dtype=np.float64)
+        self.clean_sum: float | torch.Tensor = 0.0
+        self.corrupt_sum: float | torch.Tensor = 0.0
         self.n = 0
 
-    def add(self, got: BatchScores) -> None:
+    def add(self, got: BatchScores | DeviceScores) -> None:
+        if isinstance(got, DeviceScores) and isinstance(self.score_sum, np.ndarray) and not self.n:
+            self.score_sum = torch.zeros_like(got.score_sum)  # the first batch: sum on its device from now on
+        if isinstance(self.score_sum, torch.Tensor) and isinstance(got, BatchScores):
+            got = DeviceScores(torch.from_numpy(got.score_sum).to(self.score_sum), torch.from_numpy(got.clean),
+                               torch.from_numpy(got.corrupt), got.rows)
         self.score_sum += got.score_sum
-        self.clean_sum += float(got.clean.sum())
-        self.corrupt_sum += float(got.corrupt.sum())
+        self.clean_sum += got.clean.sum()
+        self.corrupt_sum += got.corrupt.sum()
         self.n += len(got)
 
     def result(self, cm: CircuitModel, method: str, steps: int, problems: Sequence[str], *,
                partial: bool) -> CircuitResult:
         n = max(self.n, 1)
-        scores = EdgeScores(cm.graph, self.score_sum / n)
+        score_sum, clean_sum, corrupt_sum = self.score_sum, self.clean_sum, self.corrupt_sum
+        if isinstance(score_sum, torch.Tensor):  # one copy of the scores, one of the two metric sums
+            score_sum = score_sum.cpu().double().numpy()
+            clean_sum, corrupt_sum = torch.stack([torch.as_tensor(clean_sum), torch.as_tensor(corrupt_sum)]
+                                                 ).cpu().double().numpy()
+        scores = EdgeScores(cm.graph, score_sum / n)
         nan = float("nan")
-        return CircuitResult(self.n, self.clean_sum / n if self.n else nan, self.corrupt_sum / n if self.n else nan,
-                             method, steps, scores, None, tuple(problems), partial)
+        return CircuitResult(self.n, float(clean_sum) / n if self.n else nan,
+                             float(corrupt_sum) / n if self.n else nan, method, steps, scores, None, tuple(problems),
+                             partial)
 
 
 def _passes(steps: int, curve: bool, n_fractions: int) -> tuple[float, float]:
@@ -146,7 +159,7 @@ def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: 
             if stop is not None and stop():
                 stopped = True
                 break
-            totals.add(score_batch(cm, batch, steps))
+            totals.add(score_batch_on_device(cm, batch, steps))
             told(share * totals.n / n_total, f"Edge scores: {totals.n} of {n_total} pairs")
             if keep is not None and totals.n < n_total:
                 keep(totals.result(cm, method, steps, problems, partial=True))

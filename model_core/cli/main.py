@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from model_core.cli._common import add_dtype_to_model_verbs, apply_dtype
 from model_core.cli.atlas import add_atlas_parser, atlas_main
 from model_core.cli.attribute import add_attribute_parser, attribute_main
 from model_core.cli.circuit import add_circuit_parser, circuit_main
@@ -34,10 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
                 add_neighbours_parser, add_graph_parser, add_attribute_parser, add_patch_parser, add_generate_parser,
                 add_kv_parser, add_composition_parser, add_qk_parser, add_circuit_parser, add_atlas_parser):
         add(sub)
+    add_dtype_to_model_verbs(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``) and run its verb; the exit code (0, 1 error, 2 usage, 130 Ctrl-C)."""
     args = build_parser().parse_args(argv)
+    apply_dtype(args)
     return VERBS[args.command](args)

@@ -217,21 +217,8 @@ def all_patches(runs: PatchRuns, *, heads: bool = True, residual: bool = True) -
 
 
 @torch.no_grad()
-def patched_metrics(family: Family, model: Any, runs: PatchRuns, patches: list[Patch], *,
-                    source: str = "clean") -> np.ndarray:
-    """The corrupted run's metric with each patch's activation taken from the ``source`` run, one copy per patch,
-    all in one pass (the caller batches).
-
-    The blocks before the earliest patched layer are the same for every copy, so the pass runs them once, on one copy
-    of the corrupted prompt, and a pre-hook on that layer's block repeats its input for the copies (the route's masks
-    and rotary tables, made for one copy, broadcast). A patch late in the model costs its last layers only.
-
-    Args:
-        patches: ("z", layer, head) or ("resid", layer, position), one per copy.
-        source: "clean" (patching), or "corrupt" (the corrupted run's own values: nothing may change).
-
-    Shape: -> (len(patches),) float64.
-    """
+def _patched_pass(family: Family, model: Any, runs: PatchRuns, patches: list[Patch], source: str) -> torch.Tensor:
+    """``patched_metrics`` left on the model's device (no copy to the host). Shape: -> (len(patches),) float32."""
     z_from, resid_from = (runs.z_clean, runs.resid_clean) if source == "clean" else (runs.z_corrupt,
                                                                                      runs.resid_corrupt)
     by_layer: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
@@ -273,22 +260,55 @@ def patched_metrics(family: Family, model: Any, runs: PatchRuns, patches: list[P
         metric, _ = run_metric(family, model, runs.inputs.corrupt_ids, runs.inputs)
         if metric.shape[0] != copies:
             raise RuntimeError(f"The patched pass returned {metric.shape[0]} metrics for {copies} patches.")
-        return metric.double().cpu().numpy()
+        return metric
+
+
+def patched_metrics(family: Family, model: Any, runs: PatchRuns, patches: list[Patch], *,
+                    source: str = "clean", on_device: bool = False) -> np.ndarray | torch.Tensor:
+    """The corrupted run's metric with each patch's activation taken from the ``source`` run, one copy per patch,
+    all in one pass (the caller batches).
+
+    The blocks before the earliest patched layer are the same for every copy, so the pass runs them once, on one copy
+    of the corrupted prompt, and a pre-hook on that layer's block repeats its input for the copies (the route's masks
+    and rotary tables, made for one copy, broadcast). A patch late in the model costs its last layers only.
+
+    Args:
+        patches: ("z", layer, head) or ("resid", layer, position), one per copy.
+        source: "clean" (patching), or "corrupt" (the corrupted run's own values: nothing may change).
+        on_device: return the metrics as a float32 tensor left on the model's device (a caller that gathers many
+            batches copies them to the host once).
+
+    Shape: -> (len(patches),) float64 (float32 on the device).
+    """
+    metric = _patched_pass(family, model, runs, patches, source)
+    return metric if on_device else metric.double().cpu().numpy()
+
+
+def unchanged_patches(runs: PatchRuns, patches: list[Patch]) -> np.ndarray:
+    """``unchanged`` for every patch, compared on the device at once and copied to the host once.
+
+    Shape: -> (len(patches),) bool.
+    """
+    same_z = (runs.z_clean == runs.z_corrupt).all(dim=3).all(dim=1)  # (layer, head)
+    same_resid = (runs.resid_clean == runs.resid_corrupt).all(dim=2)  # (layer, pos)
+    same = torch.cat([same_z.reshape(-1), same_resid.reshape(-1)]).cpu().numpy()
+    n_z = same_z.numel()
+    n_heads, n_pos = same_z.shape[1], same_resid.shape[1]
+    return np.array([same[layer * n_heads + index] if kind == "z" else same[n_z + layer * n_pos + index]
+                     for kind, layer, index in patches], dtype=bool).reshape(len(patches))
 
 
 def unchanged(runs: PatchRuns, patch: Patch) -> bool:
     """Whether the patch swaps in values equal to the corrupted run's own (a residual position before the first
     token that differs: a causal model's prefix is the same in both runs), so the patched run is the corrupted run
     and its effect is exactly 0 without a pass."""
-    kind, layer, index = patch
-    if kind == "resid":
-        return bool(torch.equal(runs.resid_clean[layer, index], runs.resid_corrupt[layer, index]))
-    return bool(torch.equal(runs.z_clean[layer, :, index], runs.z_corrupt[layer, :, index]))
+    return bool(unchanged_patches(runs, [patch])[0])
 
 
 def passes_needed(runs: PatchRuns, *, heads: bool = True, residual: bool = True) -> int:
     """How many patched copies exact patching runs (the patches that are not ``unchanged``)."""
-    return sum(not unchanged(runs, p) for p in all_patches(runs, heads=heads, residual=residual))
+    patches = all_patches(runs, heads=heads, residual=residual)
+    return int((~unchanged_patches(runs, patches)).sum())
 
 
 def batch_size(n_tokens: int) -> int:
@@ -304,7 +324,8 @@ def exact_patching(family: Family, model: Any, runs: PatchRuns, *, heads: bool =
     run, one at a time, in batches.
 
     A patch that swaps in the corrupted run's own values (a residual position before the first differing token) has
-    effect 0 without a pass.
+    effect 0 without a pass. The patched metrics stay on the model's device and come to the host once at the end
+    (or after each batch for ``keep``, which asks for the result so far).
 
     Args:
         heads, residual: which grids to compute (the one left out stays NaN).
@@ -324,22 +345,35 @@ def exact_patching(family: Family, model: Any, runs: PatchRuns, *, heads: bool =
     patches = all_patches(runs, heads=heads, residual=residual)
     size = batch or batch_size(runs.inputs.n_tokens)
     effects = np.full(len(patches), np.nan)
-    same = np.array([unchanged(runs, p) for p in patches], dtype=bool)
+    same = unchanged_patches(runs, patches)
     effects[same] = 0.0
     if resume is not None:
         effects = _resumed(runs, resume, effects, heads, residual)
     todo = np.flatnonzero(np.isnan(effects))
     already = int((~same & ~np.isnan(effects)).sum())  # patched passes the resumed run had done
     n_heads = runs.n_layers * runs.n_heads if heads else 0
+    metrics = torch.full((len(todo),), float("nan"), device=_device(model))  # the patched metrics, on the device
+    copied = 0  # how many of ``metrics`` are in ``effects`` already
+
+    def to_effects(upto: int) -> None:  # the metrics not copied yet, in one copy
+        nonlocal copied
+        if upto > copied:
+            effects[todo[copied:upto]] = runs.effect(metrics[copied:upto].double().cpu().numpy())
+            copied = upto
+
     for start in range(0, len(todo), size):
         if stop is not None and stop():
+            to_effects(start)
             return _grids(runs, effects, n_heads, heads, residual, partial=True)
         chunk = todo[start:start + size]
-        effects[chunk] = runs.effect(patched_metrics(family, model, runs, [patches[i] for i in chunk]))
+        metrics[start:start + len(chunk)] = patched_metrics(family, model, runs, [patches[i] for i in chunk],
+                                                            on_device=True)
         if keep is not None:
+            to_effects(start + len(chunk))
             keep(_grids(runs, effects, n_heads, heads, residual, partial=start + size < len(todo)))
         if progress is not None:
             progress(already + start + len(chunk), already + len(todo))
+    to_effects(len(todo))
     return _grids(runs, effects, n_heads, heads, residual, partial=False)
 
 

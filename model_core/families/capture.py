@@ -22,11 +22,12 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from model_core.families.hook_attention import hooked_attention
+from model_core.families.hook_attention import float32_attention, hooked_attention
 from model_core.families.hooks import current_run
 from model_core.kernel import allowed_from_mask
 
 CAPTURE = "attention_explorer"
+HALF = (torch.bfloat16, torch.float16)
 
 _RECORDER: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("ae_recorder", default=None)
 
@@ -78,6 +79,8 @@ def capture_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if hooked:
         out, weights = hooked_attention(run, module, query, key, value, attention_mask,
                                         getattr(module, "_ae_project", None), **kwargs)
+    elif query.dtype in HALF and rec is not None:  # a recorded pattern is float32's, never a half-precision one
+        out, weights = float32_attention(module, query, key, value, attention_mask, **kwargs)
     else:
         out, weights = _eager(module)(module, query, key, value, attention_mask, **kwargs)
     if rec is None:

@@ -39,19 +39,34 @@ def hooked_attention(run: HookRun, module: Any, query: torch.Tensor, key: torch.
     query = _visit_heads(run, f"{b}.attn.hook_q", query)
     key = _visit_heads(run, f"{b}.attn.hook_k", key)
     value = _visit_heads(run, f"{b}.attn.hook_v", value)
-    groups = n_heads // key.shape[1]
+    pattern = (lambda w: run.visit(f"{b}.attn.hook_pattern", w)) if run.wants(f"{b}.attn.hook_pattern") else None
+    return float32_attention(module, query, key, value, attention_mask, pattern=pattern, **kwargs)
+
+
+def float32_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, *,
+                      pattern: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with its scores and weights in float32 whatever the model's precision (float64 kept): the score
+    kernel, the mask, the softmax; the weights go back to the model's dtype only to weigh the values, as eager
+    attention does. A bfloat16 model's pattern is then float32's to rounding of q and k, not of the scores.
+
+    Shape: query (batch, head, pos, d_head); key, value (batch, kv_head, pos, d_head) ->
+    out (batch, pos, head, d_head), weights (batch, head, q_pos, k_pos) float32 (or float64).
+    """
+    groups = query.shape[1] // key.shape[1]
     k_all = key.repeat_interleave(groups, dim=1) if groups > 1 else key
     v_all = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    wide = torch.promote_types(query.dtype, torch.float32)
     scaling = kwargs.get("scaling")
-    scores = attention_scores(query, k_all, scale=query.shape[-1] ** -0.5 if scaling is None else scaling,
+    scores = attention_scores(query.to(wide), k_all.to(wide),
+                              scale=query.shape[-1] ** -0.5 if scaling is None else scaling,
                               softcap=kwargs.get("softcap"))  # (batch, head, q_pos, k_pos)
     mask = None if attention_mask is None else attention_mask[:, :, :, : k_all.shape[-2]]  # bool or additive
-    # float32 as eager attention does, or the model's own float64 (a gradient check's)
-    weights = weights_from_scores(apply_mask(scores, mask),
-                                  dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
-    if run.wants(f"{b}.attn.hook_pattern"):
-        weights = run.visit(f"{b}.attn.hook_pattern", weights)
-    out = torch.matmul(weights, v_all).transpose(1, 2)  # (batch, pos, head, d_head)
+    weights = weights_from_scores(apply_mask(scores, mask))
+    if pattern is not None:
+        weights = pattern(weights)
+    out = torch.matmul(weights.to(v_all.dtype), v_all).transpose(1, 2)  # (batch, pos, head, d_head)
     return out, weights
 
 

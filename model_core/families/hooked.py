@@ -64,8 +64,11 @@ def run_with_hooks(model: Any, input_ids: torch.Tensor, *, names: Iterable[str] 
     for name in [*names, *(n for n, _ in hooks)]:
         check_name(name, n_layers)
     device = next(model.parameters()).device
-    input_ids = input_ids.to(device)
-    types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids.to(device)
+    if input_ids.device != device:  # moved only when elsewhere: a host-to-device copy, never a wait in a loop
+        input_ids = input_ids.to(device)
+    if token_type_ids is not None and token_type_ids.device != device:
+        token_type_ids = token_type_ids.to(device)
+    types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
     run = HookRun(names, hooks, grad=grad, split=split, keep_rope=keep_rope)
     with open_run(model, family, run):
         if family.name == "custom":

@@ -28,11 +28,14 @@ from model_core.families.hook_install import install_hook_points
 from model_core.models import bundled
 from model_core.models.errors import ModelLoadError
 from model_core.settings import (
+    AUTO_HALF_PARAMS,
     BUNDLED_DECODER_ID,
     BUNDLED_MODEL_ID,
+    DEFAULT_MAX_PARAMS,
     DEVICE_CHOICES,
     Settings,
     load_settings,
+    machine_memory_mb,
     resolve_model_id,
 )
 
@@ -142,6 +145,73 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
         return False
 
 
+# -- precision and size --------------------------------------------------------------------------------------------
+GPU_MODEL_SHARE = 0.75
+"""AE_MAX_PARAMS=auto on a GPU: the weights may take three quarters of its memory; the rest is for the passes."""
+DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """The memory a model on ``device`` has: a CUDA GPU's own, else the machine's physical memory."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    return int(machine_memory_mb() * 1e6)
+
+
+def model_dtype(preference: str | None, n_params: int, device: torch.device) -> torch.dtype:
+    """The precision a model of ``n_params`` loads in on ``device`` (AE_DTYPE): auto is float32 on a CPU (or MPS),
+    and on a CUDA GPU bfloat16 over ``AUTO_HALF_PARAMS`` parameters, float32 below."""
+    preference = (preference or "auto").lower()
+    if preference == "auto":
+        half = torch.device(device).type == "cuda" and n_params > AUTO_HALF_PARAMS
+        return torch.bfloat16 if half else torch.float32
+    if preference not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"Unknown precision {preference!r}; use auto, float32, bfloat16 or float16.")
+    return getattr(torch, preference)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float32", "bfloat16", ... (torch's name without its prefix)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def max_params(settings: Settings, device: torch.device) -> int:
+    """The largest model loaded on ``device``: AE_MAX_PARAMS where set; auto is ``DEFAULT_MAX_PARAMS`` (1.5 B) off a
+    GPU, and on a CUDA GPU what fits ``GPU_MODEL_SHARE`` of its memory at the precision AE_DTYPE gives a large
+    model (bfloat16 for auto)."""
+    if settings.max_params is not None:
+        return int(settings.max_params)
+    if torch.device(device).type != "cuda":
+        return DEFAULT_MAX_PARAMS
+    big = model_dtype(settings.dtype, AUTO_HALF_PARAMS + 1, device)
+    return int(GPU_MODEL_SHARE * device_memory_bytes(device) / DTYPE_BYTES[big])
+
+
+def check_size(n_params: int, model_id: str, settings: Settings, device: torch.device) -> torch.dtype:
+    """Refuse a model over ``max_params`` or whose weights do not fit a GPU's memory; its precision otherwise.
+
+    Raises:
+        ModelLoadError: with the model's size, its weights' bytes at its precision and the device's memory.
+    """
+    device = torch.device(device)
+    limit = max_params(settings, device)
+    dtype = model_dtype(settings.dtype, n_params, device)
+    need, memory = n_params * DTYPE_BYTES[dtype], device_memory_bytes(device)
+    too_big = device.type == "cuda" and need > GPU_MODEL_SHARE * memory
+    if n_params > limit or too_big:
+        where = "this GPU" if device.type == "cuda" else f"this machine ({device.type})"
+        setting = "AE_MAX_PARAMS" if settings.max_params is not None else "AE_MAX_PARAMS=auto"
+        raise ModelLoadError(
+            f"{model_id!r} has {n_params / 1e6:,.0f} M parameters; this deployment loads at most {limit / 1e6:,.0f} M "
+            f"({setting}). Its weights take {need / 2**30:.1f} GB in {dtype_name(dtype)}, and {where} has "
+            f"{memory / 2**30:.1f} GB. Pick a smaller model, a lower precision (AE_DTYPE=bfloat16, --dtype), or raise "
+            f"AE_MAX_PARAMS where the device has the memory (about {4 * n_params / 2**30:.1f} GB in float32)."
+        )
+    return dtype
+
+
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
     """A pretrained model ready to trace: eval mode, the capturing attention function, on ``device``."""
@@ -170,6 +240,11 @@ class LoadedModel:
     def max_positions(self) -> int:
         return self.family.max_positions(self.model.config)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision the weights are in (AE_DTYPE)."""
+        return next(self.model.parameters()).dtype
+
 
 def count_parameters(config: Any, family: Family) -> int:
     """The model's parameter count, from its config alone (built on the meta device: no memory, no download)."""
@@ -179,13 +254,20 @@ def count_parameters(config: Any, family: Family) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def check_config(config: Any, model_id: str, settings: Settings | None = None) -> Family:
+def check_config(config: Any, model_id: str, settings: Settings | None = None,
+                 device: torch.device | None = None) -> Family:
     """The family of a model's config, refusing what the app cannot or may not load, before any weights come.
 
     Raises:
-        ModelLoadError: an unsupported family, or more parameters than ``AE_MAX_PARAMS``.
+        ModelLoadError: an unsupported family, or more parameters than ``AE_MAX_PARAMS`` or ``device`` holds.
     """
-    settings = settings or load_settings()
+    return _checked(config, model_id, settings or load_settings(), device)[0]
+
+
+def _checked(config: Any, model_id: str, settings: Settings,
+             device: torch.device | None) -> tuple[Family, torch.dtype]:
+    """``check_config``, and the precision the model loads in."""
+    device = select_device(settings.device) if device is None else torch.device(device)
     model_type = getattr(config, "model_type", None)
     family = family_of_type(model_type)
     if family is None:
@@ -195,17 +277,11 @@ def check_config(config: Any, model_id: str, settings: Settings | None = None) -
             f"BERT-like encoders (bert) and decoder language models ({decoders}). "
             f"Try {BUNDLED_MODEL_ID} or {BUNDLED_DECODER_ID}."
         )
-    n = count_parameters(config, family)
-    if n > settings.max_params:
-        raise ModelLoadError(
-            f"{model_id!r} has {n / 1e6:,.0f} M parameters; this deployment loads at most {settings.max_params / 1e6:,.0f} M "
-            f"(AE_MAX_PARAMS). Pick a smaller model, or raise AE_MAX_PARAMS where the machine has the memory "
-            f"(about {4 * n / 2**30:.1f} GB in float32)."
-        )
-    return family
+    dtype = check_size(count_parameters(config, family), model_id, settings, device)
+    return family, dtype
 
 
-def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
+def _from_pretrained(source: ModelSource, device: torch.device, settings: Settings) -> tuple[Any, Any]:
     hf_logging.disable_progress_bar()  # the CLI and the server log should not fill with bars
     common: dict[str, Any] = {"trust_remote_code": False}
     local_only = source.kind != "hub"
@@ -228,10 +304,10 @@ def _from_pretrained(source: ModelSource) -> tuple[Any, Any]:
         if "is not a valid model identifier" in text or "Repository Not Found" in text or "404" in text:
             raise ModelLoadError(f"There is no model {source.model_id!r} on the hub; check the spelling.") from None
         raise ModelLoadError(f"Could not read the config of {source.model_id!r}: {text.splitlines()[0][:200]}") from None
-    family = check_config(config, source.model_id)
+    family, dtype = _checked(config, source.model_id, settings, device)
     try:
         model = getattr(transformers, family.auto_class).from_pretrained(
-            source.location, local_files_only=local_only, attn_implementation="eager", dtype=torch.float32, **common
+            source.location, local_files_only=local_only, attn_implementation="eager", dtype=dtype, **common
         )
         tokenizer = AutoTokenizer.from_pretrained(source.location, local_files_only=local_only, **common)
     except Exception as exc:
@@ -252,9 +328,9 @@ device); two loads at once, in two sessions or threads, can leave those patches 
 fails with "Cannot copy out of meta tensor". So loads take turns (``tests/test_loading.py``)."""
 
 
-def _load(source: ModelSource, device: torch.device) -> LoadedModel:
+def _load(source: ModelSource, device: torch.device, settings: Settings) -> LoadedModel:
     with LOADING:
-        model, tokenizer = _from_pretrained(source)
+        model, tokenizer = _from_pretrained(source, device, settings)
         model = model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -262,10 +338,11 @@ def _load(source: ModelSource, device: torch.device) -> LoadedModel:
 
 
 def _source_and_device(model_id: str | None, device: str | torch.device | None,
-             settings: Settings | None) -> tuple[ModelSource, torch.device]:
+             settings: Settings | None) -> tuple[ModelSource, torch.device, Settings]:
     settings = settings or load_settings()
     source = resolve_model_source(model_id, settings)
-    return source, device if isinstance(device, torch.device) else select_device(device or settings.device)
+    dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
+    return source, dev, settings
 
 
 def load_pretrained_uncached(
@@ -280,13 +357,14 @@ def load_pretrained_uncached(
         ModelLoadError: with one message that says what to do.
     """
     with LOADING:  # the bundled decoder's first conversion loads a model too
-        source, dev = _source_and_device(model_id, device, settings)
-        return _load(source, dev)
+        source, dev, settings = _source_and_device(model_id, device, settings)
+        return _load(source, dev, settings)
 
 
 @functools.lru_cache(maxsize=4)
-def _load_kept(source: ModelSource, device_name: str) -> LoadedModel:
-    return _load(source, torch.device(device_name))
+def _load_kept(source: ModelSource, device_name: str, dtype: str, most_params: int | None) -> LoadedModel:
+    """Kept by what the load depends on: the source, the device, the precision setting and the size limit."""
+    return _load(source, torch.device(device_name), Settings(dtype=dtype, max_params=most_params))
 
 
 def kept_lookups() -> int:
@@ -309,8 +387,8 @@ def load_pretrained(
         ModelLoadError: with one message that says what to do.
     """
     with LOADING:  # a second thread asking for the same model waits for the first load, then finds it kept
-        source, dev = _source_and_device(model_id, device, settings)
-        return _load_kept(source, str(dev))
+        source, dev, settings = _source_and_device(model_id, device, settings)
+        return _load_kept(source, str(dev), settings.dtype, settings.max_params)
 
 
 @functools.lru_cache(maxsize=2)

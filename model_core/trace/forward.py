@@ -32,6 +32,28 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).numpy()
 
 
+def to_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+    """Several tensors as numpy arrays on the CPU, float tensors as float32, with one copy a dtype.
+
+    On an accelerator the tensors are packed into one buffer a dtype (on the device) and copied over together: one
+    transfer and one wait, not one a tensor. On the CPU each is a view already, and packing would only copy.
+    """
+    tensors = [t.detach() for t in tensors]
+    tensors = [t.float() if t.is_floating_point() else t for t in tensors]
+    if all(t.device.type == "cpu" for t in tensors):
+        return [t.numpy() for t in tensors]
+    out: list[np.ndarray | None] = [None] * len(tensors)
+    for dtype in dict.fromkeys(t.dtype for t in tensors):
+        which = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+        flat = torch.cat([tensors[i].reshape(-1) for i in which]).cpu().numpy()  # (Σ numel,): the one copy
+        start = 0
+        for i in which:
+            n = tensors[i].numel()
+            out[i] = flat[start:start + n].reshape(tuple(tensors[i].shape))
+            start += n
+    return out  # type: ignore[return-value]
+
+
 def _input_fields(encoded: EncodedInput) -> dict:
     """The trace's fields that describe its input."""
     return dict(tokens=encoded.tokens, token_ids=encoded.input_ids[0].numpy().astype(np.int64),
@@ -87,15 +109,36 @@ def top_tokens(probs: torch.Tensor, k: int, tokenizer: Any = None) -> tuple[np.n
     Shape: probs (..., vocab) -> ids (..., k) int64, probs (..., k) float32 (float64 kept), strings as nested tuples.
     """
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-    ids = top.indices.cpu().numpy().astype(np.int64)
-    values = top.values.cpu().numpy()
+    ids, values = to_host([top.indices, top.values])
+    ids = ids.astype(np.int64)
+    return ids, values, decode_top(ids, tokenizer)
+
+
+def decode_top(ids: np.ndarray, tokenizer: Any = None) -> tuple | None:
+    """Each id's text (nested tuples shaped as ``ids``), or None without a tokenizer."""
     if tokenizer is None:
-        return ids, values, None
+        return None
     decode = lambda row: tuple(tokenizer.decode([int(i)]) for i in row)  # noqa: E731
-    return ids, values, (decode(ids) if ids.ndim == 1 else tuple(decode(row) for row in ids))
+    return decode(ids) if ids.ndim == 1 else tuple(decode(row) for row in ids)
 
 
 @torch.inference_mode()
+def top_on_device(family: Family, model: Any, residual: torch.Tensor, k: int = TOP_K,
+                  chunk: int = PREDICTION_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``top_predictions``' ids and probabilities, left on the model's device (``chunk`` positions unembedded at
+    a time, the results joined there).
+
+    Shape: residual (pos, hidden) -> ids (pos, k) int64, probs (pos, k) float32.
+    """
+    ids, probs = [], []
+    for r0 in range(0, len(residual), chunk):
+        p = torch.softmax(family.unembed(model, residual[r0:r0 + chunk]).float(), dim=-1)
+        top = p.topk(min(k, p.shape[-1]), dim=-1)
+        ids.append(top.indices)
+        probs.append(top.values)
+    return torch.cat(ids), torch.cat(probs)
+
+
 def top_predictions(family: Family, model: Any, residual: torch.Tensor, k: int = TOP_K, tokenizer: Any = None,
                     chunk: int = PREDICTION_CHUNK) -> tuple[np.ndarray, np.ndarray, tuple | None]:
     """A decoder's top ``k`` next tokens at every position of its last layer's output: the final norm, the
@@ -103,11 +146,9 @@ def top_predictions(family: Family, model: Any, residual: torch.Tensor, k: int =
 
     Shape: residual (pos, hidden) -> ids (pos, k) int64, probs (pos, k) float32, strings (pos, k) or None.
     """
-    parts = [top_tokens(torch.softmax(family.unembed(model, residual[r0:r0 + chunk]).float(), dim=-1), k, tokenizer)
-             for r0 in range(0, len(residual), chunk)]
-    strings = tuple(s for part in parts for s in part[2]) if tokenizer is not None else None
-    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]).astype(np.float32),
-            strings)
+    ids, probs = to_host(list(top_on_device(family, model, residual, k, chunk)))
+    ids = ids.astype(np.int64)
+    return ids, probs.astype(np.float32), decode_top(ids, tokenizer)
 
 
 @torch.no_grad()
@@ -130,40 +171,60 @@ def trace_model(family: Family, model: Any, encoded: EncodedInput, description: 
     check_full_size(n_layers, n_heads, encoded.input_ids.shape[1])
     gate = head_gate(head_mask, n_layers, n_heads, device)
     with GATE.turn():  # until the arrays are numpy: the pass's tensors are its memory
-        out: ForwardOutput = family.forward(model, encoded.input_ids.to(device), encoded.token_type_ids.to(device),
-                                            None, head_mask=gate)
+        ids, types = encoded.input_ids, encoded.token_type_ids
+        if ids.device != device:  # host to device, only when the model is elsewhere
+            ids, types = ids.to(device), types.to(device)
+        out: ForwardOutput = family.forward(model, ids, types, None, head_mask=gate)
         return _trace_of(family, model, encoded, description, out, head_mask, tokenizer, top_k)
 
 
 def _trace_of(family: Family, model: Any, encoded: EncodedInput, description: str, out: ForwardOutput,
               head_mask: np.ndarray | None, tokenizer: Any, top_k: int) -> AttentionTrace:
-    """A pass's tensors as an ``AttentionTrace`` of numpy arrays."""
+    """A pass's tensors as an ``AttentionTrace`` of numpy arrays: they stay on the model's device until the end,
+    then come to the host together (``to_host``: one copy a dtype)."""
     config = model.config
-    kv = torch.as_tensor(family.kv_heads(config), device=out.weights[0].device)
+    kv_host = np.asarray(family.kv_heads(config), dtype=np.int64)
+    kv = torch.as_tensor(kv_host, device=out.weights[0].device)
     values = _per_query_head(out.values, kv)  # (layer, head, pos, d_head)
     norms = value_norms(values, family.output_weights(model))
+    device = {
+        "weights": torch.stack([w[0] for w in out.weights]),  # (layer, head, q_pos, k_pos)
+        "mask": out.mask[0],
+        "queries": torch.stack([q[0] for q in out.queries]),
+        "keys": _per_query_head(out.keys, kv),
+        "values": values,
+        "value_norms": norms,
+        "hidden_states": torch.stack([h[0] for h in out.hidden]),
+    }
+    if out.class_logits is not None:
+        device["logits"] = out.class_logits[0]
+    if family.is_decoder:
+        device["next_token_ids"], device["next_token_probs"] = top_on_device(family, model, out.hidden[-1][0], top_k)
+    host = dict(zip(device, to_host(list(device.values()))))
     predictions = {}
     if family.is_decoder:
-        ids, probs, strings = top_predictions(family, model, out.hidden[-1][0], top_k, tokenizer)
-        predictions = dict(next_token_ids=ids, next_token_probs=probs, next_token_strings=strings)
+        ids = host["next_token_ids"].astype(np.int64)
+        predictions = dict(next_token_ids=ids, next_token_probs=host["next_token_probs"],
+                           next_token_strings=decode_top(ids, tokenizer))
     return AttentionTrace(
         **_input_fields(encoded),
-        weights=to_numpy(torch.stack([w[0] for w in out.weights])),  # (layer, head, q_pos, k_pos)
-        mask=to_numpy(out.mask[0]) > 0.5,
-        queries=to_numpy(torch.stack([q[0] for q in out.queries])),
-        keys=to_numpy(_per_query_head(out.keys, kv)),
-        values=to_numpy(values),
-        value_norms=to_numpy(norms),
-        hidden_states=to_numpy(torch.stack([h[0] for h in out.hidden])),
+        weights=host["weights"],
+        mask=host["mask"] > 0.5,
+        queries=host["queries"],
+        keys=host["keys"],
+        values=host["values"],
+        value_norms=host["value_norms"],
+        hidden_states=host["hidden_states"],
         model_kind=family.name,
         causal=bool(getattr(config, "causal", False)) or family.is_decoder,
         description=description,
-        logits=None if out.class_logits is None else to_numpy(out.class_logits[0]),
+        logits=host.get("logits"),
         head_mask=None if head_mask is None else np.asarray(head_mask, dtype=bool),
-        kv_heads=kv.cpu().numpy().astype(np.int64),
+        kv_heads=kv_host,
         score_scale=out.score_scale,
         score_softcap=out.score_softcap,
         special_tokens=family.special_tokens(tokenizer) if tokenizer is not None else frozenset(),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         **predictions,
     )
 

@@ -7,6 +7,7 @@ here, so "which model does this request run, on which device, taking how many to
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -55,6 +56,16 @@ class Models:
         if model_id in (None, BUNDLED_MODEL_ID, "bundled"):
             return load_tokenizer()
         return self.pretrained(model_id, device).tokenizer
+
+
+def _default_models(settings: Settings) -> Models:
+    """``Models()``, loading at the precision and size limit of ``settings`` where they are not the environment's
+    (a notebook's ``dtype=``)."""
+    env = load_settings()
+    if (settings.dtype, settings.max_params) == (env.dtype, env.max_params):
+        return Models()
+    chosen = dataclasses.replace(env, dtype=settings.dtype, max_params=settings.max_params)
+    return Models(pretrained=lambda model_id, device: load_pretrained(model_id, device=device, settings=chosen))
 
 
 def model_id_of(choice: ModelChoice, settings: Settings | None = None) -> str | None:
@@ -168,7 +179,7 @@ def resolve(choice: ModelChoice, *, device: str | torch.device | None = None, se
     """
     settings = settings or load_settings()
     dev = device if isinstance(device, torch.device) else select_device(device or settings.device)
-    models = models or Models()
+    models = models or _default_models(settings)
     if choice.model == "pretrained" and not walk:
         loaded = models.pretrained(model_id_of(choice, settings), dev)
         return Resolved(dev, settings, models, loaded.model, loaded.family, loaded.tokenizer, loaded.max_positions,

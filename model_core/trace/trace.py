@@ -49,6 +49,8 @@ class AttentionTrace(TraceShape):
         next_token_strings: their text. Shape: (pos, k) as nested tuples.
         reply_start: where a generated reply starts (its first token's position; the prompt is before it), or None
             for a text that was typed in (``model_core.generate``).
+        dtype: the precision the model ran in ("float32", "bfloat16", "float16"; AE_DTYPE). The arrays are float32
+            either way, and the weights were softmaxed in float32.
     """
 
     tokens: tuple[str, ...]
@@ -75,6 +77,7 @@ class AttentionTrace(TraceShape):
     next_token_probs: np.ndarray | None = None
     next_token_strings: tuple[tuple[str, ...], ...] | None = None
     reply_start: int | None = None
+    dtype: str = "float32"
 
     @property
     def attentions(self) -> np.ndarray:
