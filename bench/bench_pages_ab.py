@@ -9,11 +9,17 @@ Run (the old tree a worktree of the commit to compare with, sharing this checkou
     # the Effects pages (run button pressed, timed to the result; patching's own pair 128 tokens, ~85 s an open):
     .venv/bin/python bench/bench_pages_ab.py --old /tmp/old --sizes 512 --patch-tokens 128 \\
         --page contributions attribution patching --repeat 3
+    # one page against the heatmaps page in each tree, and against "1.5 x heatmaps + one model pass" (--forward):
+    .venv/bin/python bench/bench_pages_ab.py --old /tmp/old --sizes 512 --models "SmolLM2-135M decoder 30x9" \\
+        --page heatmaps analysis_masking --forward --repeat 5
 
 Each server runs its own tree's code (cwd and PYTHONPATH the tree; checked with ``py-spy dump`` while it warms up,
 which names the files its frames run). Each page is opened from a link on both servers with the same new text (so
 each open runs the forward pass), the order alternating per pair, so that the load of a shared machine falls on
-both alike; the table gives the medians and the median of the per-pair ratios new/old.
+both alike; the table gives the medians and the median of the per-pair ratios new/old. With the heatmaps page among
+the pages, a second table gives each page's open over the heatmaps page's in the same tree and repeat; ``--forward``
+adds one model pass (a warm trace of a text of the same size in this process, ``app_every_page.forward_seconds``,
+measured once a repeat) and each page's open over ``1.5 x heatmaps + that pass``.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from app_every_page import (
     EVERY_PAGE,
     NOT_FOR,
     PAGE_READY_JS,
+    forward_seconds,
     open_link,
     use_picker,
     warm_up,
@@ -179,6 +186,9 @@ def main() -> None:
                              "every head's patched pass on them)")
     parser.add_argument("--repeat", type=int, default=3, help="pairs per page, model and size (medians)")
     parser.add_argument("--changes", type=int, default=0, help="also time the page's own picker this many times")
+    parser.add_argument("--forward", action="store_true",
+                        help="after each repeat, time one model pass per model and size in this process (a warm "
+                             "trace, median of 3) for the target 1.5 x heatmaps + one pass")
     parser.add_argument("--out", type=Path, help="write every timing here (JSON)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="sample both servers with py-spy over the timed opens (DIR/old.txt, DIR/new.txt) and "
@@ -239,13 +249,24 @@ def main() -> None:
                             print(f"  rep {rep} {label} {n} {path or 'home':20s} old {pair['old']:6.2f} s  new "
                                   f"{pair['new']:6.2f} s  new/old {pair['new'] / pair['old']:.2f}  ({order[0]} first)",
                                   flush=True)
+                if args.forward:  # the servers are idle meanwhile: the pass sees the machine the pages saw
+                    for label in args.models:
+                        for n in args.sizes:
+                            seconds = forward_seconds(label, text_of(n, next(variants), label))
+                            rows.append({"tree": "pass", "model": label, "n": n, "page": "(one model pass)",
+                                         "rep": rep, "open_s": seconds, "change_s": [], "first": False})
+                            print(f"  rep {rep} {label} {n} one model pass (a warm trace here) {seconds:6.2f} s",
+                                  flush=True)
             context.close()
     finally:
         for server in servers.values():
             server.stop()
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
-    print("\n" + ab_table(rows, args.changes))
+    opens = [r for r in rows if r["tree"] != "pass"]
+    print("\n" + ab_table(opens, args.changes))
+    if any(r["page"] == "heatmaps" for r in opens) and len({r["page"] for r in opens}) > 1:
+        print("\n" + heatmaps_table(rows))
     if "patching" in pages:
         print(f"(patching: the sidebar's text of the size above; its own clean/corrupted pair "
               f"{args.patch_tokens or 'the size'} tokens, exact patching run from its button)")
@@ -278,6 +299,44 @@ def ab_table(rows: list[dict], changes: int) -> str:
         if ratio > 1.10 or pair_ratio > 1.10:
             over.append(f"{page} ({model}, {n})")
     lines.append("\nover 1.10: " + (", ".join(over) if over else "none"))
+    return "\n".join(lines)
+
+
+def heatmaps_table(rows: list[dict]) -> str:
+    """Per tree, page, model and size: the page's open over the heatmaps page's in the same tree and repeat (each
+    repeat's ratio, then their median); with the passes timed (``--forward``), the page's open over
+    ``1.5 x heatmaps + one pass`` of that repeat (<= 1 meets that target)."""
+    def open_of(tree: str, page: str, model: str, n: int, rep: int) -> float | None:
+        found = [r["open_s"] for r in rows if (r["tree"], r["page"], r["model"], r["n"], r["rep"]) ==
+                 (tree, page, model, n, rep)]
+        return found[0] if found else None
+
+    passes = {(r["model"], r["n"], r["rep"]): r["open_s"] for r in rows if r["tree"] == "pass"}
+    lines = ["| tree | page | model | tokens | × heatmaps, each repeat | × heatmaps (median) |"
+             + (" one pass (median) | target 1.5 × heatmaps + pass (median) | × target, each repeat | × target (median) |"
+                if passes else ""),
+             "|---|---|---|---:|---|---:|" + ("---:|---:|---|---:|" if passes else "")]
+    keys = dict.fromkeys((r["tree"], r["page"], r["model"], r["n"]) for r in rows
+                         if r["tree"] != "pass" and r["page"] != "heatmaps")
+    for tree, page, model, n in keys:
+        reps = sorted({r["rep"] for r in rows if (r["tree"], r["page"], r["model"], r["n"]) == (tree, page, model, n)})
+        both = [(rep, open_of(tree, page, model, n, rep), open_of(tree, "heatmaps", model, n, rep)) for rep in reps]
+        both = [(rep, m, h) for rep, m, h in both if m is not None and h is not None]
+        if not both:
+            continue
+        ratios = [m / h for _, m, h in both]
+        line = (f"| {tree} | {page} | {model} | {n} | " + ", ".join(f"{x:.2f}" for x in ratios)
+                + f" | {statistics.median(ratios):.2f} |")
+        if passes:
+            timed = [(m, h, passes[(model, n, rep)]) for rep, m, h in both if (model, n, rep) in passes]
+            if timed:
+                targets = [1.5 * h + p for _, h, p in timed]
+                over = [m / t for (m, _, _), t in zip(timed, targets)]
+                line += (f" {statistics.median(p for _, _, p in timed):.2f} s | {statistics.median(targets):.2f} s | "
+                         + ", ".join(f"{x:.2f}" for x in over) + f" | {statistics.median(over):.2f} |")
+            else:
+                line += " – | – | – | – |"
+        lines.append(line)
     return "\n".join(lines)
 
 
