@@ -181,7 +181,7 @@ def run_corpus(
     elif engine not in ("local", "ray"):
         raise ValueError(f"--engine must be 'local' or 'ray', got {engine!r}.")
     if local is not None:
-        check_batch_memory(local.model, options.batch_size, min(options.max_tokens, local.max_positions))
+        check_batch_memory(local.module, options.batch_size, min(options.max_tokens, local.max_positions))
         n_layers, n_heads, description, dev = local.n_layers, local.n_heads, local.description, str(local.device)
         max_positions, tokenizer, hidden_size = local.max_positions, local.tokenizer, local.hidden_size
     else:

@@ -256,7 +256,7 @@ def score_roles(request: TraceRequest, seed: int = 0, *, n_sequences: int = N_SE
             notes["induction"] = (f"This vocabulary has only {usable} one-token words, so the probe's sequences "
                                   f"have {seq_len} words, not {SEQ_LEN}.")
     texts = probe_texts(loaded.tokenizer, seed, n_sequences, seq_len)
-    check_probe_memory(loaded.model, n_sequences, 2 * seq_len + 2)
+    check_probe_memory(loaded.module, n_sequences, 2 * seq_len + 2)
     sums: dict[str, np.ndarray] = {}
     inputs = probe_inputs(loaded, texts)
     for x in inputs:
