@@ -75,7 +75,7 @@ def pair_source(prefix: str, default_count: int) -> tuple[tuple, Dataset] | None
                 f"(AE_MAX_PAIRS on this server) and leaves out the other {left_out:,}. The command line runs them "
                 f"all: python -m model_core circuit --dataset {upload.name} … (or patch --dataset).",
                 icon=":material/content_cut:")
-    return ("upload", upload.name, hashlib.sha256(data).hexdigest(), max_pairs), dataset
+    return ("upload", upload.name, hashlib.sha256(data).hexdigest()), dataset
 
 
 def show_problems(problems: list[str] | tuple[str, ...], ran: str) -> None:
