@@ -197,17 +197,18 @@ def test_the_copying_score_equals_the_plain_weights_computation(decoder):
     ids = [i for i in range(model.config.vocab_size) if i not in specials]
     d = lambda t: t.detach().double().numpy()  # noqa: E731
     w_e, w_u = d(model.model.embed_tokens.weight)[ids], d(model.lm_head.weight)[ids] * d(model.model.norm.weight)
-    n_heads, d_head = model.config.num_attention_heads, model.config.hidden_size // model.config.num_attention_heads
+    n_heads = model.config.num_attention_heads
+    d_head = model.config.hidden_size // n_heads
     group = n_heads // model.config.num_key_value_heads
-    for layer, block in enumerate(model.model.layers):
+    for layer, head in ((0, 0), (1, 3)):  # two heads (a (vocab, vocab) eigendecomposition each), two kv heads
+        block = model.model.layers[layer]
         g = d(block.input_layernorm.weight)
         w_v, w_o = d(block.self_attn.v_proj.weight), d(block.self_attn.o_proj.weight)
-        for head in range(n_heads):
-            kv = head // group
-            ov = (g[:, None] * w_v[kv * d_head:(kv + 1) * d_head].T) @ w_o[:, head * d_head:(head + 1) * d_head].T
-            full = w_e @ ov @ w_u.T  # (vocab, vocab): the whole OV circuit, no factorisation
-            eig = np.linalg.eigvals(full)
-            assert got[layer, head] == pytest.approx(eig.sum().real / np.abs(eig).sum(), abs=1e-5)
+        kv = head // group
+        ov = (g[:, None] * w_v[kv * d_head:(kv + 1) * d_head].T) @ w_o[:, head * d_head:(head + 1) * d_head].T
+        full = w_e @ ov @ w_u.T  # (vocab, vocab): the whole OV circuit, no factorisation
+        eig = np.linalg.eigvals(full)
+        assert got[layer, head] == pytest.approx(eig.sum().real / np.abs(eig).sum(), abs=1e-5)
     assert decoder["run"].card(0, 0)["copying_score"] == pytest.approx(float(got[0, 0]))
 
 
@@ -279,3 +280,14 @@ def test_the_ray_engine_equals_the_local_one(decoder, tmp_path):
             np.testing.assert_allclose([c["weight"] for c in a[key]], [c["weight"] for c in b[key]], atol=1e-6)
         for key, value in b["profile"].items():
             assert a["profile"][key] == pytest.approx(value, abs=1e-6)
+
+
+def test_the_summary_names_an_induction_head_by_its_circuit_only_when_a_previous_token_head_drives_its_keys():
+    from model_core.atlas.summary import summarise
+
+    sink = {"offset_-1": 0.1, "first_token": 0.95, "induction": 0.02}
+    assert summarise(sink, [["L2H0", 0.8]], previous_heads=frozenset({"L2H0"}))[0] == "induction"
+    assert summarise(sink, [["L2H0", 0.3]], previous_heads=frozenset({"L2H0"}))[0] == "sink"  # a weak drive
+    assert summarise(sink, [["L2H1", 0.8]], previous_heads=frozenset({"L2H0"}))[0] == "sink"  # not a prev-token head
+    kind, line = summarise({"offset_-1": 0.91}, [["embed", 0.7]])
+    assert kind == "previous-token" and line.startswith("previous-token head: 0.91 of its weight one token back")

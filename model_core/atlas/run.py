@@ -24,7 +24,7 @@ from model_core.atlas.contexts import TOP_K, TokenText, context, decile_samples,
 from model_core.atlas.keys import LISTS, PROFILE_KEYS, ROW_KEYS
 from model_core.atlas.ov import TOP_N, copying_scores
 from model_core.atlas.shard import process_shard
-from model_core.atlas.summary import SummaryRules, summarise
+from model_core.atlas.summary import SummaryRules, kind_of, summarise
 from model_core.atlas.why import QKAverage, explain
 from model_core.corpus.batches import EncodedText, encode_texts
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
@@ -312,11 +312,13 @@ def build_cards(loaded: LoadedCorpusModel, corpus: Corpus, scanned: store.Scanne
     roles = role_grids(loaded, options.roles_seed)
     partners = composition_partners(loaded)
     nodes = circuit_node_scores(circuit, n_layers, n_heads)
+    profiles = {(la, h): profile_of(scanned.sums[la, h], scanned.rows) for la in range(n_layers) for h in range(n_heads)}
+    previous = frozenset(f"L{la}H{h}" for (la, h), p in profiles.items() if kind_of(p, rules)[0] == "previous-token")
     cards = []
     for layer in range(n_layers):
         for head in range(n_heads):
             lh = (layer, head)
-            profile = profile_of(scanned.sums[layer, head], scanned.rows)
+            profile = profiles[lh]
             qk = _sides(averages.get(lh))
             copy = None if copying is None else float(copying[layer, head])
             effect = effects.get(lh)
@@ -324,7 +326,7 @@ def build_cards(loaded: LoadedCorpusModel, corpus: Corpus, scanned: store.Scanne
             if copying is not None:
                 promoted = [] if effect is None else \
                     [[text_of(int(t)), float(effect[t])] for t in np.argsort(-effect, kind="stable")[:TOP_TOKENS]]
-            kind, summary = summarise(profile, qk["key_side"] if qk else None, copy, rules)
+            kind, summary = summarise(profile, qk["key_side"] if qk else None, copy, rules, previous)
             role = {r: _finite(float(g[layer, head])) for r, g in roles.items()}
             role["circuit_node_score"] = None if nodes is None else float(nodes[layer, head])
             cards.append({

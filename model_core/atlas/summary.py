@@ -5,6 +5,10 @@ The rules are tried in order; the first that holds names the head's kind:
 1. **induction**: the induction share (mean over queries with an earlier copy of their token) ≥ ``induction`` and
    above the previous-token share;
 2. **previous-token**: the share at offset −1 ≥ ``previous``;
+2b. **induction (by its circuit)**: the component that raises its top scores most on the key side is a
+   previous-token head (rule 2) with a share ≥ ``circuit``: the K-composition of an induction head (Olsson et al.).
+   A short corpus with few repeated tokens gives an induction head little to do (its weight then goes to the first
+   token), so its behaviour may not show; the summary then says what it does on this corpus beside the circuit;
 3. **duplicate-token**: the same-token share (mean over queries whose token occurs elsewhere) ≥ ``duplicate``;
 4. **self**: the share at offset 0 ≥ ``self_share``;
 5. **sink**: the share at the first token ≥ ``sink``;
@@ -36,6 +40,7 @@ class SummaryRules:
     punctuation: float = 0.4
     local: float = 0.6
     copies: float = 0.5
+    circuit: float = 0.5
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -76,11 +81,20 @@ def kind_of(profile: dict[str, Any], rules: SummaryRules = SummaryRules()) -> tu
 
 
 def summarise(profile: dict[str, Any], key_side: list[list[Any]] | None = None, copying: float | None = None,
-              rules: SummaryRules = SummaryRules()) -> tuple[str, str]:
-    """(kind, one-line summary) of a head."""
+              rules: SummaryRules = SummaryRules(), previous_heads: frozenset[str] = frozenset()) -> tuple[str, str]:
+    """(kind, one-line summary) of a head; ``previous_heads``: the labels ("L3H1") of the previous-token heads."""
     kind, line = kind_of(profile, rules)
-    if key_side:
-        line += f"; driven by {key_side[0][0]} on the key side"
+    top = key_side[0] if key_side else None
+    if kind not in ("induction", "previous-token") and top is not None and top[0] in previous_heads \
+            and top[1] is not None and top[1] >= rules.circuit:
+        ind = _share(profile, "induction")
+        line = (f"induction (by its circuit): keys driven by previous-token head {top[0]} ({top[1]:.2f} of the score "
+                f"above the row mean); on this corpus {ind:.2f} of its weight after an earlier copy of the query "
+                f"token, {line}")
+        kind = "induction"
+        top = None  # said already
+    if top is not None:
+        line += f"; driven by {top[0]} on the key side"
     if copying is not None and copying >= rules.copies:
         line += "; copies"
     return kind, line
