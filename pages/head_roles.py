@@ -78,7 +78,11 @@ how_to_read(
     "Mechanistically Explains Long-Context Factuality. Protocols: model_core/roles/.",
 )
 seed = int(st.number_input("Probe seed (draws the random words and the password)", 0, 9999, 0, key="roles_seed"))
-scores = probe_scores(model, seed)
+try:
+    scores = probe_scores(model, seed)
+except ValueError as exc:  # RunMemoryError: the probe would not fit AE_RUN_MEMORY_MB (the estimate and the limit)
+    st.error(str(exc), icon=":material/memory:")
+    st.stop()
 probe_text = scores.texts[0]
 
 
@@ -127,7 +131,11 @@ else:
                f"needle at {', '.join(f'{d:.0%}' for d in DEPTHS)} of the text: short enough for a 2-core CPU "
                "(about 10-60 s for SmolLM2-135M; once per model, then cached).")
     if st.toggle("Score retrieval heads", key="roles_retrieval"):
-        result = retrieval(model, seed)
+        try:
+            result = retrieval(model, seed)
+        except ValueError as exc:  # RunMemoryError: the haystack would not fit AE_RUN_MEMORY_MB
+            st.error(str(exc), icon=":material/memory:")
+            st.stop()
         st.caption(f"Password “{result.secret}”; the model answered {', '.join(repr(a) for a in result.answers)}, "
                    f"copying {sum(result.copied)} of {len(result.copied) * result.answer_tokens} password tokens.")
         show_figure(role_grid(result.scores, "retrieval", clickable=False), f"{trace.model_kind}_retrieval_heads",

@@ -176,3 +176,43 @@ def test_the_flag_sets_the_limit_of_one_command(tmp_path, tiny_decoders):
     assert ran.returncode == 0 and json.loads(ran.stdout)["n"] == 1, ran.stderr  # the flag over the variable
     bad = _cli("circuit", "--model", "pretrained", "--dataset", str(pairs), "--run-memory-mb", "-3")
     assert bad.returncode == 2 and "--run-memory-mb" in bad.stderr
+
+
+@pytest.mark.slow
+def test_a_6000_token_pair_on_the_command_line_is_refused_before_it_grows(tmp_path):
+    """The issue's pair on SmolLM2, run as `python -m model_core circuit`: exit 1 with the estimate and the limit, and
+    the command's peak memory (model and libraries included) stays below the limit."""
+    clean = " ".join(["When Mary and John went to the store, John gave a drink to"] * 430)
+    pair = {"clean": clean, "corrupt": clean.replace("Mary", "Anne"), "answer": " Mary", "foil": " John"}
+    path = tmp_path / "long_pair.jsonl"
+    path.write_text(json.dumps(pair) + "\n")
+    # A wrapper reports its child's peak RSS (ru_maxrss of the children it waited for: only this command)
+    wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+               "print('peak_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+               "sys.exit(r.returncode)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "model_core", "circuit", "--model",
+                           "pretrained", "--model-id", "bundled:SmolLM2-135M-Instruct", "--dataset", str(path),
+                           "--method", "eap", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 1 and not done.stdout, done.stderr
+    limit = load_settings().run_memory_mb
+    found = re.search(r"a pair of ([\d,]+) tokens .* would need about ([\d,]+) MB of memory, over this server's limit "
+                      r"of ([\d,]+) MB", done.stderr)
+    assert found, done.stderr
+    tokens, estimate, said = (int(g.replace(",", "")) for g in found.groups())
+    assert tokens > 5_000 and estimate > said == int(limit)
+    peak_mb = int(re.search(r"peak_kb (\d+)", done.stderr).group(1)) / 1024
+    print(f"\ncommand peak RSS {peak_mb:,.0f} MB (model included); estimate {estimate:,} MB; limit {limit:,.0f} MB")
+    assert peak_mb < limit, (peak_mb, limit)
+
+
+def test_a_page_shows_a_refusal_as_a_message(monkeypatch):
+    """Head roles with AE_RUN_MEMORY_MB at 1 MB: the probe is refused before it runs, and the page says so."""
+    from harness.apptest import open_page
+
+    monkeypatch.setenv("AE_RUN_MEMORY_MB", "1")
+    at = open_page("pages/head_roles.py", model="custom", state={
+        "ctl_num_hidden_layers": 3, "ctl_num_attention_heads": 2, "ctl_hidden_size": 24})
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert any("Head roles' probe" in e and "would need about" in e and "limit of 1 MB" in e for e in errors), errors
