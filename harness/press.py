@@ -13,11 +13,12 @@ that adds a button (a result's "Open in heatmaps") adds it to what is pressed, a
 
 from __future__ import annotations
 
+import re
 import time
 from urllib.parse import parse_qs, urlsplit
 from dataclasses import dataclass, field
 
-from harness.browser import IDLE_JS, RUN_TIMEOUT_S, ScriptRuns, app_pages, nav_to
+from harness.browser import IDLE_JS, RUN_TIMEOUT_S, ScriptRuns, app_pages, nav_to, wait_for_run
 
 MAX_PRESSES_PER_PAGE = 40
 """A bound on one page's presses, should a page keep adding new buttons."""
@@ -25,9 +26,10 @@ START_S = 20.0
 """How long a press that reruns the app may take to start its run (a busy server answers late)."""
 NO_RERUN_START_S = 1.0
 """How long to watch for a run after a press that normally starts none (a tab, a widget inside a form)."""
-LONG_RUN_S = 15.0
-"""A run still going after this long is stopped with the page's Stop button, where it has one."""
+LONG_RUN_S = 30.0
+"""A run still going after this long is stopped with the page's Stop button, or Streamlit's own where it has none."""
 POLL_MS = 50
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MODEL_PARAMS = ("model", "model_id", "weights", "causal", "norm_placement", "num_hidden_layers",
                 "num_attention_heads", "hidden_size")
 """The link's parameters that name the model (the app writes those not at their default)."""
@@ -84,8 +86,11 @@ COLLECT_JS = r"""() => {
 STATE_JS = """() => { const a = document.querySelector('[data-testid="stApp"]');
   return [a && a.getAttribute('data-test-script-state'), a && a.getAttribute('data-test-connection-state'),
           [...document.querySelectorAll('[data-testid="stSpinner"]')].map(e => e.innerText).join(' | ')]; }"""
+# The page's own Stop button, else the one Streamlit shows in its status widget while a script runs.
 STOP_JS = """() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stButton"] button')]
-  .find(b => /^Stop\\b/.test((b.innerText || '').trim()) && !b.disabled)"""
+  .find(b => /\\bStop\\b/.test((b.innerText || '').trim()) && !b.disabled)
+  || [...document.querySelectorAll('[data-testid="stStatusWidget"] button')]
+  .find(b => /^Stop/.test((b.innerText || '').trim()) && !b.disabled)"""
 PROBLEMS_JS = r"""() => {
   const out = [];
   document.querySelectorAll('[data-testid="stException"]').forEach(e => out.push('exception: ' + e.innerText));
@@ -100,7 +105,7 @@ PROBLEMS_JS = r"""() => {
 
 def skipped(item: dict) -> bool:
     """Not pressed: Stop (it is pressed only to end a long run) and the one already selected."""
-    return item["label"].startswith("Stop") or item["selected"]
+    return re.search(r"\bStop\b", item["label"]) is not None or item["selected"]
 
 
 @dataclass
@@ -146,8 +151,14 @@ class Presser:
     def _idle_in_page(self) -> bool:
         return bool(self.page.evaluate(IDLE_JS))
 
-    def settle(self, before: int, expect_run: bool, where: str) -> None:
-        """After a press: wait for the run it starts (if one starts), stop it if long, and wait for the app idle."""
+    def _still_idle(self) -> bool:
+        started = self.runs.started
+        self.page.wait_for_timeout(POLL_MS)
+        return self.runs.started == started and self.runs.idle and self._idle_in_page()
+
+    def settle(self, before: int, expect_run: bool, where: str, may_stop: bool = True) -> None:
+        """After a press: wait for the run it starts (if one starts), stop it if long (``may_stop``; never a page's
+        opening run), and wait for the app idle."""
         start = time.monotonic()
         limit = START_S if expect_run else NO_RERUN_START_S
         while self.runs.started <= before and time.monotonic() - start < limit:
@@ -156,19 +167,20 @@ class Presser:
             self.report.notes.append(f"{where}: no run started in {START_S:.0f} s")
         stopped = False
         deadline = start + self.timeout_s
-        while not (self.runs.idle and self._idle_in_page()):
+        # Idle twice, POLL_MS apart: a run that reruns itself (st.rerun, a page switch) ends before the next starts.
+        while not (self.runs.idle and self._idle_in_page() and self._still_idle()):
             if time.monotonic() > deadline:
                 state = self.page.evaluate(STATE_JS)
                 self.report.failures.append(f"{where}: the app was still running after {self.timeout_s:.0f} s "
                                             f"(runs started {self.runs.started}, finished {self.runs.finished}; "
                                             f"page: {state})")
                 return
-            if not stopped and time.monotonic() - start > LONG_RUN_S:
+            if may_stop and not stopped and time.monotonic() - start > LONG_RUN_S:
                 stop = self.page.evaluate_handle(STOP_JS).as_element()
                 if stop is not None:
                     stop.click()
                     stopped = True
-                    self.report.notes.append(f"{where}: stopped after {LONG_RUN_S:.0f} s with the page's Stop")
+                    self.report.notes.append(f"{where}: stopped after {LONG_RUN_S:.0f} s with Stop")
             self.page.wait_for_timeout(POLL_MS)
 
     # --- checking ------------------------------------------------------------------------------------------------
@@ -178,7 +190,7 @@ class Presser:
             return []
         with open(self.log_path, errors="replace") as f:
             f.seek(self._log_at)
-            new = f.read()
+            new = ANSI.sub("", f.read())  # Streamlit prints tracebacks through rich, in colour
             self._log_at = f.tell()
         found = []
         for chunk in new.split("Traceback (most recent call last)")[1:]:
@@ -192,6 +204,7 @@ class Presser:
         self._page_errors.clear()
         for problem in problems:
             self.report.failures.append(f"{where}: {problem}")
+            self.progress(f"FAILED {where}: {problem[:300]}")
 
     # --- pressing ------------------------------------------------------------------------------------------------
 
@@ -199,7 +212,8 @@ class Presser:
         """Open the start link (the app with the model in its query) and wait for its run."""
         before = self.runs.started
         self.page.goto(self.start_url, wait_until="domcontentloaded")
-        self.settle(before, True, "start")
+        self.settle(before, True, "start", may_stop=False)
+        wait_for_run(self.page, self.timeout_s, selector='[data-testid="stTopNavSection"]')  # the app is drawn
         self.check("start")
         if self.model is None:
             self.model = self._model_in_link()
@@ -215,7 +229,7 @@ class Presser:
         """Open ``title`` from the navigation and wait for its run."""
         before = self.runs.started
         nav_to(self.page, title)
-        self.settle(before, True, f"{title}: open")
+        self.settle(before, True, f"{title}: open", may_stop=False)
         self.check(f"{title}: open")
 
     def press_page(self, title: str) -> None:
