@@ -137,3 +137,23 @@ def test_the_bundled_smollm2_with_a_generator():
     assert not at.exception, [e.value for e in at.exception]
     assert "Mean effect over 2 pairs (hover: spread)" in _charts(at)
     assert float(at.metric[1].value) > 0 > float(at.metric[2].value)
+
+
+def test_a_50000_row_file_runs_its_first_pairs_and_says_how_long(llama):
+    """A hostile upload (50,000 rows, about 5 MB): the page keeps the first AE_MAX_PAIRS, says so and how long the
+    run will take, and the Run button names that many pairs."""
+    big = "\n".join([json.dumps(PAIRS[0])] * 50_000).encode()
+    at = _upload(_open(str(llama), patch_ds_source="upload"), "many.jsonl", big)
+    infos = [i.value for i in at.info]
+    assert any("has 50,000 rows; this page runs the first 256" in i for i in infos), infos
+    assert any(c.value.startswith("The run will take about") for c in at.caption), [c.value for c in at.caption]
+    assert at.button(key="patch_ds_run").label == "Run mean patching (256 pairs)"
+
+
+def test_a_dataset_over_the_memory_limit_is_refused_before_run(llama, monkeypatch):
+    monkeypatch.setenv("AE_RUN_MEMORY_MB", "1")
+    at = _upload(_open(str(llama), patch_ds_source="upload"), "pairs.jsonl", JSONL)
+    errors = [e.value for e in at.error]
+    assert any("Activation patching of two prompts" in e and "would need about" in e and "limit of 1 MB" in e
+               for e in errors), errors
+    assert "patch_ds_run" not in [b.key for b in at.button]
