@@ -124,12 +124,13 @@ def decode_top(ids: np.ndarray, tokenizer: Any = None) -> tuple | None:
 
 @torch.inference_mode()
 def top_on_device(family: Family, model: Any, residual: torch.Tensor, k: int = TOP_K,
-                  chunk: int = PREDICTION_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+                  chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``top_predictions``' ids and probabilities, left on the model's device (``chunk`` positions unembedded at
     a time, the results joined there).
 
     Shape: residual (pos, hidden) -> ids (pos, k) int64, probs (pos, k) float32.
     """
+    chunk = PREDICTION_CHUNK if chunk is None else chunk
     ids, probs = [], []
     for r0 in range(0, len(residual), chunk):
         p = torch.softmax(family.unembed(model, residual[r0:r0 + chunk]).float(), dim=-1)
@@ -140,7 +141,7 @@ def top_on_device(family: Family, model: Any, residual: torch.Tensor, k: int = T
 
 
 def top_predictions(family: Family, model: Any, residual: torch.Tensor, k: int = TOP_K, tokenizer: Any = None,
-                    chunk: int = PREDICTION_CHUNK) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+                    chunk: int | None = None) -> tuple[np.ndarray, np.ndarray, tuple | None]:
     """A decoder's top ``k`` next tokens at every position of its last layer's output: the final norm, the
     unembedding and Gemma 2's final-logit softcap (``DecoderFamily.unembed``), ``chunk`` positions at a time.
 
