@@ -43,8 +43,12 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def child(n: int, max_tokens: int, qk_contexts: int, out: Path) -> dict:
+def child(n: int, max_tokens: int, qk_contexts: int, out: Path, threads: int) -> dict:
     """One atlas run in this process: its timings, peak RSS and size."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
     from model_core.atlas import AtlasOptions, run_atlas
     from model_core.corpus import Corpus, CorpusModel, demo_corpus
 
@@ -95,23 +99,26 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--qk-contexts", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: on a shared machine two threads spin-wait for each other "
+                             "over the atlas's many small operations; 0 keeps torch's default)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.n, args.max_tokens, args.qk_contexts, Path(args.child))))
+        print(json.dumps(child(args.n, args.max_tokens, args.qk_contexts, Path(args.child), args.threads)))
         return
     root = Path(tempfile.mkdtemp(prefix="bench-atlas-"))
     results = {}
     for qk in (args.qk_contexts, 0):
         out = root / f"qk{qk}"
         proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--max-tokens", str(args.max_tokens),
-                               "--qk-contexts", str(qk), "--child", str(out)], capture_output=True, text=True,
+                               "--qk-contexts", str(qk), "--threads", str(args.threads), "--child", str(out)], capture_output=True, text=True,
                               cwd=ROOT)
         if proc.returncode:
             sys.exit(proc.stderr[-3000:])
         results[qk] = json.loads(proc.stdout.strip().splitlines()[-1])
         r = results[qk]
-        print(f"SmolLM2, {r['n']} demo texts (mean {r['mean_tokens']} tokens, longest {r['max_tokens_seen']}), "
+        print(f"SmolLM2, {args.threads or 'default'} torch thread(s), {r['n']} demo texts (mean {r['mean_tokens']} tokens, longest {r['max_tokens_seen']}), "
               f"qk_contexts={qk}: {r['wall_s']} s (scan {r['scan_s']} s, cards {r['cards_s']} s; model load "
               f"{r['load_s']} s apart; CPU {r['cpu_s']} s, of which the scan {r['cpu_scan_s']} s), peak RSS {r['peak_rss_mb']} MB, {r['disk_mb']} MB on disk", flush=True)
     with_qk, without = results[args.qk_contexts], results[0]

@@ -43,16 +43,23 @@ def decile_samples(weights: np.ndarray, text_ids: np.ndarray, per_decile: int = 
 
 
 class TokenText:
-    """Each vocabulary id's text as the tokenizer decodes it alone, looked up once."""
+    """Each vocabulary id's text as the tokenizer decodes it alone, looked up once; a WordPiece token that starts a
+    word gets the space its decoder would put before it (a byte-level BPE token carries its own)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._seen: dict[int, str] = {}
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        self._wordpiece = type(decoder).__name__ == "WordPiece" or "WordPiece" in repr(decoder)
 
     def __call__(self, token_id: int) -> str:
         text = self._seen.get(token_id)
         if text is None:
-            text = self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+            if self._wordpiece:
+                token = self.tokenizer.convert_ids_to_tokens(token_id)
+                text = token[2:] if token.startswith("##") else " " + token
+            else:
+                text = self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
             self._seen[token_id] = text
         return text
 

@@ -50,6 +50,9 @@ def add_atlas_parser(sub: Any) -> None:
     p.add_argument("--engine", choices=["local", "ray"], default="local")
     p.add_argument("--ray-address", default=None, help="a Ray cluster's address (default: start a local Ray)")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or mps (local engine)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch's CPU threads (default: torch's; 1 is faster on a machine other processes share: the "
+                        "atlas runs many small operations whose threads otherwise wait for each other)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -134,6 +137,10 @@ def atlas_main(args: argparse.Namespace) -> int:
     from model_core.models.memory import fixed_mmap_threshold
 
     fixed_mmap_threshold()
+    if args.threads is not None:
+        import torch  # loaded by the run anyway; the thread count is set before the model loads
+
+        torch.set_num_threads(max(1, args.threads))
     bar = None
     try:
         corpus = _corpus(args)
