@@ -7,19 +7,10 @@ import pytest
 import torch
 
 from model_core import TraceRequest, build_trace
-from model_core.analysis import (
-    compare_masking,
-    head_mask_from_off,
-    next_token_effect,
-    next_token_probs,
-)
-from model_core.analysis.masked_run import _LayerComparisons, run_masked
+from model_core.analysis import compare_masking, head_mask_from_off, next_token_effect, next_token_probs
+from model_core.analysis.masked_run import run_masked
 from model_core.analysis.masking import attention_change
-from model_core.families.hook_install import open_run
-from model_core.trace.forward import head_gate
 from model_core.trace.request import Models
-from model_core.trace.resolve import resolve
-from model_core.walk.encoder import encoded_from_trace
 
 TEXT = "the old tree near the river, and the children who play there every day"
 
@@ -59,28 +50,3 @@ def test_a_masked_run_compares_as_a_masked_trace_does(tiny_decoders, kind):
     assert via_run.strings == via_trace.strings
     assert via_run.total_variation == pytest.approx(via_trace.total_variation, abs=1e-6)
     assert lean.top_ids[0] == int(np.argmax(lean.next_token_probs))
-
-
-@pytest.mark.parametrize("kind", ["llama", "gpt2", "custom"])
-def test_each_layer_is_compared_as_the_pass_goes_with_the_same_numbers(tiny_decoders, kind):
-    """A decoder's layers are handed to the comparison while the pass runs (each read at its hook_z); the chapter-3
-    encoder's after it; either way the numbers are attention_change's on the same weights, bit for bit."""
-    request = _requests(kind, tiny_decoders)
-    baseline = build_trace(request, device="cpu")
-    mask = head_mask_from_off(baseline.n_layers, baseline.n_heads, [(0, 1)])
-    resolved = resolve(request, device="cpu")
-    family, model = resolved.family, resolved.model
-    encoded = encoded_from_trace(baseline)
-    gate = head_gate(mask, baseline.n_layers, baseline.n_heads, torch.device("cpu"))
-    with _LayerComparisons(baseline) as compared, open_run(model, family, compared.run):
-        out = family.forward(model, encoded.input_ids, encoded.token_type_ids, None, head_mask=gate, vectors=False)
-        handed = sorted(compared.futures)
-        tv, js = compared.result([w[0] for w in out.weights])
-    assert handed == ([] if kind == "custom" else list(range(baseline.n_layers)))
-    want_tv, want_js = attention_change(baseline.weights, [w[0] for w in out.weights], baseline.mask)
-    np.testing.assert_array_equal(tv, want_tv)
-    np.testing.assert_array_equal(js, want_js)
-    assert (tv[1] > 1e-4).all()  # layer 1 moved: the comparison is not all zeros
-    lean = run_masked(request, baseline, mask, device="cpu")
-    np.testing.assert_array_equal(lean.attention_tv, want_tv)
-    np.testing.assert_array_equal(lean.attention_js, want_js)

@@ -7,31 +7,21 @@ the baseline's as soon as the pass ends and then dropped: a run keeps two (layer
 (layer, head, n, n) stack (268 MB for SmolLM2 at 510 tokens). It resolves its model as a trace does (``resolve``)
 and goes through the one forward route (``Family.forward``) with the same head gate, under one turn of the route's
 gate until its arrays are numpy.
-
-The comparison (float64 logarithms over every head's n x n weights: a third of the run's time on the CPU for SmolLM2
-at 512 tokens) does not wait for the pass to end: each layer's weights go to a worker thread as soon as the layer has
-attended (``_LayerComparisons``), while the pass goes on with the next layer, so on the CPU the two share the time
-of the pass. The numbers are the same: the same function on the same tensors, layer by layer.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import torch
 
-from model_core.analysis.masking import layer_change
+from model_core.analysis.masking import attention_change
 from model_core.families import Family, ForwardOutput
-from model_core.families.capture import current_recorder
-from model_core.families.hook_install import open_run
-from model_core.families.hooks import HookPoint, HookRun
-from model_core.gate import GATE
 from model_core.settings import Settings
 from model_core.trace.forward import head_gate, to_numpy, top_tokens
+from model_core.gate import GATE
 from model_core.trace.request import TraceRequest
 from model_core.trace.resolve import Models, resolve
 from model_core.trace.shape import arrays_nbytes, freeze_arrays
@@ -99,61 +89,16 @@ def run_masked(request: TraceRequest, baseline: AttentionTrace, head_mask: np.nd
     device_ = next(model.parameters()).device
     gate = head_gate(head_mask, family.n_layers(model.config), family.n_heads(model.config), device_)
     encoded = encoded_from_trace(baseline)
-    # one turn of the gate until the run's arrays are numpy
-    with GATE.turn(), _LayerComparisons(baseline) as compared, open_run(model, family, compared.run):
+    with GATE.turn():  # until the run's arrays are numpy
         out = family.forward(model, encoded.input_ids.to(device_), encoded.token_type_ids.to(device_), None,
                              head_mask=gate, vectors=False)
-        tv, js = compared.result([w[0] for w in out.weights])
-        return _run_of(family, model, tokenizer, baseline, head_mask, out, tv, js)
-
-
-class _LayerComparisons:
-    """Each layer's weights compared with the baseline's (``masking.layer_change``) in one worker thread, handed over
-    as soon as the layer has attended (a read of its ``hook_z``, the hook layer's point after the pattern; it changes
-    nothing), while the pass runs on; ``result`` compares any layer the pass did not hand over (the chapter-3 encoder
-    records its weights itself, not in the route's recorder) and collects them in order.
-
-    The hook run is this thread's alone (``model_core.families.hook_install.open_run``): another session's pass on
-    the shared model never reaches it.
-    """
-
-    def __init__(self, baseline: AttentionTrace) -> None:
-        self.baseline = baseline
-        self.allowed = np.asarray(baseline.mask, dtype=bool)
-        self.futures: dict[int, Future] = {}
-        n_layers = baseline.weights.shape[0]
-        self.run = HookRun(hooks=[(f"blocks.{layer}.attn.hook_z", partial(self._attended, layer))
-                                  for layer in range(n_layers)])
-
-    def __enter__(self) -> Self:
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masking")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)  # a stopped run leaves no comparison running
-
-    def _attended(self, layer: int, _z: torch.Tensor, _point: HookPoint) -> None:
-        rec = current_recorder()
-        if rec is not None and layer in rec.weights and layer not in self.futures:
-            self.futures[layer] = self.pool.submit(self._compare, layer, rec.weights[layer][0])
-
-    def _compare(self, layer: int, weights: Any) -> tuple[np.ndarray, np.ndarray]:
-        with torch.inference_mode():  # the worker's own grad mode (thread-local) would be on
-            return layer_change(self.baseline.weights[layer], weights, self.allowed)
-
-    def result(self, weights: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Every layer's (tv, js). Shape: weights, the pass's per layer (head, q_pos, k_pos) -> (layer, head) x 2."""
-        n_layers, n_heads = self.baseline.weights.shape[:2]
-        tv, js = np.zeros((n_layers, n_heads)), np.zeros((n_layers, n_heads))
-        for layer in range(n_layers):
-            future = self.futures.get(layer)
-            tv[layer], js[layer] = future.result() if future is not None else self._compare(layer, weights[layer])
-        return tv, js
+        return _run_of(family, model, tokenizer, baseline, head_mask, out)
 
 
 def _run_of(family: Family, model: Any, tokenizer: Any, baseline: AttentionTrace, head_mask: np.ndarray,
-            out: ForwardOutput, tv: np.ndarray, js: np.ndarray) -> MaskedRun:
-    """The pass's tensors and their comparison with the baseline (``tv``, ``js``: (layer, head)) as a ``MaskedRun``."""
+            out: ForwardOutput) -> MaskedRun:
+    """The pass's tensors, compared with the baseline, as a ``MaskedRun``."""
+    tv, js = attention_change(baseline.weights, [w[0] for w in out.weights], baseline.mask)
     hidden = torch.stack([h[0] for h in out.hidden])  # (layer + 1, pos, hidden)
     extra: dict = {}
     if family.is_decoder:

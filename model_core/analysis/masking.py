@@ -156,26 +156,17 @@ def attention_change(baseline: np.ndarray, masked: Any, mask: np.ndarray) -> tup
     Shape: -> (layer, head), (layer, head).
     """
     allowed = np.asarray(mask, dtype=bool)
+    queries = allowed.any(axis=1)  # rows that attend to something
     n_layers, n_heads = baseline.shape[:2]
     tv = np.zeros((n_layers, n_heads))
     js = np.zeros((n_layers, n_heads))
     for layer in range(n_layers):
-        tv[layer], js[layer] = layer_change(baseline[layer], masked[layer], allowed)
+        other = masked[layer]
+        same = (np.array_equal(baseline[layer], other) if isinstance(other, np.ndarray)
+                else np.array_equal(baseline[layer], other.detach().to("cpu").numpy()))
+        if not same:  # up to the first switched-off layer nothing changes: skip the logs
+            tv[layer], js[layer] = _pattern_change(baseline[layer], other, allowed, queries)
     return tv, js
-
-
-def layer_change(baseline: np.ndarray, other: Any, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``attention_change`` for one layer: each head's total variation and JS divergence (bits), averaged over the
-    query rows that attend to something; 0 without computing anything where the two layers' weights are equal.
-
-    Shape: baseline (head, q_pos, k_pos); other the same, numpy or torch (any device); allowed (q_pos, k_pos) bool
-    -> (head,), (head,).
-    """
-    same = (np.array_equal(baseline, other) if isinstance(other, np.ndarray)
-            else np.array_equal(baseline, other.detach().to("cpu").numpy()))
-    if same:  # up to the first switched-off layer nothing changes: skip the logs
-        return np.zeros(baseline.shape[0]), np.zeros(baseline.shape[0])
-    return _pattern_change(baseline, other, allowed, allowed.any(axis=1))
 
 
 def compare_masking(baseline: AttentionTrace, masked: Any, position: int | None = None) -> MaskingEffect:
