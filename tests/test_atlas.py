@@ -291,3 +291,12 @@ def test_the_summary_names_an_induction_head_by_its_circuit_only_when_a_previous
     assert summarise(sink, [["L2H1", 0.8]], previous_heads=frozenset({"L2H0"}))[0] == "sink"  # not a prev-token head
     kind, line = summarise({"offset_-1": 0.91}, [["embed", 0.7]])
     assert kind == "previous-token" and line.startswith("previous-token head: 0.91 of its weight one token back")
+
+
+def test_a_context_is_drawn_with_its_tokens_escaped_and_the_query_and_key_marked():
+    from attention_explorer.atlas import context_html
+
+    out = context_html({"text_id": 0, "query": 3, "key": 1, "weight": 0.5,
+                        "snippet": [[0, "a"], [1, "<script>"], [2, " & "], [3, "q"], [9, "far"]]})
+    assert "<script>" not in out and "&lt;script&gt;" in out and "&amp;" in out
+    assert 'title="key 1"' in out and 'title="query 3"' in out and " … " in out  # a gap between positions 3 and 9

@@ -61,6 +61,7 @@ def test_an_atlas_folder_opens_on_the_focused_head_with_its_text_escaped(tmp_pat
     _clean(at)
     assert at.subheader[0].value == "Layer 1, head 1"
     page_html = " ".join(str(e.proto) for e in at.get("html"))
-    assert "&lt;script&gt;" in page_html and "<script>" not in page_html
+    assert "&lt;" in page_html and "&amp;" in page_html  # the text's own < and &, escaped
+    assert "<script" not in page_html and "<b>bold" not in page_html  # the text never becomes markup
     assert any("no unembedding" in i.value for i in at.info)  # an encoder writes no logits: the card says so
     assert len(at.tabs) >= 6
