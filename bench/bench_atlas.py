@@ -122,12 +122,16 @@ def main() -> None:
               f"qk_contexts={qk}: {r['wall_s']} s (scan {r['scan_s']} s, cards {r['cards_s']} s; model load "
               f"{r['load_s']} s apart; CPU {r['cpu_s']} s, of which the scan {r['cpu_scan_s']} s), peak RSS {r['peak_rss_mb']} MB, {r['disk_mb']} MB on disk", flush=True)
     with_qk, without = results[args.qk_contexts], results[0]
-    fixed = without["cards_s"]  # weight-only parts and the roles probe: the cards without the QK part
-    per_text = (with_qk["scan_s"] + with_qk["cards_s"] - fixed) / args.n
-    print(f"extrapolated to 1,000 texts (linear in the texts beyond the fixed {fixed:.0f} s of cards): "
-          f"{fixed + 1000 * per_text:.0f} s with the QK part, "
-          f"{without['cards_s'] + 1000 * without['scan_s'] / args.n:.0f} s without; disk "
-          f"{with_qk['disk_mb'] * 1000 / args.n:.0f} MB at most (the parts grow with the texts; the cards do not)")
+    # The scan grows with the texts; the cards do not: the QK split and the logit effects read at most
+    # qk_contexts x heads contexts whatever the corpus's size (each costs more in a longer text), and the rest of the
+    # cards reads the weights and a fixed probe.
+    scale = 1000 / args.n
+    print(f"estimated at 1,000 texts of the same lengths (the scan x{scale:g}, the cards as they are): "
+          f"{with_qk['scan_s'] * scale + with_qk['cards_s']:.0f} s with the QK part, "
+          f"{without['scan_s'] * scale + without['cards_s']:.0f} s without (wall); CPU "
+          f"{with_qk['cpu_scan_s'] * scale + with_qk['cpu_s'] - with_qk['cpu_scan_s']:.0f} s with, "
+          f"{without['cpu_scan_s'] * scale + without['cpu_s'] - without['cpu_scan_s']:.0f} s without; disk at most "
+          f"{with_qk['disk_mb'] * scale:.0f} MB (the parts grow with the texts; the cards do not)")
     print("Head roles' top-3 heads and their atlas summaries:")
     print("\n".join(roles_check(root / f"qk{args.qk_contexts}")))
     print("(2 cores shared with other processes: the timings are pessimistic.)")
