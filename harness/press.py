@@ -178,7 +178,10 @@ class Presser:
             if may_stop and not stopped and time.monotonic() - start > LONG_RUN_S:
                 stop = self.page.evaluate_handle(STOP_JS).as_element()
                 if stop is not None:
-                    stop.click()
+                    try:
+                        stop.click(timeout=5_000)
+                    except Exception:  # noqa: BLE001 - redrawn meanwhile (the run may have ended): look again
+                        continue
                     stopped = True
                     self.report.notes.append(f"{where}: stopped after {LONG_RUN_S:.0f} s with Stop")
             self.page.wait_for_timeout(POLL_MS)

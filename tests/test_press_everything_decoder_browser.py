@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 if not CHROMIUM.exists():
     pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
 
-MIN_PRESSES = 40  # SmolLM2 offered 42 presses before the head atlas on 28 Nov (pages that raised stopped early); far fewer means pages went unpressed
+# SmolLM2 offered 42 presses before the head atlas on 28 Nov (pages that raised stopped early); far fewer
+# means the pages went unpressed.
+MIN_PRESSES = 40
 
 
 @pytest.fixture(scope="module", autouse=True)
