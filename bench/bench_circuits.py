@@ -55,7 +55,7 @@ def main() -> None:
     for batch in batches:
         got = score_batch(cm, batch, args.steps)
         total = got.score_sum if total is None else total + got.score_sum
-        n += got.n
+        n += len(got)
     scores_s = time.perf_counter() - start
     scores = EdgeScores(cm.graph, total / n)
     print(f"EAP-IG, {args.steps} steps, {n} pairs: {scores_s:.1f} s (target ≤ {TARGETS['scores_s']:.0f} s: "
