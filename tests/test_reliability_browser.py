@@ -8,6 +8,7 @@ The server starts as ``make run`` starts it (``.venv/bin/streamlit run app.py``,
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from urllib.parse import urlencode, urlparse
 
@@ -18,7 +19,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 from harness.browser import CHROMIUM, CHROMIUM_MISSING, app_pages, wait_for_run
 
 RUN_TIMEOUT_S = 240
-QUIET_S = 1.5
+CONCURRENT_TIMEOUT_S = 900
+"""One limit for all ten sessions to show their text (each phase): ten first runs on two slow cores, each tab's
+frontend booting and drawing its figures beside the others, took more than 240 s on a slow machine."""
 
 if not CHROMIUM.exists():
     pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
@@ -35,8 +38,8 @@ def _pages() -> list[str]:
     return [path for path, _ in app_pages()]
 
 
-def _wait_for_run(page, timeout_s: float = RUN_TIMEOUT_S, quiet_s: float = QUIET_S) -> None:
-    wait_for_run(page, timeout_s, quiet_s)
+def _wait_for_run(page, timeout_s: float = RUN_TIMEOUT_S) -> None:
+    wait_for_run(page, timeout_s)
 
 
 def _watch(page, origin_host: str) -> dict[str, list]:
@@ -129,7 +132,17 @@ def _wait_for_token(page, word: str, timeout_s: float = RUN_TIMEOUT_S) -> None:
     """Until the focused heatmap's key axis shows ``word`` as a token."""
     page.wait_for_function(
         "w => [...document.querySelectorAll('[data-testid=stMain] .xtick text')].some(t => t.textContent === w)",
-        arg=word, timeout=timeout_s * 1000)
+        arg=word, timeout=max(1.0, timeout_s) * 1000)
+
+
+def _wait_for_tokens(pages, words: list[str]) -> list[float]:
+    """Until every page shows its word, within one limit for all; the seconds at which each was seen."""
+    start = time.monotonic()
+    seen = []
+    for page, word in zip(pages, words):
+        _wait_for_token(page, word, CONCURRENT_TIMEOUT_S - (time.monotonic() - start))
+        seen.append(round(time.monotonic() - start, 1))
+    return seen
 
 
 def _own_words_only(page, own: str, others: list[str]) -> None:
@@ -148,8 +161,8 @@ def test_ten_concurrent_sessions_each_see_only_their_own_text(app_server, browse
     try:
         for page, word in zip(pages, WORDS):  # all ten sessions start before any is awaited
             page.goto(f"{app_server.url}/?{urlencode({'a': f'the {word} sleeps', 'b': ''})}", wait_until="commit")
+        seen = [_wait_for_tokens(pages, WORDS)]
         for page, word in zip(pages, WORDS):
-            _wait_for_token(page, word)
             _own_words_only(page, word, [w for w in WORDS + NEW_WORDS if w != word])
         rss.append(app_server.rss_mb())
         # Every session now types a new sentence at once: ten reruns race on one process.
@@ -157,12 +170,13 @@ def test_ten_concurrent_sessions_each_see_only_their_own_text(app_server, browse
             box = page.get_by_label("Sentence A", exact=True)
             box.fill(f"a {word} waits")
             box.press("Control+Enter")
+        seen.append(_wait_for_tokens(pages, NEW_WORDS))
         for page, word in zip(pages, NEW_WORDS):
-            _wait_for_token(page, word)
-            _wait_for_run(page, quiet_s=0.5)
+            _wait_for_run(page)
             _own_words_only(page, word, [w for w in WORDS + NEW_WORDS if w != word])
         rss.append(app_server.rss_mb())
     finally:
         for c in contexts:
             c.close()
-    print(f"10 sessions x 2 texts; server RSS MB before/after first/after second: {[round(r) for r in rss]}")
+    print(f"10 sessions x 2 texts; server RSS MB before/after first/after second: {[round(r) for r in rss]}; "
+          f"seconds until each session showed its text: {seen}")
