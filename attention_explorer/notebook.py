@@ -326,9 +326,7 @@ def offline_figures() -> None:
 def with_dtype(dtype: str | None) -> Any:
     """The environment's settings with ``dtype`` as the precision (None: the settings as they are, AE_DTYPE).
 
-    Raises:
-        ValueError: not one of auto, float32, bfloat16, float16.
-    """
+    Raises ValueError where it is not one of auto, float32, bfloat16, float16."""
     import dataclasses
 
     from model_core.settings import load_settings

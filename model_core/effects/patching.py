@@ -10,12 +10,10 @@ nothing. *Exact* patching runs the corrupted prompt once per patch, with one act
 - the residual stream entering a layer at one position, through ``blocks.{l}.hook_resid_pre``, giving a (layer, pos)
   grid.
 
-Both read and write through one ``HookRun`` per pass (``model_core.families.hooks``), which acts for this thread's
-pass alone.
-
-The patched passes run in batches (copy b of the corrupted prompt carries patch b), with a progress callback and a
-stop flag; a stopped run keeps what it computed and marks the rest NaN. *Attribution* patching (Nanda 2023,
-``patching_attribution``) estimates both grids from one forward and one backward pass.
+Both go through one ``HookRun`` per pass (``model_core.families.hooks``), this thread's alone. The patched passes
+run in batches (copy b of the corrupted prompt carries patch b), with a progress callback and a stop flag; a stopped run
+keeps what it computed and marks the rest NaN. *Attribution* patching (Nanda 2023, ``patching_attribution``) estimates
+both grids from one forward and one backward pass.
 """
 
 from __future__ import annotations
@@ -285,10 +283,7 @@ def patched_metrics(family: Family, model: Any, runs: PatchRuns, patches: list[P
 
 
 def unchanged_patches(runs: PatchRuns, patches: list[Patch]) -> np.ndarray:
-    """``unchanged`` for every patch, compared on the device at once and copied to the host once.
-
-    Shape: -> (len(patches),) bool.
-    """
+    """``unchanged`` for every patch, compared on the device at once, copied once. Shape: -> (len(patches),) bool."""
     same_z = (runs.z_clean == runs.z_corrupt).all(dim=3).all(dim=1)  # (layer, head)
     same_resid = (runs.resid_clean == runs.resid_corrupt).all(dim=2)  # (layer, pos)
     same = torch.cat([same_z.reshape(-1), same_resid.reshape(-1)]).cpu().numpy()

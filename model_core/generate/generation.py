@@ -24,12 +24,7 @@ from transformers import DynamicCache
 from model_core.families.checks import require_decoder
 from model_core.families.encoding import clean_text
 from model_core.gate import GATE
-from model_core.models.run_memory import (
-    check_run_memory,
-    generation_bytes,
-    model_shape,
-    run_memory_limit_mb,
-)
+from model_core.models.run_memory import check_run_memory, generation_bytes, model_shape, run_memory_limit_mb
 from model_core.settings import Settings, load_settings
 from model_core.trace.forward import top_tokens
 from model_core.trace.request import TraceRequest
