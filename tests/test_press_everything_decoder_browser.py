@@ -4,6 +4,7 @@ bundled SmolLM2 decoder, as a user reaches them: no press may bring an exception
 
 from __future__ import annotations
 
+import os
 from urllib.parse import urlencode
 
 import pytest
@@ -16,6 +17,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 if not CHROMIUM.exists():
     pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
+# Opt-in for now: one model's pass took more than 15 minutes on a 2-core machine (composition scores, a dataset's
+# patching, a UMAP projection that Stop does not interrupt), over CI's 25-minute budget for the whole suite.
+if not os.environ.get("AE_PRESS_EVERYTHING"):
+    pytest.skip("set AE_PRESS_EVERYTHING=1 to press everything (about 15+ min a model)", allow_module_level=True)
 
 # SmolLM2 offered 42 presses before the head atlas on 28 Nov (pages that raised stopped early); far fewer
 # means the pages went unpressed.

@@ -4,6 +4,8 @@ error box (harness/press.py does the pressing; every failure is reported at the 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harness.browser import CHROMIUM, CHROMIUM_MISSING, ScriptRuns
@@ -13,6 +15,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 if not CHROMIUM.exists():
     pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
+# Opt-in for now: one model's pass took more than 15 minutes on a 2-core machine (composition scores, a dataset's
+# patching, a UMAP projection that Stop does not interrupt), over CI's 25-minute budget for the whole suite.
+if not os.environ.get("AE_PRESS_EVERYTHING"):
+    pytest.skip("set AE_PRESS_EVERYTHING=1 to press everything (about 15+ min a model)", allow_module_level=True)
 
 MIN_PRESSES = 40  # the chapter-3 encoder offered 54 on 28 Nov; far fewer means the pages went unpressed
 
