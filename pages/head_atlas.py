@@ -82,6 +82,8 @@ if (folder / "manifest.json").exists():
 if corpus is not None and (run is None or not run.complete):
     if run is not None:
         st.info("A partial atlas is kept from a stopped run: Continue runs only what is missing.")
+    else:
+        st.info("No atlas of this model yet: run it once over the demo corpus, and every head gets its card.")
     label = "Continue the atlas" if run is not None else f"Run the atlas over {len(corpus):,} texts"
     if st.button(label, type="primary", key="atlas_run"):
         run_with_progress(corpus, model, folder)

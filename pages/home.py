@@ -41,7 +41,8 @@ with figure:  # drawn last, above the rest: a long input's note stops the page h
 
         def _first_heatmap(layer: int, head: int) -> None:
             """Reruns alone when the sidebar's layer or head changes."""
-            st.markdown(f"**Layer {layer}, head {head}** of {t.n_layers} × {t.n_heads} · {t.n_tokens} tokens")
+            st.subheader(f"Layer {layer}, head {head}")
+            st.caption(f"of {t.n_layers} × {t.n_heads} · {t.n_tokens} tokens")
             with view_guard("heatmap"):
                 matrix, labels, b = ctx.shown(t.weights[layer, head])  # words, when the sidebar asks for them
                 st.plotly_chart(attention_heatmap(matrix, labels, sentence_b_start=b, reply_start=ctx.reply_start(),

@@ -32,6 +32,7 @@ NO_FIGURE_UNTIL_INPUT: dict[str, str] = {  # page file -> the message it shows i
     "pages/generate.py": "reads a whole text at once",
     "pages/kv_cache.py": "has no KV cache",
     "pages/circuits.py": "predicts no next token",
+    "pages/head_atlas.py": "No atlas of this model yet",
 }
 # Streamlit's frontend, opened at /<page>, first probes /<page>/_stcore/... to find the app's base
 # path; the 404s it logs for those probes are Streamlit's, not ours.

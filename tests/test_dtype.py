@@ -43,7 +43,7 @@ def test_the_command_line_takes_dtype_on_every_verb_that_loads_a_model(monkeypat
     verbs = [name for name, p in sub.choices.items() if "--device" in p._option_string_actions]
     assert {"circuit", "export", "patch", "qk"} <= set(verbs)
     assert all("--dtype" in sub.choices[name]._option_string_actions for name in verbs)
-    monkeypatch.delenv("AE_DTYPE", raising=False)
+    monkeypatch.setenv("AE_DTYPE", "auto")  # restored (deleted) after the test: apply_dtype sets it
     args = parser.parse_args(["circuit", "--model", "pretrained", "--dataset", "ioi:4:0", "--dtype", "bfloat16"])
     apply_dtype(args)
     assert os.environ["AE_DTYPE"] == "bfloat16" and load_settings().dtype == "bfloat16"

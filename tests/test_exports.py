@@ -23,7 +23,8 @@ MAX_EXPORT_BYTES = 10_000_000
 # predictions page is for decoders (its two charts go through ui.analysis_widgets.show_figure, as every
 # analysis page's do).
 NO_CHARTS = {"pages/bertviz.py", "pages/predictions.py", "pages/attribution.py", "pages/patching.py",
-             "pages/generate.py", "pages/kv_cache.py", "pages/circuits.py"}  # the default model is BERT
+             "pages/generate.py", "pages/kv_cache.py", "pages/circuits.py",  # the default model is BERT
+             "pages/head_atlas.py"}  # no atlas until one is run
 
 
 def _pages() -> list[str]:

@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MB = 1_000_000
 PAGE_BYTES = 5 * MB
 MAX_HEIGHT_PX = 1000
-# The corpus pages draw a corpus run, not the sidebar's text (bench_space.py and test_corpus_* cover them).
-TEXT_PAGES = [path for path, _ in app_pages() if not path.startswith("pages/corpus")]
+# The corpus pages draw a corpus run, not the sidebar's text (bench_space.py, test_corpus_* and test_atlas_page cover
+# them).
+TEXT_PAGES = [path for path, _ in app_pages() if not path.startswith(("pages/corpus", "pages/head_atlas"))]
 MODEL_STATE = {
     "bert": {"ctl_model": "bert"},
     "custom-12x12x768": {"ctl_model": "custom", "ctl_num_hidden_layers": 12, "ctl_num_attention_heads": 12, "ctl_hidden_size": 768},

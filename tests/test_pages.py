@@ -280,7 +280,8 @@ def test_every_page_in_app_py_has_a_test_here_or_in_the_analysis_and_corpus_test
                                                  # each has its own AppTest file: test_<page>_page.py
                                                  "pages/contributions.py", "pages/attribution.py", "pages/patching.py",
                                                  "pages/generate.py", "pages/kv_cache.py",
-                                                 "pages/circuits.py", "pages/why_this_key.py"}
+                                                 "pages/circuits.py", "pages/why_this_key.py",
+                                                 "pages/head_atlas.py"}
     assert listed == tested, listed ^ tested
     assert all((ROOT / path).exists() for path in listed)
 
