@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from model_core.atlas.keys import N_PROFILE
+from model_core.io.atomic import uninterrupted
 
 FORMAT = "attention-explorer-atlas"
 FORMAT_VERSION = 1
@@ -73,8 +74,9 @@ def write_part(folder: Path, result: Any) -> None:
     target = part_path(folder, result.index)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.stem + ".tmp.npz")
-    np.savez_compressed(tmp, **{name: getattr(result, name) for name in PART_ARRAYS})
-    os.replace(tmp, target)
+    with uninterrupted():
+        np.savez_compressed(tmp, **{name: getattr(result, name) for name in PART_ARRAYS})
+        os.replace(tmp, target)
 
 
 @dataclass(frozen=True)

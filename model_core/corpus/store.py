@@ -28,6 +28,7 @@ import numpy as np
 from model_core.analysis.per_head import STAT_NAMES
 from model_core.corpus.batches import ChunkResult
 from model_core.corpus.stats import PatternRules, StatSums, pattern_types
+from model_core.io.atomic import uninterrupted
 
 FORMAT = "attention-explorer-corpus-run"
 FORMAT_VERSION = 1
@@ -86,8 +87,9 @@ def write_part(run: Path, result: ChunkResult, texts: list[tuple[str, str | None
     target = part_path(run, result.index)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, target)
+    with uninterrupted():
+        pq.write_table(table, tmp)
+        os.replace(tmp, target)
 
 
 def read_part(path: Path, n_layers: int, n_heads: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -133,15 +135,17 @@ def write_head_stats(run: Path, sums: StatSums, rules: PatternRules) -> None:
         arrays[f"{name}_sumsq"] = sums.total_sq[s]
     arrays["pattern_type"] = pattern_types(mean, rules)
     tmp = run / (HEAD_STATS + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, run / HEAD_STATS)
+    with uninterrupted():
+        np.savez(tmp, **arrays)
+        os.replace(tmp, run / HEAD_STATS)
 
 
 def write_manifest(run: Path, manifest: dict[str, Any]) -> None:
     manifest = {**manifest, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     tmp = run / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, run / MANIFEST)
+    with uninterrupted():
+        tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, run / MANIFEST)
 
 
 def read_manifest(run: Path) -> dict[str, Any]:
