@@ -7,20 +7,35 @@ from pathlib import Path
 
 import streamlit as st
 
-from ui import starting  # first: on the server's first run it says what the imports below load, and how long
+from ui import (
+    starting,  # first: on the server's first run it says what the imports below load, and how long
+)
 
-from model_core import InputError, ModelLoadError
-from model_core.settings import BUNDLED_MODEL_ID, load_settings
-from model_core.trace.resolve import model_id_of
-from ui.context import make_context, set_context
-from ui.downloads import format_picker
-from ui.compact import trace_compact
-from ui.loaders import collect_after_run, get_trace, get_trace_form, prepare_bundled_decoder
-from ui.run_traces import release_run
-from ui.focus import Focus, clamp_focus, focus_picker
-from ui.home import register_pages
-from ui.st_private import drop_stale_widget_callbacks
-from ui.state import choose_model, init_state, render_controls, request_from_state, sync_query_params
+_FIRST_RUN_NOTE = starting.first_run_note()
+with starting.heavy_imports():  # a fresh server's sessions import in turn (ui/starting.py says why)
+    from model_core import InputError, ModelLoadError
+    from model_core.settings import BUNDLED_MODEL_ID, load_settings
+    from model_core.trace.resolve import model_id_of
+    from ui.compact import trace_compact
+    from ui.context import make_context, set_context
+    from ui.downloads import format_picker
+    from ui.focus import Focus, clamp_focus, focus_picker
+    from ui.home import register_pages
+    from ui.loaders import (
+        collect_after_run,
+        get_trace,
+        get_trace_form,
+        prepare_bundled_decoder,
+    )
+    from ui.run_traces import release_run
+    from ui.st_private import drop_stale_widget_callbacks
+    from ui.state import (
+        choose_model,
+        init_state,
+        render_controls,
+        request_from_state,
+        sync_query_params,
+    )
 
 ROOT = Path(__file__).parent
 
@@ -119,7 +134,7 @@ def main() -> None:
         error = _as_text(str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing model must leave the app running
         error = _as_text(f"The model failed on this input ({type(exc).__name__}: {exc}). Try another text or model.")
-    starting.done()
+    starting.done(_FIRST_RUN_NOTE)
     focus = Focus()
     words = None
     shaped = trace if trace is not None else compact
@@ -158,4 +173,5 @@ def main() -> None:
         collect_after_run(force=dropped > 0)
 
 
-main()
+with starting.first_run():  # a fresh server's first visitors load in turn (ui/starting.py)
+    main()

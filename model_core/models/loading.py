@@ -395,5 +395,6 @@ def load_pretrained(
 def load_tokenizer(model_id: str | None = None) -> Any:
     """The tokenizer of ``model_id`` (default: the bundled model's uncased BERT WordPiece vocabulary)."""
     if model_id in (None, "", BUNDLED_MODEL_ID, "bundled"):
-        return AutoTokenizer.from_pretrained(str(bundled_model_path()), local_files_only=True)
+        with LOADING:  # transformers imports its tokenizer modules lazily: one thread at a time (see LOADING)
+            return AutoTokenizer.from_pretrained(str(bundled_model_path()), local_files_only=True)
     return load_pretrained(model_id).tokenizer
