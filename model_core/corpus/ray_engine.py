@@ -56,8 +56,8 @@ def _worker_model(model: CorpusModel) -> LoadedCorpusModel:
     return _WORKER_MODELS[model]
 
 
-def _shard_task(model: CorpusModel, index: int, first: int, texts: list, options: dict, sample: dict | None) -> ChunkResult:
-    return process_chunk(_worker_model(model), index, first, texts, sample=sample, **options)
+def _shard_task(fn: Any, model: CorpusModel, index: int, first: int, texts: list, options: dict) -> Any:
+    return fn(_worker_model(model), index, first, texts, **options)
 
 
 def _describe_task(model: CorpusModel) -> tuple[int, int, str, str, int, int]:
@@ -78,18 +78,18 @@ def describe_remote(model: CorpusModel, address: str | None,
     return ray.get(_remote(ray, _describe_task).remote(model))
 
 
-def run_shards_on_ray(model: CorpusModel, shards: list[tuple[int, int, list]], options: Any,
-                      address: str | None = None, num_cpus: int | None = None,
-                      sample_for: Any = None) -> Iterator[ChunkResult]:
-    """Yield each shard's result as it finishes; at most two shards in flight per worker slot.
+def map_shards(fn: Any, model: CorpusModel, shards: list[tuple[int, int, list]], options: dict,
+               address: str | None = None, num_cpus: int | None = None,
+               extra_for: Any = None) -> Iterator[Any]:
+    """``fn(loaded, index, first, texts, **options, **extra_for(first, end))`` for each shard, one Ray task a shard on
+    the worker's one loaded model; yield each result as it finishes, at most two shards in flight per worker slot.
 
-    Closing the generator (Ctrl-C, a cancelled run) cancels the shards still running.
+    The corpus scan and the atlas's scan both run through it. Closing the generator (Ctrl-C, a cancelled run)
+    cancels the shards still running.
     """
     ray = _connect(address, num_cpus)
     task = _remote(ray, _shard_task)
     slots = max(1, int(ray.cluster_resources().get("GPU", 0) or ray.cluster_resources().get("CPU", 1)))
-    opts = {"batch_size": options.batch_size, "max_tokens": options.max_tokens, "long": options.long,
-            "qk": options.keep_qk, "hidden": options.index}
     model_ref = ray.put(model)
     pending: list[Any] = []
     queue = list(shards)
@@ -97,10 +97,21 @@ def run_shards_on_ray(model: CorpusModel, shards: list[tuple[int, int, list]], o
         while queue or pending:
             while queue and len(pending) < 2 * slots:
                 index, first, texts = queue.pop(0)
-                sample = sample_for(first, first + len(texts)) if sample_for is not None else None
-                pending.append(task.remote(model_ref, index, first, texts, opts, sample))
+                extra = extra_for(first, first + len(texts)) if extra_for is not None else {}
+                pending.append(task.remote(fn, model_ref, index, first, texts, {**options, **extra}))
             ready, pending = ray.wait(pending, num_returns=1)
             yield ray.get(ready[0])
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)
+
+
+def run_shards_on_ray(model: CorpusModel, shards: list[tuple[int, int, list]], options: Any,
+                      address: str | None = None, num_cpus: int | None = None,
+                      sample_for: Any = None) -> Iterator[ChunkResult]:
+    """The corpus scan's shards on Ray (``map_shards`` of ``process_chunk``); ``sample_for(first, end)`` is the
+    shard's sample of keys to keep, or None."""
+    opts = {"batch_size": options.batch_size, "max_tokens": options.max_tokens, "long": options.long,
+            "qk": options.keep_qk, "hidden": options.index}
+    extra_for = None if sample_for is None else (lambda first, end: {"sample": sample_for(first, end)})
+    yield from map_shards(process_chunk, model, shards, opts, address, num_cpus, extra_for)
