@@ -26,30 +26,17 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# The published configs' shape fields.
-SHAPES: dict[str, dict[str, Any]] = {
-    "smollm2": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
-                    max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5),
-    "llama-3.2-1b": dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-                         tie_word_embeddings=True, max_position_embeddings=131072, rope_theta=500000.0),
-    "qwen2.5-1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         tie_word_embeddings=True, max_position_embeddings=131072, rope_theta=1000000.0),
-    "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                         tie_word_embeddings=False, max_position_embeddings=131072, rope_theta=500000.0),
-}
+from harness.shapes import SHAPES
+
 BIG_FOR_CPU = ("llama-3.1-8b",)
 
-WORDS = ("the river ran past an old mill where Mary and John kept a small boat that they painted blue every "
-         "spring while their neighbours watched from a bench near the bridge and talked about the weather").split()
+WORDS = ["the", "river", "ran", "past", "an", "old", "mill", "where", "Mary", "and", "John", "kept", "a", "small", "boat", "that", "they", "painted", "blue", "every", "spring", "while", "their", "neighbours", "watched", "from", "a", "bench", "near", "the", "bridge", "and", "talked", "about", "the", "weather"]
 
 
 def text_of(n_words: int, seed: int) -> str:
@@ -106,7 +93,12 @@ def build_model(shape: str, device: str, dtype_setting: str, tokenizer: Any) -> 
     from model_core.families import family_of_type
     from model_core.families.capture import use_capture
     from model_core.families.hook_install import install_hook_points
-    from model_core.models.loading import LoadedModel, ModelSource, count_parameters, model_dtype
+    from model_core.models.loading import (
+        LoadedModel,
+        ModelSource,
+        count_parameters,
+        model_dtype,
+    )
 
     fields = dict(SHAPES[shape])
     config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)

@@ -11,26 +11,16 @@ import pytest
 import torch
 import transformers
 
+from harness.shapes import SHAPES  # the published configs' shape fields
 from model_core.families import family_of_type
 from model_core.models import loading
 from model_core.models.errors import ModelLoadError
 from model_core.models.loading import check_size, count_parameters, max_params
 from model_core.settings import Settings
 
-# The published configs' shape fields (meta-llama/Llama-3.2-1B, Qwen/Qwen2.5-1.5B, meta-llama/Llama-3.1-8B).
-SHAPES = {
-    "llama-3.2-1b": dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-                         tie_word_embeddings=True, max_position_embeddings=131072, rope_theta=500000.0),
-    "qwen2.5-1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         tie_word_embeddings=True, max_position_embeddings=131072, rope_theta=1000000.0),
-    "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                         tie_word_embeddings=False, max_position_embeddings=131072, rope_theta=500000.0),
-}
-PARAMS = {"llama-3.2-1b": 1_235_814_400, "qwen2.5-1.5b": 1_543_714_304, "llama-3.1-8b": 8_030_261_248}
-"""Their parameter counts as published (the model cards' 1.24B, 1.54B, 8.03B)."""
+PARAMS = {"smollm2": 134_515_008, "llama-3.2-1b": 1_235_814_400, "qwen2.5-1.5b": 1_543_714_304, "llama-3.1-8b": 8_030_261_248}
+"""Their parameter counts as published (the model cards' 1.24B, 1.54B, 8.03B; SmolLM2's is the bundled checkpoint's
+own count, 135M on its card)."""
 GB = 2**30
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
