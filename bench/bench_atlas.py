@@ -43,18 +43,28 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def child(n: int, max_tokens: int, qk_contexts: int, out: Path, threads: int) -> dict:
+def texts_of(n: int, join: int) -> tuple:
+    """``n`` texts: the demo corpus's, one each (``join`` 1, about 10 tokens), or ``join`` consecutive ones run
+    together (``join`` 12: about 120 tokens, the issue's texts of up to 128), each group starting one text later."""
+    from model_core.corpus import demo_corpus
+
+    demo = demo_corpus().texts
+    if join <= 1:
+        return tuple(demo[i % len(demo)] for i in range(n))
+    return tuple((" ".join(demo[(i + j) % len(demo)][0] for j in range(join)), None) for i in range(n))
+
+
+def child(n: int, max_tokens: int, qk_contexts: int, out: Path, threads: int, join: int = 1) -> dict:
     """One atlas run in this process: its timings, peak RSS and size."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
     from model_core.atlas import AtlasOptions, run_atlas
-    from model_core.corpus import Corpus, CorpusModel, demo_corpus
+    from model_core.corpus import Corpus, CorpusModel
 
-    demo = demo_corpus()
-    texts = tuple(demo.texts[i % len(demo)] for i in range(n))
-    corpus = Corpus(f"demo x{n}", texts)
+    texts = texts_of(n, join)
+    corpus = Corpus(f"demo x{n} (joined {join})", texts)
     model = CorpusModel("pretrained", MODEL)
     start = time.perf_counter()
     loaded = model.load("cpu")
@@ -71,13 +81,18 @@ def child(n: int, max_tokens: int, qk_contexts: int, out: Path, threads: int) ->
                     loaded=loaded, progress=progress)
     wall = time.perf_counter() - start
     cpu_total = _cpu() - cpu_start
-    lengths = [len(loaded.tokenizer(a)["input_ids"]) for a, _ in texts]
+    from model_core.atlas.store import open_atlas
+
+    start = time.perf_counter()
+    open_atlas(out).show(loaded.n_layers - 1, 0)  # a card as `atlas --show` and the page open it: from the folder
+    card_s = time.perf_counter() - start
+    lengths = [min(len(loaded.tokenizer(a)["input_ids"]), max_tokens) for a, _ in texts]
     return {"n": n, "qk_contexts": qk_contexts, "load_s": round(load_s, 2), "wall_s": round(wall, 1),
             "scan_s": run.manifest["timings"]["scan_s"], "cards_s": run.manifest["timings"]["cards_s"],
             "cpu_s": round(cpu_total, 1), "cpu_scan_s": round(cpu_scan[0], 1) if cpu_scan else None,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "disk_mb":
             round(folder_bytes(out) / 1e6, 2), "mean_tokens": round(sum(lengths) / len(lengths), 1),
-            "max_tokens_seen": max(lengths)}
+            "max_tokens_seen": max(lengths), "card_open_s": round(card_s, 3)}
 
 
 def roles_check(out: Path) -> list[str]:
@@ -102,17 +117,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: on a shared machine two threads spin-wait for each other "
                              "over the atlas's many small operations; 0 keeps torch's default)")
+    parser.add_argument("--join", type=int, default=1,
+                        help="run this many consecutive demo texts together into one (12: about 120 tokens a text)")
+    parser.add_argument("--only-qk", action="store_true", help="skip the run without the QK part")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.n, args.max_tokens, args.qk_contexts, Path(args.child), args.threads)))
+        print(json.dumps(child(args.n, args.max_tokens, args.qk_contexts, Path(args.child), args.threads, args.join)))
         return
     root = Path(tempfile.mkdtemp(prefix="bench-atlas-"))
     results = {}
-    for qk in (args.qk_contexts, 0):
+    for qk in (args.qk_contexts,) if args.only_qk else (args.qk_contexts, 0):
         out = root / f"qk{qk}"
         proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--max-tokens", str(args.max_tokens),
-                               "--qk-contexts", str(qk), "--threads", str(args.threads), "--child", str(out)], capture_output=True, text=True,
+                               "--qk-contexts", str(qk), "--threads", str(args.threads), "--join", str(args.join),
+                               "--child", str(out)], capture_output=True, text=True,
                               cwd=ROOT)
         if proc.returncode:
             sys.exit(proc.stderr[-3000:])
@@ -120,8 +139,8 @@ def main() -> None:
         r = results[qk]
         print(f"SmolLM2, {args.threads or 'default'} torch thread(s), {r['n']} demo texts (mean {r['mean_tokens']} tokens, longest {r['max_tokens_seen']}), "
               f"qk_contexts={qk}: {r['wall_s']} s (scan {r['scan_s']} s, cards {r['cards_s']} s; model load "
-              f"{r['load_s']} s apart; CPU {r['cpu_s']} s, of which the scan {r['cpu_scan_s']} s), peak RSS {r['peak_rss_mb']} MB, {r['disk_mb']} MB on disk", flush=True)
-    with_qk, without = results[args.qk_contexts], results[0]
+              f"{r['load_s']} s apart; CPU {r['cpu_s']} s, of which the scan {r['cpu_scan_s']} s), peak RSS {r['peak_rss_mb']} MB, {r['disk_mb']} MB on disk; a card opens in {r['card_open_s']} s", flush=True)
+    with_qk, without = results[args.qk_contexts], results.get(0, results[args.qk_contexts])
     # The scan grows with the texts; the cards do not: the QK split and the logit effects read at most
     # qk_contexts x heads contexts whatever the corpus's size (each costs more in a longer text), and the rest of the
     # cards reads the weights and a fixed probe.

@@ -15,7 +15,6 @@ from model_core.corpus import (
     CorpusModel,
     CorpusRunError,
     PatternRules,
-    demo_corpus,
     read_hub_dataset,
     read_upload,
     table_columns,
@@ -26,6 +25,7 @@ from ui.analysis_widgets import clicked_cell, csv_button, how_to_read, show_figu
 from ui.context import get_context
 from ui.corpus import (
     CANCELLED,
+    demo_texts,
     JUST_RAN,
     RUNNING,
     OPEN_RUN,
@@ -83,9 +83,10 @@ def _choose_texts():
     """(corpus, None) for texts to run, (None, folder) for a run folder to open, or (None, None)."""
     source = st.radio("Texts", list(SOURCES), format_func=SOURCES.get, horizontal=True, key="corpus_source")
     if source == "demo":
-        st.caption("303 short texts the team wrote: ambiguous words (bank, flies, bat, bark, …) in several senses, "
-                   "sentence pairs, and paragraphs of up to 211 tokens.")
-        return demo_corpus(), None
+        demo, how_many = demo_texts(settings)
+        st.caption(f"Short texts the team wrote, {how_many}: ambiguous words (bank, flies, bat, bark, …) in several "
+                   "senses, sentence pairs, and paragraphs of up to 211 tokens.")
+        return demo, None
     if source == "upload":
         upload = st.file_uploader("A .txt (one text per line), .csv, .tsv or .jsonl file",
                                   type=[k.lstrip(".") for k in FILE_KINDS], key="corpus_upload")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from model_core.corpus import CorpusRunError, demo_corpus
+from model_core.corpus import CorpusRunError
 from model_core.corpus.neighbours import neighbours_of
 from model_core.corpus.qk_space import METHODS
 from ui.analysis_widgets import how_to_read, show_figure
@@ -18,6 +18,7 @@ from ui.focus import get_focus, set_focus
 from ui.state import head_fragment, open_page_if_requested
 from ui.corpus import (
     CANCELLED,
+    demo_texts,
     OPEN_RUN,
     cached_layer_grid,
     cached_projection,
@@ -69,13 +70,13 @@ if path and (Path(path) / "manifest.json").exists():
     except CorpusRunError:
         run = None
 if run is None or run.manifest["model"] != model.key() or not (run.manifest.get("sample") or {}).get("index"):
-    demo = demo_corpus()
+    demo, how_many = demo_texts(ctx.settings)
     options = page_options(ctx.settings, "truncate")
     folder = run_folder(ctx.settings, model, demo.fingerprint, options)
     done = (folder / "head_stats.npz").exists() and open_cached(folder).complete
     if not done:
         st.caption("No corpus run with this model is open on the Corpus statistics page, so this page runs the demo "
-                   "corpus (303 texts) first.")
+                   f"corpus ({how_many}) first.")
         if str(folder) in st.session_state.get(CANCELLED, set()):
             if not st.button("Resume the demo run", type="primary", key="space_resume"):
                 st.stop()

@@ -10,7 +10,7 @@ import streamlit as st
 
 from attention_explorer.atlas import NUMBER_TITLES, NUMBERS, kind_grid_figure, scatter_figure, table_rows
 from model_core.atlas import AtlasRunError
-from model_core.corpus import CorpusModel, demo_corpus
+from model_core.corpus import CorpusModel
 from model_core.io.tables import rows_to_csv
 from ui.analysis_widgets import clicked_cell, csv_button, how_to_read, show_figure
 from ui.atlas import (
@@ -25,7 +25,7 @@ from ui.atlas import (
     writes_section,
 )
 from ui.context import get_context
-from ui.corpus import link_params, load_text_and_head, sidebar_model_or_stop
+from ui.corpus import demo_texts, link_params, load_text_and_head, sidebar_model_or_stop
 from ui.focus import get_focus, set_focus
 
 OPEN_FLAG = "_atlas_open_page"
@@ -59,8 +59,8 @@ source = st.radio("Texts", ["demo", "folder"], horizontal=True, key="atlas_sourc
 folder: Path | None = None
 corpus = None
 if source == "demo":
-    corpus = demo_corpus()
-    st.caption(f"{len(corpus)} short texts the team wrote (ambiguous words in several senses, sentence pairs, "
+    corpus, how_many = demo_texts(settings)
+    st.caption(f"Short texts the team wrote, {how_many} (ambiguous words in several senses, sentence pairs, "
                "paragraphs), cut at 128 tokens.")
     folder = atlas_folder(settings, model, corpus.fingerprint)
 elif not settings.allow_local_models:

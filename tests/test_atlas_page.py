@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from model_core.atlas import AtlasOptions, run_atlas
+from model_core.atlas import AtlasOptions, open_atlas, run_atlas
 from model_core.corpus import Corpus, CorpusModel
 
 pytestmark = pytest.mark.slow
@@ -65,3 +65,16 @@ def test_an_atlas_folder_opens_on_the_focused_head_with_its_text_escaped(tmp_pat
     assert "<script" not in page_html and "<b>bold" not in page_html  # the text never becomes markup
     assert any("no unembedding" in i.value for i in at.info)  # an encoder writes no logits: the card says so
     assert len(at.tabs) >= 6
+
+
+def test_a_server_cap_on_corpus_texts_caps_the_demo_atlas(tmp_path, monkeypatch):
+    monkeypatch.setenv("AE_CORPUS_MAX_TEXTS", "12")
+    at = _page(monkeypatch, tmp_path / "runs", **SIDEBAR)
+    at.run()
+    _clean(at)
+    assert at.button(key="atlas_run").label == "Run the atlas over 12 texts"
+    assert any("the first 12 of its" in c.value and "AE_CORPUS_MAX_TEXTS" in c.value for c in at.caption)
+    at.button(key="atlas_run").click().run()
+    _clean(at)
+    folder = next((tmp_path / "runs" / "atlas").iterdir())
+    assert open_atlas(folder).manifest["corpus"]["n_texts"] == 12

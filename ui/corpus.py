@@ -15,7 +15,17 @@ import streamlit as st
 from model_core import TraceRequest
 from model_core.chapter3.spec import CustomOptions
 from model_core.trace.request import MODEL_FIELDS
-from model_core.corpus import CorpusModel, CorpusRun, CorpusRunError, LoadedCorpusModel, RunOptions, open_run, run_corpus
+from model_core.corpus import (
+    Corpus,
+    CorpusModel,
+    CorpusRun,
+    CorpusRunError,
+    LoadedCorpusModel,
+    RunOptions,
+    demo_corpus,
+    open_run,
+    run_corpus,
+)
 from model_core.corpus.run import CORPUS_MAX_TOKENS
 from model_core.corpus.sample import DEFAULT_CAP
 from model_core.settings import Settings, corpus_runs_dir
@@ -31,6 +41,16 @@ JUST_RAN = "_corpus_just_ran"
 CANCELLED = "_corpus_cancelled"  # folders whose run the user cancelled (no automatic restart)
 OPEN_RUN = "_corpus_open_run"  # the run the Corpus page shows; the Query-key space page reads it
 PAGE_SHARD = 128  # texts per shard on the page: a cancel keeps all but the shard in progress
+
+
+def demo_texts(settings: Settings) -> tuple[Corpus, str]:
+    """The demo corpus as this deployment runs it, and how to say so: all of it, or its first
+    ``AE_CORPUS_MAX_TEXTS`` texts where that setting is lower (a small server's cap on every corpus run)."""
+    whole = demo_corpus()
+    if settings.corpus_max_texts >= len(whole):
+        return whole, f"{len(whole)} texts"
+    return demo_corpus(limit=settings.corpus_max_texts), (f"the first {settings.corpus_max_texts} of its "
+                                                          f"{len(whole)} texts (AE_CORPUS_MAX_TEXTS on this server)")
 
 
 def page_options(settings: Settings, long: str) -> RunOptions:
