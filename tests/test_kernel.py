@@ -188,6 +188,10 @@ def _called(func: ast.expr) -> str | None:
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
 
 
+KERNEL_CALLS = frozenset({"softmax", "log_softmax", "logsumexp", "exp", "exp_", "tanh", "masked_fill", "masked_fill_",
+                          "where"})
+
+
 def kernel_copies(source: str) -> list[tuple[int, str, str]]:
     """Where a module turns attention scores into weights by itself: (line, what, code).
 
@@ -200,7 +204,10 @@ def kernel_copies(source: str) -> list[tuple[int, str, str]]:
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Call):
             continue
-        name, code = _called(node.func), ast.get_source_segment(source, node) or ""
+        name = _called(node.func)
+        if name not in KERNEL_CALLS:  # get_source_segment splits the source each time: only for the calls that count
+            continue
+        code = ast.get_source_segment(source, node) or ""
         operands = [*node.args, *(k.value for k in node.keywords)]
         args = " ".join(ast.get_source_segment(source, a) or "" for a in operands)
         if name in ("softmax", "log_softmax", "logsumexp") and not VOCABULARY.search(code):
