@@ -26,8 +26,12 @@ START_S = 20.0
 """How long a press that reruns the app may take to start its run (a busy server answers late)."""
 NO_RERUN_START_S = 1.0
 """How long to watch for a run after a press that normally starts none (a tab, a widget inside a form)."""
-LONG_RUN_S = 30.0
+LONG_RUN_S = 15.0
 """A run still going after this long is stopped with the page's Stop button, or Streamlit's own where it has none."""
+PRESS_ENV = {"AE_MAX_PAIRS": "4", "AE_CORPUS_MAX_TEXTS": "24"}
+"""The settings of the server the press-everything tests drive: a small server's caps (a dataset's pairs, a corpus
+run's texts), so that a press that starts a long run starts a short one, as the issue allows ("a small generator
+count"); every page, widget and message is the same as under the defaults."""
 POLL_MS = 50
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MODEL_PARAMS = ("model", "model_id", "weights", "causal", "norm_placement", "num_hidden_layers",
@@ -86,6 +90,9 @@ COLLECT_JS = r"""() => {
 STATE_JS = """() => { const a = document.querySelector('[data-testid="stApp"]');
   return [a && a.getAttribute('data-test-script-state'), a && a.getAttribute('data-test-connection-state'),
           [...document.querySelectorAll('[data-testid="stSpinner"]')].map(e => e.innerText).join(' | ')]; }"""
+STOPPED_IDLE_JS = """() => { const a = document.querySelector('[data-testid="stApp"]');
+  return !!a && a.getAttribute('data-test-script-state') === 'notRunning'
+    && a.getAttribute('data-test-connection-state') === 'CONNECTED'; }"""
 # The page's own Stop button, else the one Streamlit shows in its status widget while a script runs.
 STOP_JS = """() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stButton"] button')]
   .find(b => /\\bStop\\b/.test((b.innerText || '').trim()) && !b.disabled)
@@ -148,13 +155,16 @@ class Presser:
 
     # --- waiting -------------------------------------------------------------------------------------------------
 
-    def _idle_in_page(self) -> bool:
-        return bool(self.page.evaluate(IDLE_JS))
+    def _idle_in_page(self, stopped: bool = False) -> bool:
+        """The page says its script is done; after a Stop, a spinner left behind is not waited for: a run stopped
+        inside ``st.spinner`` (a cached computation: composition scores, a projection) ends before the spinner's
+        own clean-up is sent, and Streamlit shows the stopped run's elements, that spinner too, until the next run."""
+        return bool(self.page.evaluate(STOPPED_IDLE_JS if stopped else IDLE_JS))
 
-    def _still_idle(self) -> bool:
+    def _still_idle(self, stopped: bool = False) -> bool:
         started = self.runs.started
         self.page.wait_for_timeout(POLL_MS)
-        return self.runs.started == started and self.runs.idle and self._idle_in_page()
+        return self.runs.started == started and self.runs.idle and self._idle_in_page(stopped)
 
     def settle(self, before: int, expect_run: bool, where: str, may_stop: bool = True) -> None:
         """After a press: wait for the run it starts (if one starts), stop it if long (``may_stop``; never a page's
@@ -168,7 +178,7 @@ class Presser:
         stopped = False
         deadline = start + self.timeout_s
         # Idle twice, POLL_MS apart: a run that reruns itself (st.rerun, a page switch) ends before the next starts.
-        while not (self.runs.idle and self._idle_in_page() and self._still_idle()):
+        while not (self.runs.idle and self._idle_in_page(stopped) and self._still_idle(stopped)):
             if time.monotonic() > deadline:
                 state = self.page.evaluate(STATE_JS)
                 self.report.failures.append(f"{where}: the app was still running after {self.timeout_s:.0f} s "

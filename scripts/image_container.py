@@ -209,7 +209,7 @@ def check_memory(report: Report, box: Container, browser) -> None:
         page.goto(f"{box.url}/heatmaps?a={urllib.parse.quote(LONG_TEXT)}&b=&truncate=true", wait_until="domcontentloaded")
         wait_for_run(page, 300)
         sidebar = page.locator('section[data-testid="stSidebar"]').inner_text()
-        tokens = re.search(r"(\d+) tokens\s*$", sidebar, re.M).group(1)
+        tokens = re.search(r"([\d,]+) tokens\b", sidebar).group(1)  # "… · 512 tokens · float32"
     except Exception as exc:  # noqa: BLE001
         report.step("memory", False, f"the 512-token page did not load: {exc}"[:300])
         return

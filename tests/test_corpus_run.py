@@ -193,7 +193,8 @@ def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     from harness.waits import wait_until
 
     texts = tmp_path / "texts.txt"
-    texts.write_text("\n".join(f"text number {i} talks about banks, rivers and money." for i in range(3000)))
+    n = 800  # eight shards: the signal lands after the first, with about 20 s of the run still to go
+    texts.write_text("\n".join(f"text number {i} talks about banks, rivers and money." for i in range(n)))
     out = tmp_path / "run"
     args = [sys.executable, "-m", "model_core", "corpus", "--input", str(texts), "--model", "bert",
             "--shard-size", "100", "--batch-size", "16", "--out", str(out)]
@@ -213,11 +214,11 @@ def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     assert proc.returncode == 130, stderr
     assert "--resume" in stderr and "Traceback" not in stderr
     partial = open_run(out)
-    assert not partial.complete and 0 < partial.n_texts < 3000
+    assert not partial.complete and 0 < partial.n_texts < n
     resumed = _cli("--input", str(texts), "--model", "bert", "--shard-size", "100", "--batch-size", "16",
                    "--resume", "--out", str(out))
     assert resumed.returncode == 0, resumed.stderr
-    assert open_run(out).complete and open_run(out).n_texts == 3000
+    assert open_run(out).complete and open_run(out).n_texts == n
 
 
 def test_ray_engine_without_ray_says_how_to_install(monkeypatch):
