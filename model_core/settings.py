@@ -171,7 +171,7 @@ class Settings:
         dtype: the models' precision, one of ``DTYPE_CHOICES`` (auto: float32 on a CPU, bfloat16 on a GPU over 1 B).
         allowed_models: ids a public deployment allows; empty means any id.
         allow_local_models: whether a local folder may be loaded (a model, or a run folder on the Corpus page).
-        corpus_max_texts: the most texts the Corpus page runs from an upload or a dataset.
+        corpus_max_texts: the most texts a page runs in one corpus run (an upload, a dataset, the demo corpus).
         corpus_dir: where the Corpus page keeps its run folders ("" = the user's cache).
         max_runs: the most model passes that run at once (``model_core.gate``); None on creation means auto:
             1 on a CPU, 2 where the device is a CUDA GPU.
