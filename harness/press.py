@@ -292,3 +292,21 @@ def press_everything(page, runs: ScriptRuns, start_url: str, log_path=None, titl
     for title in titles or [title for _, title in app_pages()]:
         presser.press_page(title)
     return presser.report
+
+
+def press_server(folder):
+    """An app server with ``PRESS_ENV``, its log and corpus runs in ``folder`` (stop it when done)."""
+    from harness.browser import AppServer
+
+    return AppServer(folder / "server.log", extra_env={**PRESS_ENV, "AE_CORPUS_DIR": str(folder / "runs")})
+
+
+def press_in_a_new_tab(browser, server, start_url: str) -> PressReport:
+    """``press_everything`` in a fresh 1400 x 1000 browser context on ``server``, each press's time printed."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    runs = ScriptRuns(page)
+    try:
+        return press_everything(page, runs, start_url, server.log_path, progress=print)
+    finally:
+        context.close()

@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, AppServer, ScriptRuns
-from harness.press import PRESS_ENV, press_everything
+from harness.browser import CHROMIUM, CHROMIUM_MISSING
+from harness.press import press_in_a_new_tab, press_server
 from model_core.settings import BUNDLED_DECODER_ID
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -32,26 +32,18 @@ MIN_PRESSES = 40
 
 
 @pytest.fixture(scope="module")
-def press_server(tmp_path_factory):
+def server(tmp_path_factory):
     from model_core.models.bundled import ensure_bundled_decoder
 
     ensure_bundled_decoder()
-    folder = tmp_path_factory.mktemp("press")
-    server = AppServer(folder / "server.log", extra_env={**PRESS_ENV, "AE_CORPUS_DIR": str(folder / "runs")})
+    server = press_server(tmp_path_factory.mktemp("press"))
     yield server
     server.stop()
 
 
-def test_every_press_on_every_page_with_the_decoder(press_server, browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    runs = ScriptRuns(page)
-    try:
-        link = urlencode({"model": "pretrained", "model_id": BUNDLED_DECODER_ID})
-        report = press_everything(page, runs, f"{press_server.url}/?{link}", press_server.log_path,
-                                  progress=print)
-    finally:
-        context.close()
+def test_every_press_on_every_page_with_the_decoder(server, browser):
+    link = urlencode({"model": "pretrained", "model_id": BUNDLED_DECODER_ID})
+    report = press_in_a_new_tab(browser, server, f"{server.url}/?{link}")
     print(report.summary())
     assert not report.failures, report.summary()
     assert len(report.presses) >= MIN_PRESSES, report.summary()

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, AppServer, ScriptRuns
-from harness.press import PRESS_ENV, press_everything
+from harness.browser import CHROMIUM, CHROMIUM_MISSING
+from harness.press import press_in_a_new_tab, press_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -24,22 +24,14 @@ MIN_PRESSES = 40  # the chapter-3 encoder offered 54 on 28 Nov; far fewer means 
 
 
 @pytest.fixture(scope="module")
-def press_server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("press")
-    server = AppServer(folder / "server.log", extra_env={**PRESS_ENV, "AE_CORPUS_DIR": str(folder / "runs")})
+def server(tmp_path_factory):
+    server = press_server(tmp_path_factory.mktemp("press"))
     yield server
     server.stop()
 
 
-def test_every_press_on_every_page_with_the_chapter3_encoder(press_server, browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    runs = ScriptRuns(page)
-    try:
-        report = press_everything(page, runs, f"{press_server.url}/?model=custom", press_server.log_path,
-                                  progress=print)
-    finally:
-        context.close()
+def test_every_press_on_every_page_with_the_chapter3_encoder(server, browser):
+    report = press_in_a_new_tab(browser, server, f"{server.url}/?model=custom")
     print(report.summary())
     assert not report.failures, report.summary()
     assert len(report.presses) >= MIN_PRESSES, report.summary()
