@@ -46,11 +46,10 @@ PAGE_SHARD = 128  # texts per shard on the page: a cancel keeps all but the shar
 def demo_texts(settings: Settings) -> tuple[Corpus, str]:
     """The demo corpus as this deployment runs it, and how to say so: all of it, or its first
     ``AE_CORPUS_MAX_TEXTS`` texts where that setting is lower (a small server's cap on every corpus run)."""
-    whole = demo_corpus()
-    if settings.corpus_max_texts >= len(whole):
-        return whole, f"{len(whole)} texts"
-    return demo_corpus(limit=settings.corpus_max_texts), (f"the first {settings.corpus_max_texts} of its "
-                                                          f"{len(whole)} texts (AE_CORPUS_MAX_TEXTS on this server)")
+    demo = demo_corpus(limit=settings.corpus_max_texts)  # one read: total_seen counts the texts past the cap
+    if demo.total_seen <= len(demo):
+        return demo, f"{len(demo)} texts"
+    return demo, f"the first {len(demo)} of its {demo.total_seen} texts (AE_CORPUS_MAX_TEXTS on this server)"
 
 
 def page_options(settings: Settings, long: str) -> RunOptions:

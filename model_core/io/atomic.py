@@ -16,18 +16,18 @@ from contextlib import contextmanager
 
 @contextmanager
 def uninterrupted() -> Iterator[None]:
-    """Hold SIGINT for the block; deliver it to the previous handler when the block ends.
+    """Hold SIGINT for the block; raise it again, under the previous handler, when the block ends.
 
     Off the main thread (where Python runs no signal handler) it is a plain block.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held: list[tuple[int, object]] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if held and callable(previous):
-        previous(*held[0])
+    if held:  # delivered again under the previous disposition: a handler runs, a default ends, an ignore ignores
+        signal.raise_signal(signal.SIGINT)
