@@ -189,6 +189,24 @@ def test_the_atlas_qk_split_equals_qks_on_layernorm_absolute_positions_and_biase
     assert averages[(1, 2)].components[-1] == "bias"
 
 
+def test_the_encoders_one_pass_split_equals_qks_on_post_ln_bert():
+    """MiniLM (post-LN: each LayerNorm after its sum, frozen in turn) through the atlas's one hooked pass per text
+    (``qk_hooked``), against ``qk``'s split per context and against the per-head pass."""
+    loaded = CorpusModel("pretrained", "bundled:all-MiniLM-L6-v2").load("cpu")
+    texts = _encoded(loaded, {0, 1})
+    contexts = [(0, 5, 2), (1, 9, 3)]
+    wanted = {(5, 1): contexts, (3, 7): contexts[:1], (0, 0): contexts[1:]}
+    averages, _ = explain(loaded, texts, wanted, effects=False)
+    per_head, _ = explain(loaded, texts, wanted, effects=False, fast_qk=False)
+    for (layer, head), cs in wanted.items():
+        query_side, key_side = _qk_reference(loaded, texts, cs, layer, head)
+        got = averages[(layer, head)]
+        assert got.components[-1] == "bias" and len(got.components) == len(query_side)
+        np.testing.assert_allclose(got.query_side, query_side, atol=1e-5)
+        np.testing.assert_allclose(got.key_side, key_side, atol=1e-5)
+        np.testing.assert_allclose(got.key_side, per_head[(layer, head)].key_side, atol=1e-6)
+
+
 def test_the_copying_score_equals_the_plain_weights_computation(decoder):
     model = decoder["loaded"].module
     tokenizer = decoder["loaded"].tokenizer

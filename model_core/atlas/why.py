@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_core.atlas import qk_hooked
 from model_core.atlas.qk_fast import TextSplit, supported
 from model_core.corpus.batches import EncodedText, pad_batch, plan_batches
 from model_core.corpus.model import LoadedCorpusModel
@@ -166,9 +167,10 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
     Args:
         texts: every text a context names, as scanned.
         wanted: (layer, head) -> its contexts (text_id, query, key).
-        fast_qk: split by ``model_core.atlas.qk_fast`` where it serves the model (the same numbers, a test holds);
-            False: ``model_core.qk``'s pass for every head.
-        progress: called with (texts done, texts) after each text.
+        fast_qk: split by ``model_core.atlas.qk_fast`` (decoders, from the trace) or ``qk_hooked`` (encoders, one
+            hooked pass per text) where they serve the model (the same numbers, tests hold); False:
+            ``model_core.qk``'s pass for every head.
+        progress: called with (texts done, texts) after each text, and again after each head's split.
 
     Returns:
         (layer, head) -> ``QKAverage``; (layer, head) -> mean effect on every logit, (vocab,) float32 (empty for a model
@@ -180,6 +182,7 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
             by_text.setdefault(text_id, []).append((layer, head, q, k))
     acc: dict[tuple[int, int], _Acc] = {lh: _Acc() for lh in wanted}
     quick = fast_qk and supported(loaded.module, loaded.family)
+    hooked = fast_qk and not quick and qk_hooked.supported(loaded.module, loaded.family)
     names: dict[int, list[str]] = {}
     for done, (text_id, trace) in enumerate(text_arrays(loaded, [texts[t] for t in sorted(by_text)])):
         items = by_text[text_id]
@@ -191,19 +194,27 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
                     a.effect = row.astype(np.float64) if a.effect is None else a.effect + row
                     a.n_effect += 1
         if qk:
-            fast = TextSplit(loaded.module, loaded.family, trace) if quick else None
-            for la, h, q, k in items:
-                if fast is not None:
-                    if la not in names:
-                        names[la] = component_names(loaded.module, la)
-                    comp = names[la]
-                    qs, ks = fast.split(la, h, q, k, comp[-1] == "bias")
-                else:
-                    qs, ks = split_above_mean(qk_pass_for_trace(loaded.module, trace, la, h), q, k)
-                a = acc[(la, h)]
+            def add(item: tuple[int, int, int, int], qs: np.ndarray, ks: np.ndarray, done: int = done) -> None:
+                a = acc[item[:2]]
                 a.query = qs if a.query is None else a.query + qs
                 a.key = ks if a.key is None else a.key + ks
                 a.n_qk += 1
+                if progress is not None:  # a Stop between heads, not only between texts
+                    progress(done, len(by_text))
+
+            if quick:
+                fast = TextSplit(loaded.module, loaded.family, trace)
+                for la, h, q, k in items:
+                    if la not in names:
+                        names[la] = component_names(loaded.module, la)
+                    add((la, h, q, k), *fast.split(la, h, q, k, names[la][-1] == "bias"))
+            elif hooked and qk_hooked.fits(loaded.module, loaded.family, len(trace.token_ids),
+                                           max(la for la, *_ in items)):
+                with GATE.turn():  # one hooked pass of the model for every head of this text
+                    qk_hooked.TextPass(loaded.module, loaded.family, trace, items, add)
+            else:
+                for la, h, q, k in items:
+                    add((la, h, q, k), *split_above_mean(qk_pass_for_trace(loaded.module, trace, la, h), q, k))
         if progress is not None:
             progress(done + 1, len(by_text))
     averages, effects_out = {}, {}

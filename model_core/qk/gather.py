@@ -67,6 +67,7 @@ class PartsPass:
         self.kv = lw.kv_of_head[head]
         self.decoder = family.is_decoder
         self.post = family.parts(model, 0).post_norm or lw.ln1_kind is None
+        self.whole = self.post  # parts kept as whole vectors (a subclass may keep them so for a pre-norm model)
         self.positions = list(range(n))  # parts are kept at every position (pair: projected, so cheap)
         self.embed = family.embed_parts(model)
         self.parts_full: list[torch.Tensor] = []  # post-norm models: (npos, d_model) float64 per component
@@ -176,6 +177,8 @@ class PartsPass:
             b = f"blocks.{l}"
             if self.post:  # post-LN: every part whole, frozen at each LayerNorm in turn
                 names += [f"{b}.attn.hook_result", f"{b}.hook_mlp_out", f"{b}.hook_resid_mid", f"{b}.hook_mlp_in"]
+            elif self.whole:  # pre-norm, parts kept whole: each head's write
+                names += [f"{b}.attn.hook_result", f"{b}.hook_mlp_out"]
             else:  # pre-norm: each head's z, its write folded straight into the query and key
                 names += [f"{b}.attn.hook_z", f"{b}.hook_mlp_out"]
         return names + ([f"blocks.{self.layer}.hook_resid_pre"] if self.layer else [])
@@ -237,7 +240,7 @@ class PartsPass:
 
     def _add_parts(self, parts: torch.Tensor) -> None:
         """Components in order, (count, n, d_model): kept whole (post-norm) or projected at once (pre-norm)."""
-        if self.post:
+        if self.whole:
             self.parts_full.extend(parts.unbind(0))
             return
         q_in, k_in = self._pre_project(parts)
@@ -246,7 +249,7 @@ class PartsPass:
 
     def _add_bias(self, part: torch.Tensor) -> None:
         """A constant that enters the residual stream (an earlier b_O)."""
-        if self.post:
+        if self.whole:
             self.bias_full = part if self.bias_full is None else self.bias_full + part
             return
         q_in, k_in = self._pre_project(part)
