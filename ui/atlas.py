@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,14 @@ def run_with_progress(corpus: Any, model: CorpusModel, folder: Path, options: At
     stop_col.button("Stop", key="atlas_stop", help="Stops the run; the finished part is kept and the next run "
                                                    "continues it.")
     done = [0.0]
+    drawn = {"at": 0.0, "done": -1}
 
     def progress(p) -> None:
+        # called after each head's split too: drawn (and a Stop seen) at most every quarter second within a text
+        now = time.monotonic()
+        if p.done == drawn["done"] and now - drawn["at"] < 0.25:
+            return
+        drawn.update(at=now, done=p.done)
         done[0] = min(p.done / max(p.total, 1), 1.0)
         what = "texts scanned" if p.stage == "scan" else "texts traced for the QK split and the logit effects"
         bar.progress(done[0], text=f"{p.done:,} / {p.total:,} {what} · {p.elapsed_s:.0f} s")

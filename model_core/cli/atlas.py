@@ -154,13 +154,17 @@ def atlas_main(args: argparse.Namespace) -> int:
 
             bar = tqdm(total=len(corpus), unit="text", desc="scan", dynamic_ncols=True)
 
+        shown = {"stage": "scan", "total": len(corpus)}
+
         def progress(p) -> None:
             if bar is not None:
-                if bar.desc != p.stage:
+                if (shown["stage"], shown["total"]) != (p.stage, p.total):  # tqdm's own desc gains a ": "
+                    shown.update(stage=p.stage, total=p.total)
                     bar.set_description(p.stage)
-                    bar.reset(total=p.total)
-                bar.n = p.done
-                bar.refresh()
+                    bar.reset(total=p.total or None)
+                if bar.n != p.done:
+                    bar.n = p.done
+                    bar.refresh()
 
         run = run_atlas(corpus, model, args.out, options=options, engine=args.engine, device=args.device,
                         ray_address=args.ray_address, circuit=args.circuit, progress=progress)
