@@ -144,7 +144,7 @@ PAGE_PARAMS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "patch_foil": ("pg_patch_foil", _text, ""),
     "patch_resid": ("pg_patch_resid", _choice("exact", "attribution"), "exact"),
     # Generate: the prompt and the decoding settings.
-    "prompt": ("pg_prompt", _text, ""),
+    "prompt": ("pg_prompt", _text, "What is the capital of France?"),  # a first press of Generate answers something
     "chat": ("pg_chat", _flag, True),
     "max_new": ("pg_max_new", _int_in(1, 1024), 48),
     "sampling": ("pg_sampling", _flag, False),

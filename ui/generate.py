@@ -78,7 +78,7 @@ def controls(has_template: bool) -> None:
     """The prompt, the chat toggle, the token budget and the sampling settings (the ``pg_*`` keys links carry)."""
     s = st.session_state
     st.text_area("Prompt", key="pg_prompt", height=110,
-                 placeholder="Ask something, e.g. What is the capital of France?")
+                 placeholder="Ask something, or write the start of a text.")
     c1, c2, c3 = st.columns([1, 1, 1])
     c1.toggle("Chat template", key="pg_chat", disabled=not has_template,
               help="Wrap the prompt in the model's chat template as the user's message, the assistant's turn opened "
