@@ -249,6 +249,10 @@ class ScriptRuns:
             return
         kind = msg.WhichOneof("type")
         if kind == "new_session":
+            # A new run ends the one before it: Streamlit may drop a stopped run's own ``script_finished``
+            # (FINISHED_EARLY_FOR_RERUN) when the rerun's messages replace it in the queue (seen after a Stop on the
+            # Head atlas page); the page's script state (``IDLE_JS``) still says when the new run ends.
+            self.finished = self.started
             self.started += 1
         elif kind == "script_finished":
             self.finished += 1
