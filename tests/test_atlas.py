@@ -318,3 +318,44 @@ def test_a_context_is_drawn_with_its_tokens_escaped_and_the_query_and_key_marked
                         "snippet": [[0, "a"], [1, "<script>"], [2, " & "], [3, "q"], [9, "far"]]})
     assert "<script>" not in out and "&lt;script&gt;" in out and "&amp;" in out
     assert 'title="key 1"' in out and 'title="query 3"' in out and " … " in out  # a gap between positions 3 and 9
+
+
+def test_a_long_text_through_the_compact_pass_scans_as_the_batched_pass_does(decoder, monkeypatch):
+    """Texts from ``LONG_FROM`` tokens are scanned alone through the compact pass, layer by layer in blocks of query
+    rows: with the threshold lowered to every text and blocks of 3 rows, the same best pairs, weights within 1e-5
+    and the same profile sums as the batched eager pass."""
+    import model_core.atlas.shard as shard
+
+    loaded = decoder["loaded"]
+    batched = shard.process_shard(loaded, 0, 0, list(TEXTS), batch_size=4)
+    monkeypatch.setattr(shard, "LONG_FROM", 1)
+    monkeypatch.setattr(shard, "QUERY_BLOCK", 3)
+    long = shard.process_shard(loaded, 0, 0, list(TEXTS), batch_size=4)
+    np.testing.assert_array_equal(long.best_q, batched.best_q)
+    np.testing.assert_array_equal(long.best_k, batched.best_k)
+    np.testing.assert_allclose(long.best_w, batched.best_w, atol=1e-5)
+    np.testing.assert_allclose(long.sums, batched.sums, atol=1e-4, rtol=1e-5)
+    np.testing.assert_array_equal(long.rows, batched.rows)
+
+
+def test_a_long_text_runs_through_the_atlas_and_its_contexts_are_not_split(decoder, tmp_path, monkeypatch):
+    """A long text beside the short ones (the tiny model reads 128 tokens, so "long" is lowered to 100 here):
+    scanned alone through the compact pass, its contexts on the cards, and the QK split taken only at contexts in
+    the shorter texts."""
+    import model_core.atlas.run as atlas_run
+    import model_core.atlas.shard as shard
+
+    monkeypatch.setattr(shard, "LONG_FROM", 100)
+    monkeypatch.setattr(atlas_run, "LONG_FROM", 100)
+    long_text = " ".join(["the cat sat on the mat and the dog ran to the door"] * 100)
+    corpus = Corpus("long", (*TEXTS, (long_text, None)))
+    seen = []
+    original = shard.long_text_scan
+    monkeypatch.setattr(shard, "long_text_scan", lambda *a, **k: seen.append(a[1].shape[1]) or original(*a, **k))
+    run = run_atlas(corpus, decoder["model"], tmp_path / "long", options=OPTIONS, loaded=decoder["loaded"])
+    assert seen == [128]  # the long text alone, truncated to the model's 128 positions
+    cards = [run.card(layer, head) for layer in range(run.shape[0]) for head in range(run.shape[1])]
+    assert any(c["top_contexts"][0]["text_id"] == len(TEXTS) for c in cards)  # the long text is some head's best
+    for card in cards:
+        short = [c for c in card["top_contexts_no_sink"] if c["text_id"] != len(TEXTS)]
+        assert card["qk_contexts"] == min(OPTIONS.qk_contexts, len(short))

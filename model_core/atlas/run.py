@@ -23,12 +23,11 @@ import model_core.atlas.store as store
 from model_core.atlas.contexts import TOP_K, TokenText, context, decile_samples, top_texts
 from model_core.atlas.keys import LISTS, PROFILE_KEYS, ROW_KEYS
 from model_core.atlas.ov import TOP_N, copying_scores
-from model_core.atlas.shard import process_shard
+from model_core.atlas.shard import LONG_FROM, process_shard
 from model_core.atlas.summary import SummaryRules, kind_of, summarise
 from model_core.atlas.why import QKAverage, explain
 from model_core.corpus.batches import EncodedText, encode_texts
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
-from model_core.corpus.run import CORPUS_MAX_TOKENS
 from model_core.corpus.sources import Corpus
 from model_core.models.memory import release_freed_memory
 from model_core.qk.composition import KINDS, composition_scores
@@ -36,6 +35,9 @@ from model_core.roles.probes import SEQ_LEN, probe_inputs, probe_texts, usable_w
 from model_core.roles.scores import PROBE_ROLES, role_scores
 
 Engine = Literal["local", "ray"]
+ATLAS_MAX_TOKENS = 4096
+"""The longest text an atlas reads (longer ones are truncated or skipped, ``--long``); from ``LONG_FROM`` tokens a text
+is scanned alone through the compact pass."""
 TOP_COMPONENTS = 3
 TOP_PARTNERS = 3
 TOP_TOKENS = 10
@@ -46,13 +48,14 @@ class AtlasOptions:
     """How an atlas is run. Recorded in the manifest; a rerun keeps the original's.
 
     Attributes:
-        qk_contexts: contexts per head (the first of its list without the sink) for the QK split and the direct
-            logit effect; 0 skips both.
+        qk_contexts: contexts per head (the first of its list without the sink in texts under ``LONG_FROM``
+            tokens: a longer text's full trace is too large) for the QK split and the direct logit effect; 0 skips
+            both.
     """
 
     batch_size: int = 32
     chunk_size: int = 128
-    max_tokens: int = CORPUS_MAX_TOKENS
+    max_tokens: int = ATLAS_MAX_TOKENS
     long: Literal["truncate", "skip"] = "truncate"
     top_k: int = TOP_K
     qk_contexts: int = 3
@@ -64,8 +67,8 @@ class AtlasOptions:
             raise ValueError(f"--batch-size must be between 1 and 4096, got {self.batch_size}.")
         if not 1 <= self.chunk_size <= 1_000_000:
             raise ValueError(f"--shard-size must be between 1 and 1,000,000, got {self.chunk_size}.")
-        if not 5 <= self.max_tokens <= CORPUS_MAX_TOKENS:
-            raise ValueError(f"--max-tokens must be between 5 and {CORPUS_MAX_TOKENS}, got {self.max_tokens}.")
+        if not 5 <= self.max_tokens <= ATLAS_MAX_TOKENS:
+            raise ValueError(f"--max-tokens must be between 5 and {ATLAS_MAX_TOKENS:,}, got {self.max_tokens}.")
         if self.long not in ("truncate", "skip"):
             raise ValueError(f"--long must be 'truncate' or 'skip', got {self.long!r}.")
         if not 1 <= self.top_k <= 1000 or not 0 <= self.qk_contexts <= self.top_k:
@@ -303,8 +306,9 @@ def build_cards(loaded: LoadedCorpusModel, corpus: Corpus, scanned: store.Scanne
         return [context(int(r), ids, scanned.best_w[:, which, layer, head], scanned.best_q[:, which, layer, head],
                         scanned.best_k[:, which, layer, head], token_ids, text_of) for r in rows]
 
+    short = scanned.n_tokens < LONG_FROM  # a longer text's full trace would not fit: its contexts are not split
     wanted = {lh: [(int(ids[r]), int(scanned.best_q[r, 1, lh[0], lh[1]]), int(scanned.best_k[r, 1, lh[0], lh[1]]))
-                   for r in tops[lh][1][:options.qk_contexts]] for lh in tops}
+                   for r in [r for r in tops[lh][1] if short[r]][:options.qk_contexts]] for lh in tops}
     wanted = {lh: c for lh, c in wanted.items() if c}
     averages, effects = explain(loaded, texts, wanted, qk=options.qk_contexts > 0,
                                 effects=options.qk_contexts > 0, progress=progress) if wanted else ({}, {})

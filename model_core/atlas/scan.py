@@ -70,45 +70,65 @@ class BatchScan:
     rows: np.ndarray
 
 
-def _best(w: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _best(w: torch.Tensor, allowed: torch.Tensor, row0: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each text's and head's highest weight among ``allowed`` (batch, q, k) pairs, and its (query, key); ties to the
-    earlier query, then the earlier key (argmax returns the first maximum of the row-major flattening)."""
+    earlier query, then the earlier key (argmax returns the first maximum of the row-major flattening). The rows are
+    queries ``row0`` on."""
     n = w.shape[-1]
     masked = w.masked_fill(~allowed[:, None], -1.0).flatten(2)  # (B, H, q * k)
     value, index = masked.max(dim=-1)
-    return value, torch.div(index, n, rounding_mode="floor"), index % n
+    return value, torch.div(index, n, rounding_mode="floor") + row0, index % n
 
 
-def layer_scan(w: torch.Tensor, m: BatchMasks) -> tuple[torch.Tensor, ...]:
-    """One layer's numbers. Shape: w (batch, head, q, k) -> best_w, best_q, best_k (batch, list, head);
-    sums (batch, head, profile)."""
+def layer_scan(w: torch.Tensor, m: BatchMasks, rows: slice = slice(None)) -> tuple[torch.Tensor, ...]:
+    """One layer's numbers, of every query row or of the block of query rows ``rows`` (then the sums are the block's
+    share, and the best pairs the block's best). Shape: w (batch, head, q, k) -> best_w, best_q, best_k
+    (batch, list, head); sums (batch, head, profile)."""
     w = w.to(torch.float32)
-    v = m.valid[:, None, :].to(torch.float32)  # (B, 1, q)
+    row0 = rows.start or 0
+    n_rows = w.shape[-2]
+    valid_q = m.valid[:, row0:row0 + n_rows]
+    v = valid_q[:, None, :].to(torch.float32)  # (B, 1, q)
     row_total = (w.sum(-1) * v).sum(-1)
     sums = []
-    for d in range(4):
-        diag = torch.diagonal(w, offset=-d, dim1=-2, dim2=-1)  # (B, H, n - d): w[i, i - d] for i >= d
-        sums.append((diag * v[..., d:]).sum(-1))
+    q_pos = torch.arange(row0, row0 + n_rows, device=w.device)
+    for d in range(4):  # w[i, i - d] for i >= d
+        k_pos = q_pos - d
+        at = w.gather(-1, k_pos.clamp(min=0)[None, None, :, None].expand(*w.shape[:-1], 1)).squeeze(-1)
+        sums.append((at * v * (k_pos >= 0)).sum(-1))
     sums.append(row_total - sum(sums))
     sums.append((w[..., 0] * v).sum(-1))
-    sums.append(torch.einsum("bhqk,bk,bq->bh", w, m.punct, m.valid.to(torch.float32)))
+    sums.append(torch.einsum("bhqk,bk,bq->bh", w, m.punct, valid_q.to(torch.float32)))
     plogp = w * torch.log2(torch.where(w > 0, w, torch.ones_like(w)))  # 0 log 0 = 0
     sums.append(-(plogp.sum(-1) * v).sum(-1))
-    sums.append(torch.einsum("bhqk,bqk->bh", w, m.same.to(torch.float32)))
-    sums.append(torch.einsum("bhqk,bqk->bh", w, m.induction.to(torch.float32)))
-    no_sink = m.cand.clone()
+    cand, same, induction = (x[:, row0:row0 + n_rows] for x in (m.cand, m.same, m.induction))
+    sums.append(torch.einsum("bhqk,bqk->bh", w, same.to(torch.float32)))
+    sums.append(torch.einsum("bhqk,bqk->bh", w, induction.to(torch.float32)))
+    no_sink = cand.clone()
     no_sink[:, :, 0] = False
-    best = [_best(w, allowed) for allowed in (m.cand, no_sink)]
+    best = [_best(w, allowed, row0) for allowed in (cand, no_sink)]
     return (torch.stack([b[0] for b in best], 1), torch.stack([b[1] for b in best], 1),
             torch.stack([b[2] for b in best], 1), torch.stack(sums, -1))
 
 
-def batch_scan(weights: list[torch.Tensor], m: BatchMasks) -> BatchScan:
+def merge_blocks(per_block: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """``layer_scan``'s numbers of a layer's query blocks, in row order, as one: the sums added, each best pair the
+    highest weight, an earlier block's kept on a tie (the earlier query)."""
+    best_w, best_q, best_k, sums = per_block[0]
+    for w, q, k, s in per_block[1:]:
+        better = w > best_w
+        best_w, best_q, best_k = torch.where(better, w, best_w), torch.where(better, q, best_q), \
+            torch.where(better, k, best_k)
+        sums = sums + s
+    return best_w, best_q, best_k, sums
+
+
+def batch_scan(weights: list[torch.Tensor] | list[tuple[torch.Tensor, ...]], m: BatchMasks) -> BatchScan:
     """Every layer of a padded batch, copied to the host once.
 
-    Shape: weights: layer tensors of (batch, head, q, k).
+    Shape: weights: layer tensors of (batch, head, q, k), or each layer's ``layer_scan`` numbers already taken.
     """
-    per_layer = [layer_scan(w, m) for w in weights]
+    per_layer = [w if isinstance(w, tuple) else layer_scan(w, m) for w in weights]
     best_w, best_q, best_k = (torch.stack([p[i] for p in per_layer], 2) for i in range(3))  # (B, list, L, H)
     sums = torch.stack([p[3] for p in per_layer], 1)  # (B, L, H, profile)
     rows = torch.stack([m.valid.sum(-1), m.same.any(-1).sum(-1), m.induction.any(-1).sum(-1)], -1)

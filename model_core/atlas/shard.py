@@ -14,10 +14,17 @@ import numpy as np
 import torch
 
 from model_core.atlas.keys import LISTS, N_PROFILE
-from model_core.atlas.scan import BatchMasks, batch_scan
+from model_core.atlas.scan import BatchMasks, BatchScan, batch_scan, layer_scan, merge_blocks
+from model_core.compact.build import layer_masks_of
+from model_core.compact.trace import QUERY_BLOCK
 from model_core.corpus.batches import DEFAULT_CELL_BUDGET, LongPolicy, encode_texts, pad_batch, plan_batches
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.gate import GATE
+from model_core.kernel import apply_mask, attention_scores, weights_from_scores
+
+LONG_FROM = 513
+"""From this many tokens a text is scanned alone through the compact pass (``long_text_scan``): a batch's eager
+pass holds every layer's (head, pos, pos) weights at once, 18 GB for SmolLM2 at 4,096 tokens."""
 
 
 @dataclass(frozen=True)
@@ -74,15 +81,13 @@ def process_shard(model: LoadedCorpusModel, index: int, first_id: int, texts: li
         skip[text_id - first_id] = True
         n_tokens[text_id - first_id] = length
     done = len(skipped)
-    decoder = model.family.is_decoder
-    for batch in plan_batches(encoded, batch_size, model.n_layers * model.n_heads, cell_budget):
+    short = [t for t in encoded if len(t.ids) < LONG_FROM]
+    batches = plan_batches(short, batch_size, model.n_layers * model.n_heads, cell_budget) + \
+        [[t] for t in encoded if len(t.ids) >= LONG_FROM]
+    for batch in batches:
         at = [t.text_id - first_id for t in batch]
         with GATE.turn():  # the pass and its scan, as one turn of the route's gate
-            ids, types, mask, _ = pad_batch(batch, model.tokenizer.pad_token_id or 0, model.device)
-            punct, special = _position_flags(model, ids)
-            masks = BatchMasks.build(ids, mask.sum(-1), punct, special, decoder)
-            weights, _ = model.forward(ids, types, mask)
-            scan = batch_scan(weights, masks)
+            scan = _scan_batch(model, batch)
         found = scan.best_w >= 0
         best_w[at] = np.where(found, scan.best_w, np.nan)
         best_q[at] = np.where(found, scan.best_q, -1)
@@ -96,3 +101,44 @@ def process_shard(model: LoadedCorpusModel, index: int, first_id: int, texts: li
             on_batch(done)
     return ShardResult(index, np.arange(first_id, first_id + n, dtype=np.int64), n_tokens, truncated, skip, best_w,
                        best_q, best_k, sums, rows, time.perf_counter() - start)
+
+
+def _scan_batch(model: LoadedCorpusModel, batch: list) -> BatchScan:
+    """A batch of short texts through the eager pass, or one long text through ``long_text_scan``."""
+    ids, types, mask, _ = pad_batch(batch, model.tokenizer.pad_token_id or 0, model.device)
+    punct, special = _position_flags(model, ids)
+    masks = BatchMasks.build(ids, mask.sum(-1), punct, special, model.family.is_decoder)
+    if len(batch) == 1 and len(batch[0].ids) >= LONG_FROM:
+        return long_text_scan(model, ids, types, masks)
+    weights, _ = model.forward(ids, types, mask)
+    return batch_scan(weights, masks)
+
+
+@torch.inference_mode()
+def long_text_scan(model: LoadedCorpusModel, ids: torch.Tensor, types: torch.Tensor, masks: BatchMasks,
+                   block: int = QUERY_BLOCK) -> BatchScan:
+    """One text's atlas numbers from the compact pass (sdpa: no layer's n x n pattern is formed), each layer's
+    weights rebuilt from its queries and keys in blocks of ``block`` query rows with the model's scale, cap and mask
+    (the one score kernel), reduced block by block (``layer_scan``): O(head x block x pos) at a time.
+
+    Shape: ids, types (1, pos) on the model's device.
+    """
+    family, module = model.family, model.module
+    out = family.forward(module, ids, types, None, vectors=True, hidden=False, compact=True)
+    n = ids.shape[1]
+    layer_masks, mask_of_layer = layer_masks_of(out.layer_masks, n, family.is_decoder)
+    kv = torch.as_tensor(family.kv_heads(module.config), device=ids.device)
+    per_layer = []
+    for layer in range(model.n_layers):
+        q = out.queries[layer][0]  # (head, pos, d_head)
+        k = out.keys[layer][0].index_select(0, kv)  # each query head's key
+        out.queries[layer] = out.keys[layer] = None
+        allowed = layer_masks[mask_of_layer[layer]].allowed.to(ids.device)
+        blocks = []
+        for r0 in range(0, n, block):
+            rows = slice(r0, min(r0 + block, n))
+            scores = attention_scores(q[:, rows], k, scale=out.layer_scales[layer], softcap=out.layer_softcaps[layer])
+            w = weights_from_scores(apply_mask(scores, allowed[rows]), dtype=torch.float32)
+            blocks.append(layer_scan(w[None], masks, rows))
+        per_layer.append(merge_blocks(blocks))
+    return batch_scan(per_layer, masks)

@@ -39,7 +39,8 @@ def add_atlas_parser(sub: Any) -> None:
     p.add_argument("--split", default="train", help="hf: corpora only: the split")
     p.add_argument("--limit", type=int, default=None, help="run at most N texts")
     p.add_argument("--out", default=None, help="the atlas folder (new, or an interrupted atlas of the same run)")
-    p.add_argument("--max-tokens", type=int, default=512, help="longest text in tokens (longer: --long)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="longest text in tokens (longer: --long); from 513 "
+                   "tokens a text is scanned alone through the compact pass, and its contexts are not QK-split")
     p.add_argument("--long", choices=["truncate", "skip"], default="truncate")
     p.add_argument("--batch-size", type=int, default=32, help="texts per batch")
     p.add_argument("--shard-size", type=int, default=128, help="texts per shard: the unit of resume and of a Ray task")

@@ -118,7 +118,7 @@ class _LayerCopies:
         self.report("forward", (layer + 1) / self.n_layers)
 
 
-def _layer_masks(raw_masks: list, n: int, causal: bool) -> tuple[list[LayerMask], np.ndarray]:
+def layer_masks_of(raw_masks: list, n: int, causal: bool) -> tuple[list[LayerMask], np.ndarray]:
     """Each distinct mask of the pass as a ``LayerMask`` (layers of one kind share one tensor), and which one each
     layer used. Worked out before the summary, so the pass's own n x n masks (an additive float mask is 268 MB at
     8,192 tokens) are freed before it starts.
@@ -149,7 +149,7 @@ def _summarise(resolved: Resolved, encoded: EncodedInput, report: Progress, top_
     out = family.forward(model, encoded.input_ids.to(dev), encoded.token_type_ids.to(dev), None, compact=True,
                          hidden="last" if want_predictions else False, on_layer=copies)
     n = encoded.input_ids.shape[1]
-    masks, mask_of_layer = _layer_masks(out.layer_masks, n, family.is_decoder)  # the pass's masks freed first
+    masks, mask_of_layer = layer_masks_of(out.layer_masks, n, family.is_decoder)  # the pass's masks freed first
     predictions = (top_predictions(family, model, out.hidden[-1][0], top_k)[:2] if want_predictions
                    else (None, None))
     kv = torch.as_tensor(family.kv_heads(model.config))
