@@ -4,7 +4,6 @@ that cannot run are listed; an encoder gets a message."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -47,21 +46,6 @@ def test_a_run_draws_the_circuit_its_curve_and_its_nodes():
     assert (table["sum_abs_score"].diff().dropna() <= 0).all()  # largest first
     at.select_slider(key="circ_fraction").set_value(0.1).run()
     assert any(t.startswith("The circuit at 0.1 of the edges: 2000 of 12322 edges") for t in _titles(at))
-
-
-@pytest.mark.slow
-def test_a_stopped_run_is_shown_as_partial_with_the_run_button():
-    at = _open(SMOL, circ_count=2, circ_method="eap")
-    at.button(key="circ_run").click().run()
-    key, result = at.session_state["_circ_result"]
-    at.session_state["_circ_result"] = (key, dataclasses.replace(result, n=1, curve=None, partial=True))
-    at.session_state["_circ_stopped"] = True
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    warnings = [w.value for w in at.warning]
-    assert any("stopped by you" in w and "1 pairs finished" in w and "no faithfulness curve" in w for w in warnings)
-    assert at.button(key="circ_run") is not None  # run again for every pair
-    assert not any(t.startswith("Faithfulness") for t in _titles(at))
 
 
 def test_pairs_that_cannot_run_are_listed(tmp_path):

@@ -1,6 +1,6 @@
 """The activation patching page in headless Chromium with the bundled SmolLM2: Run shows a progress bar and a Stop
 button, and Stop keeps the grid computed so far, marked partial, which running it again resumes; a click on a head
-opens the heatmaps."""
+opens the heatmaps. The dataset mode's Stop keeps the pairs finished."""
 
 from __future__ import annotations
 
@@ -55,6 +55,34 @@ def test_stop_keeps_a_partial_grid(app_url, browser):
         wait_for_run(page, TIMEOUT_S, text="Layer 1, head 2")  # the heatmaps page's focused head
         assert "layer=1" in page.url and "head=2" in page.url
         assert "When Mary and John" in page.locator('section[data-testid="stSidebar"] textarea').first.input_value()
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+def test_stop_keeps_the_pairs_finished_of_a_dataset(app_url, browser):
+    """The dataset mode, as a user reaches it: pick it, Run mean patching on the default generator's 8 pairs, Stop
+    after the first pair: the pairs finished are averaged and said so, and Run again patches every pair."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1600})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{app_url}/patching?{LINK}", wait_until="domcontentloaded")
+        wait_for_run(page, TIMEOUT_S, text="Attribution patching (estimate)")
+        mode = page.locator('[data-testid="stRadio"]').filter(has_text="Patch")
+        mode.get_by_text("Dataset (mean over pairs)").click()
+        wait_for_run(page, TIMEOUT_S, text="Run mean patching (8 pairs)")
+        page.get_by_role("button", name="Run mean patching (8 pairs)").click()
+        page.get_by_text("Mean patching: pair 2 of 8").first.wait_for(timeout=TIMEOUT_S * 1000)  # one pair done
+        page.get_by_test_id("stMainBlockContainer").get_by_role("button", name="Stop").click()
+        wait_for_run(page, TIMEOUT_S, selector='[data-testid="stAlertContentWarning"]', text="Mean patching was stopped")
+        warning = page.locator('[data-testid="stAlertContentWarning"]').filter(has_text="stopped").inner_text()
+        assert "Mean patching was stopped by you" in warning and "Run it again to patch every pair" in warning
+        done = int(warning.split(": ")[1].split(" of ")[0])
+        assert 0 < done < 8 and f"{done} of 8 pairs are averaged" in warning
+        assert page.get_by_role("button", name="Run mean patching (8 pairs)").count() == 1
+        assert page.locator('[data-testid="stException"]').count() == 0
         assert not errors, errors
     finally:
         context.close()

@@ -24,6 +24,8 @@ from model_core.effects.patching_run import (
     check_patching_memory,
 )
 from model_core.effects.patching_run import table_parts as core_table_parts
+from model_core.models.memory import BoundedCache
+from model_core.settings import load_settings
 from ui.fields import PAGE_PARAMS
 from ui.trace_cache import per_trace
 
@@ -87,7 +89,13 @@ def _resolved(model: TraceRequest) -> Any:
     return resolve(model, device=device(), models=CACHED_MODELS)
 
 
-@st.cache_resource(max_entries=16, ttl=PATCH_TTL_S, show_spinner=False)
+_BASES: BoundedCache = BoundedCache(lambda: load_settings().trace_cache_mb * 1e6 / 4, max_entries=16,
+                                    ttl_s=PATCH_TTL_S)
+"""``patch_base``'s results, shared by every session. Not a ``st.cache_resource``: the pass waits its turn at the gate
+with the "Leave the queue" button (``ui.waiting.in_turn``), and a widget drawn inside a Streamlit cache is refused
+(``CachedWidgetWarning``)."""
+
+
 def patch_base(model: TraceRequest, clean: str, corrupt: str, answer: str,
                foil: str) -> tuple[PatchRuns, AttributionPatching]:
     """The inputs checked, then both runs and attribution patching (``PatchingPipeline.runs``: the clean run read from
@@ -98,14 +106,18 @@ def patch_base(model: TraceRequest, clean: str, corrupt: str, answer: str,
         PatchingError, NotADecoder, NotOneToken, InputError: the message says what to change (nothing is cached).
     """
     from ui.loaders import get_trace, pretrained_key
+    from ui.trace_cache import stoppable
     from ui.waiting import in_turn
 
-    pipeline = PatchingPipeline.prepare(_resolved(model), clean, corrupt, answer, foil)  # the checks: said at once
-    inputs = pipeline.inputs
-    check_patching_memory(pipeline.resolved, inputs.n_tokens)  # before the clean prompt's trace, not after it
-    trace = get_trace(clean_request(model, clean))  # before the turn: it may wait for another session's build
-    _table_beside(trace, pretrained_key(model), inputs.answer_id, inputs.foil_id)
-    return in_turn(f"patch|{model!r}|{clean}|{corrupt}", lambda: pipeline.runs(trace))
+    def build() -> tuple[PatchRuns, AttributionPatching]:
+        pipeline = PatchingPipeline.prepare(_resolved(model), clean, corrupt, answer, foil)  # the checks, at once
+        inputs = pipeline.inputs
+        check_patching_memory(pipeline.resolved, inputs.n_tokens)  # before the clean prompt's trace, not after it
+        trace = get_trace(clean_request(model, clean))  # before the turn: it may wait for another session's build
+        _table_beside(trace, pretrained_key(model), inputs.answer_id, inputs.foil_id)
+        return in_turn(f"patch|{model!r}|{clean}|{corrupt}", lambda: pipeline.runs(trace))
+
+    return _BASES.get((model, clean, corrupt, answer, foil), build, wait=stoppable)
 
 
 def _table_beside(trace: AttentionTrace, key: tuple[str, str], answer_id: int, foil_id: int) -> None:
