@@ -70,23 +70,38 @@ class BatchScan:
     rows: np.ndarray
 
 
-def _best(w: torch.Tensor, allowed: torch.Tensor, row0: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each text's and head's highest weight among ``allowed`` (batch, q, k) pairs, and its (query, key); ties to the
-    earlier query, then the earlier key (argmax returns the first maximum of the row-major flattening). The rows are
-    queries ``row0`` on."""
+def _best_pairs(w: torch.Tensor, cand: torch.Tensor, row0: int = 0) -> list[tuple[torch.Tensor, ...]]:
+    """Each text's and head's highest weight among the ``cand`` (batch, q, k) pairs, then among those whose key is not
+    the first token, with its (query, key); ties to the earlier query, then the earlier key (argmax returns the first
+    maximum of the row-major flattening). The rows are queries ``row0`` on. One masked copy of ``w`` serves both."""
     n = w.shape[-1]
-    masked = w.masked_fill(~allowed[:, None], -1.0).flatten(2)  # (B, H, q * k)
-    value, index = masked.max(dim=-1)
-    return value, torch.div(index, n, rounding_mode="floor") + row0, index % n
+    masked = w.masked_fill(~cand[:, None], -1.0)  # (B, H, q, k)
+    out = []
+    for keep_first in (True, False):
+        if not keep_first:
+            masked[..., 0] = -1.0
+        value, index = masked.flatten(2).max(dim=-1)
+        out.append((value, torch.div(index, n, rounding_mode="floor") + row0, index % n))
+    return out
+
+
+def _masked_sum(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ over (q, k) of w where ``mask`` (batch, q, k) holds, per text and head, from the mask's true cells alone (the
+    same-token and induction cells are a small share of a long text's). Shape: w (batch, head, q, k) -> (batch, head).
+    """
+    b, q, k = mask.nonzero(as_tuple=True)
+    at = w[b, :, q, k]  # (cells, head)
+    return torch.zeros(w.shape[0], w.shape[1], dtype=w.dtype, device=w.device).index_add_(0, b, at)
 
 
 def layer_scan(w: torch.Tensor, m: BatchMasks, rows: slice = slice(None)) -> tuple[torch.Tensor, ...]:
     """One layer's numbers, of every query row or of the block of query rows ``rows`` (then the sums are the block's
-    share, and the best pairs the block's best). Shape: w (batch, head, q, k) -> best_w, best_q, best_k
-    (batch, list, head); sums (batch, head, profile)."""
+    share, and the best pairs the block's best). A block's weights may stop at a key before the last (the keys past
+    it have weight 0: a causal block's rows see nothing after its last row). Shape: w (batch, head, q, k) -> best_w,
+    best_q, best_k (batch, list, head); sums (batch, head, profile)."""
     w = w.to(torch.float32)
     row0 = rows.start or 0
-    n_rows = w.shape[-2]
+    n_rows, n_keys = w.shape[-2:]  # a block of a causal layer may stop at its last row's key
     valid_q = m.valid[:, row0:row0 + n_rows]
     v = valid_q[:, None, :].to(torch.float32)  # (B, 1, q)
     row_total = (w.sum(-1) * v).sum(-1)
@@ -98,15 +113,14 @@ def layer_scan(w: torch.Tensor, m: BatchMasks, rows: slice = slice(None)) -> tup
         sums.append((at * v * (k_pos >= 0)).sum(-1))
     sums.append(row_total - sum(sums))
     sums.append((w[..., 0] * v).sum(-1))
-    sums.append(torch.einsum("bhqk,bk,bq->bh", w, m.punct, valid_q.to(torch.float32)))
+    at_punct = (w @ m.punct[:, None, :n_keys, None]).squeeze(-1)  # (B, H, q): each row's weight at punctuation
+    sums.append((at_punct * v).sum(-1))
     plogp = w * torch.log2(torch.where(w > 0, w, torch.ones_like(w)))  # 0 log 0 = 0
     sums.append(-(plogp.sum(-1) * v).sum(-1))
-    cand, same, induction = (x[:, row0:row0 + n_rows] for x in (m.cand, m.same, m.induction))
-    sums.append(torch.einsum("bhqk,bqk->bh", w, same.to(torch.float32)))
-    sums.append(torch.einsum("bhqk,bqk->bh", w, induction.to(torch.float32)))
-    no_sink = cand.clone()
-    no_sink[:, :, 0] = False
-    best = [_best(w, allowed, row0) for allowed in (cand, no_sink)]
+    cand, same, induction = (x[:, row0:row0 + n_rows, :n_keys] for x in (m.cand, m.same, m.induction))
+    sums.append(_masked_sum(w, same))
+    sums.append(_masked_sum(w, induction))
+    best = _best_pairs(w, cand, row0)
     return (torch.stack([b[0] for b in best], 1), torch.stack([b[1] for b in best], 1),
             torch.stack([b[2] for b in best], 1), torch.stack(sums, -1))
 

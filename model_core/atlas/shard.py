@@ -133,12 +133,15 @@ def long_text_scan(model: LoadedCorpusModel, ids: torch.Tensor, types: torch.Ten
         q = out.queries[layer][0]  # (head, pos, d_head)
         k = out.keys[layer][0].index_select(0, kv)  # each query head's key
         out.queries[layer] = out.keys[layer] = None
-        allowed = layer_masks[mask_of_layer[layer]].allowed.to(ids.device)
+        mask = layer_masks[mask_of_layer[layer]]
+        allowed = mask.allowed.to(ids.device)
         blocks = []
         for r0 in range(0, n, block):
             rows = slice(r0, min(r0 + block, n))
-            scores = attention_scores(q[:, rows], k, scale=out.layer_scales[layer], softcap=out.layer_softcaps[layer])
-            w = weights_from_scores(apply_mask(scores, allowed[rows]), dtype=torch.float32)
+            keys = n if mask.future else rows.stop  # a causal block's rows see no key after its last row
+            scores = attention_scores(q[:, rows], k[:, :keys], scale=out.layer_scales[layer],
+                                      softcap=out.layer_softcaps[layer])
+            w = weights_from_scores(apply_mask(scores, allowed[rows, :keys]), dtype=torch.float32)
             blocks.append(layer_scan(w[None], masks, rows))
         per_layer.append(merge_blocks(blocks))
     return batch_scan(per_layer, masks)
