@@ -146,6 +146,20 @@ def open_chromium():
 
 
 @contextlib.contextmanager
+def new_page(browser, width: int = 1400, height: int = 1600):
+    """A page in a fresh context of ``browser`` and the list its page errors go to, closed on exit:
+    ``with new_page(browser) as (page, errors)``."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        yield page, errors
+    finally:
+        context.close()
+
+
+@contextlib.contextmanager
 def open_chromium_profile(user_data_dir: str | Path, **context_options):
     """A Chromium context on a profile folder, as a returning user's browser has (``with ... as context``): its disk
     cache keeps V8's compiled code, so a tab of the app boots in about half the CPU of a fresh context's (1.2 s

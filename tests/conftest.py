@@ -92,6 +92,15 @@ def browser():
 
 
 @pytest.fixture(scope="session")
+def smollm2_converted():
+    """The bundled SmolLM2 converted from its GGUF once, before a server loads it (a browser test's first page would
+    otherwise wait for the conversion)."""
+    from model_core.models.bundled import ensure_bundled_decoder
+
+    ensure_bundled_decoder()
+
+
+@pytest.fixture(scope="session")
 def tiny_decoders(tmp_path_factory) -> dict:
     """Every tiny decoder family (tests/tiny_models.py), built once: family -> saved folder."""
     from tiny_models import build_tiny_decoder

@@ -10,10 +10,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, new_page, wait_for_run
 from model_core.settings import BUNDLED_DECODER_ID
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.usefixtures("smollm2_converted")]
 
 if not CHROMIUM.exists():
     pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
@@ -22,19 +22,8 @@ LINK = urlencode({"model": "pretrained", "model_id": BUNDLED_DECODER_ID})
 TIMEOUT_S = 600
 
 
-@pytest.fixture(scope="module", autouse=True)
-def converted():
-    from model_core.models.bundled import ensure_bundled_decoder
-
-    ensure_bundled_decoder()
-
-
 def test_stop_after_the_first_batch_keeps_a_partial_circuit(app_url, browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1600})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
+    with new_page(browser) as (page, errors):
         page.goto(f"{app_url}/circuits?{LINK}", wait_until="domcontentloaded")
         wait_for_run(page, TIMEOUT_S, text="The run will take")  # the page's estimate, before any run
         method = page.locator('[data-testid="stRadio"]').filter(has_text="Method")
@@ -64,5 +53,3 @@ def test_stop_after_the_first_batch_keeps_a_partial_circuit(app_url, browser):
         assert titles.filter(has_text=re.compile(r"^Faithfulness")).count() == 0
         assert page.locator('[data-testid="stException"]').count() == 0
         assert not errors, errors
-    finally:
-        context.close()

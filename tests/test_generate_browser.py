@@ -9,10 +9,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, new_page, wait_for_run
 from model_core.settings import BUNDLED_DECODER_ID
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.usefixtures("smollm2_converted")]
 
 if not CHROMIUM.exists():
     pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
@@ -22,19 +22,8 @@ LINK = urlencode({"model": "pretrained", "model_id": BUNDLED_DECODER_ID, "max_ne
 TIMEOUT_S = 600
 
 
-@pytest.fixture(scope="module", autouse=True)
-def converted():
-    from model_core.models.bundled import ensure_bundled_decoder
-
-    ensure_bundled_decoder()
-
-
 def test_stop_while_streaming_keeps_the_tokens_and_traces_them(app_url, browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1600})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
+    with new_page(browser) as (page, errors):
         page.goto(f"{app_url}/generate?{LINK}", wait_until="domcontentloaded")
         wait_for_run(page, TIMEOUT_S, text="press Generate")
         assert page.locator("textarea[aria-label='Prompt']").input_value() == "What is the capital of France?"
@@ -54,5 +43,3 @@ def test_stop_while_streaming_keeps_the_tokens_and_traces_them(app_url, browser)
         assert page.locator('[data-testid="stException"]').count() == 0
         assert page.locator('[data-testid="stAlertContentError"]').count() == 0
         assert not errors, errors
-    finally:
-        context.close()

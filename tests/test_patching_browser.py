@@ -8,10 +8,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, new_page, wait_for_run
 from model_core.settings import BUNDLED_DECODER_ID
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.usefixtures("smollm2_converted")]
 
 if not CHROMIUM.exists():
     pytest.skip(CHROMIUM_MISSING, allow_module_level=True)
@@ -20,19 +20,8 @@ LINK = urlencode({"model": "pretrained", "model_id": BUNDLED_DECODER_ID})
 TIMEOUT_S = 600
 
 
-@pytest.fixture(scope="module", autouse=True)
-def converted():
-    from model_core.models.bundled import ensure_bundled_decoder
-
-    ensure_bundled_decoder()
-
-
 def test_stop_keeps_a_partial_grid(app_url, browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1600})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
+    with new_page(browser) as (page, errors):
         page.goto(f"{app_url}/patching?{LINK}", wait_until="domcontentloaded")
         wait_for_run(page, TIMEOUT_S, text="Attribution patching (estimate)")  # the page's first figure
         run = page.get_by_role("button", name="Run exact patching")
@@ -56,18 +45,12 @@ def test_stop_keeps_a_partial_grid(app_url, browser):
         assert "layer=1" in page.url and "head=2" in page.url
         assert "When Mary and John" in page.locator('section[data-testid="stSidebar"] textarea').first.input_value()
         assert not errors, errors
-    finally:
-        context.close()
 
 
 def test_stop_keeps_the_pairs_finished_of_a_dataset(app_url, browser):
     """The dataset mode, as a user reaches it: pick it, Run mean patching on the default generator's 8 pairs, Stop
     after the first pair: the pairs finished are averaged and said so, and Run again patches every pair."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1600})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
+    with new_page(browser) as (page, errors):
         page.goto(f"{app_url}/patching?{LINK}", wait_until="domcontentloaded")
         wait_for_run(page, TIMEOUT_S, text="Attribution patching (estimate)")
         mode = page.locator('[data-testid="stRadio"]').filter(has_text="Patch")
@@ -84,8 +67,6 @@ def test_stop_keeps_the_pairs_finished_of_a_dataset(app_url, browser):
         assert page.get_by_role("button", name="Run mean patching (8 pairs)").count() == 1
         assert page.locator('[data-testid="stException"]').count() == 0
         assert not errors, errors
-    finally:
-        context.close()
 
 
 def _click_head(page, title: str, *, layer: int, head: int, n_layers: int, n_heads: int) -> None:

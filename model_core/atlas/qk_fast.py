@@ -48,6 +48,21 @@ def _t(array: Any) -> torch.Tensor:
     return torch.from_numpy(np.array(array, dtype=np.float64))
 
 
+def constants(lw: Any, head: int, kv: int, pre_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The constant parts of a head's query and key before the rotary embedding: the pre-norm's β through W_Q / W_K
+    (``pre_norm``), b_Q and b_K. Shape: -> (d_head,), (d_head,) float64 (zeros where the model has none)."""
+    q_const = torch.zeros(lw.W_Q.shape[-1], dtype=F64)
+    k_const = torch.zeros(lw.W_K.shape[-1], dtype=F64)
+    if pre_norm and lw.ln1_b is not None:
+        q_const = q_const + lw.ln1_b.to(F64) @ lw.W_Q[head].to(F64)
+        k_const = k_const + lw.ln1_b.to(F64) @ lw.W_K[kv].to(F64)
+    if lw.b_Q is not None:
+        q_const = q_const + lw.b_Q[head].to(F64)
+    if lw.b_K is not None:
+        k_const = k_const + lw.b_K[kv].to(F64)
+    return q_const, k_const
+
+
 class TextSplit:
     """One text's full trace, ready to split any head's score at any (query, key) above the row mean."""
 
@@ -135,15 +150,7 @@ class TextSplit:
         key_side = torch.cat([torch.einsum("cjd,jd->c", g[:, keys_at], b) for g in parts])
         if has_bias:
             b_o = sum((w.b_O.to(F64) for w in self.weights[:layer] if w.b_O is not None), torch.zeros_like(gain))
-            q_const = torch.zeros(lw.W_Q.shape[-1], dtype=F64)
-            k_const = torch.zeros(lw.W_K.shape[-1], dtype=F64)
-            if lw.ln1_b is not None:
-                q_const = q_const + lw.ln1_b.to(F64) @ lw.W_Q[head].to(F64)
-                k_const = k_const + lw.ln1_b.to(F64) @ lw.W_K[kv].to(F64)
-            if lw.b_Q is not None:
-                q_const = q_const + lw.b_Q[head].to(F64)
-            if lw.b_K is not None:
-                k_const = k_const + lw.b_K[kv].to(F64)
+            q_const, k_const = constants(lw, head, kv)
             q_bias = b_o @ a + q_const @ u_back
             k_bias = (b @ b_o).sum() + (w_bar[:, None] * r).sum(0) @ k_const
             query_side = torch.cat([query_side, q_bias[None]])

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_core.atlas.qk_fast import constants
 from model_core.families.hooked import run_with_hooks
 from model_core.families.weights import layer_weights
 from model_core.qk.frozen import on_cpu, window
@@ -128,15 +129,7 @@ class TextPass(PartsPass):
             b = pulled(lw.W_K[kv], q)[None] * (w_bar * inv[visible])[:, None]  # (keys, d_model)
             query_side = parts[:, query] @ a  # (C,): the components, then the constant part if any
             key_side = torch.einsum("cjd,jd->c", parts[:, visible], b)
-            q_const = torch.zeros(lw.W_Q.shape[-1], dtype=F64)
-            k_const = torch.zeros(lw.W_K.shape[-1], dtype=F64)
-            if pre and lw.ln1_b is not None:
-                q_const = q_const + lw.ln1_b.to(F64) @ lw.W_Q[head].to(F64)
-                k_const = k_const + lw.ln1_b.to(F64) @ lw.W_K[kv].to(F64)
-            if lw.b_Q is not None:
-                q_const = q_const + lw.b_Q[head].to(F64)
-            if lw.b_K is not None:
-                k_const = k_const + lw.b_K[kv].to(F64)
+            q_const, k_const = constants(lw, head, kv, pre)
             consts = lw.b_Q is not None or lw.b_K is not None or (pre and lw.ln1_b is not None)
             if consts:
                 q_bias = q_const @ u
