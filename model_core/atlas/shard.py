@@ -15,9 +15,10 @@ import torch
 
 from model_core.atlas.keys import LISTS, N_PROFILE
 from model_core.atlas.scan import BatchMasks, BatchScan, batch_scan, layer_scan, merge_blocks
+from model_core.atlas.store import Scanned
 from model_core.compact.build import layer_masks_of
 from model_core.compact.trace import QUERY_BLOCK
-from model_core.corpus.batches import DEFAULT_CELL_BUDGET, LongPolicy, encode_texts, pad_batch, plan_batches
+from model_core.corpus.batches import DEFAULT_CELL_BUDGET, LongPolicy, pad_batch, plan_batches, shard_texts
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.gate import GATE
 from model_core.kernel import apply_mask, attention_scores, weights_from_scores
@@ -28,24 +29,15 @@ pass holds every layer's (head, pos, pos) weights at once, 18 GB for SmolLM2 at 
 
 
 @dataclass(frozen=True)
-class ShardResult:
-    """One shard's atlas numbers, texts in text-id order.
+class ShardResult(Scanned):
+    """One shard's atlas numbers, texts in text-id order (``Scanned``'s arrays, of this shard's texts), its index
+    among the shards and how long it took.
 
-    Shape: best_w (text, list, layer, head) float32, NaN where a text has no candidate pair (skipped, or too short);
-    best_q, best_k the same shape, int32 (-1 there); sums (layer, head, profile) float64 summed over the shard's texts;
-    rows (3,) int64 (``BatchScan.rows`` summed); n_tokens, truncated, skipped (text,).
+    best_w is NaN where a text has no candidate pair (skipped, or too short); best_q, best_k -1 there; sums and rows
+    are summed over the shard's texts (``BatchScan.rows``).
     """
 
-    index: int
-    text_ids: np.ndarray
-    n_tokens: np.ndarray
-    truncated: np.ndarray
-    skipped: np.ndarray
-    best_w: np.ndarray
-    best_q: np.ndarray
-    best_k: np.ndarray
-    sums: np.ndarray
-    rows: np.ndarray
+    index: int = 0
     seconds: float = 0.0
 
 
@@ -66,21 +58,14 @@ def process_shard(model: LoadedCorpusModel, index: int, first_id: int, texts: li
     ``on_batch(n)`` is called after each batch with the number of this shard's texts done so far.
     """
     start = time.perf_counter()
-    limit = min(max_tokens, model.max_positions)
-    encoded, skipped = encode_texts(model.tokenizer, texts, first_id, limit, long, model.family)
+    encoded, n_tokens, truncated, skip = shard_texts(model, texts, first_id, max_tokens, long)
     n, shape = len(texts), (len(texts), len(LISTS), model.n_layers, model.n_heads)
     best_w = np.full(shape, np.nan, dtype=np.float32)
     best_q = np.full(shape, -1, dtype=np.int32)
     best_k = np.full(shape, -1, dtype=np.int32)
     sums = np.zeros((model.n_layers, model.n_heads, N_PROFILE))
     rows = np.zeros(3, dtype=np.int64)
-    n_tokens = np.zeros(n, dtype=np.int32)
-    truncated = np.zeros(n, dtype=bool)
-    skip = np.zeros(n, dtype=bool)
-    for text_id, length in skipped:
-        skip[text_id - first_id] = True
-        n_tokens[text_id - first_id] = length
-    done = len(skipped)
+    done = int(skip.sum())
     short = [t for t in encoded if len(t.ids) < LONG_FROM]
     batches = plan_batches(short, batch_size, model.n_layers * model.n_heads, cell_budget) + \
         [[t] for t in encoded if len(t.ids) >= LONG_FROM]
@@ -99,8 +84,8 @@ def process_shard(model: LoadedCorpusModel, index: int, first_id: int, texts: li
         if on_batch is not None:
             done += len(batch)
             on_batch(done)
-    return ShardResult(index, np.arange(first_id, first_id + n, dtype=np.int64), n_tokens, truncated, skip, best_w,
-                       best_q, best_k, sums, rows, time.perf_counter() - start)
+    return ShardResult(np.arange(first_id, first_id + n, dtype=np.int64), n_tokens, truncated, skip, best_w, best_q,
+                       best_k, sums, rows, index=index, seconds=time.perf_counter() - start)
 
 
 def _scan_batch(model: LoadedCorpusModel, batch: list) -> BatchScan:

@@ -184,6 +184,23 @@ def batch_stats(model: LoadedCorpusModel, batch: list[EncodedText], sample: Samp
     return out, picked
 
 
+def shard_texts(model: LoadedCorpusModel, texts: list[tuple[str, str | None]], first_id: int, max_tokens: int,
+                long: LongPolicy) -> tuple[list[EncodedText], np.ndarray, np.ndarray, np.ndarray]:
+    """A shard's texts tokenised within ``max_tokens`` (and the model's positions), and per text its token count,
+    whether it was truncated (filled in by the caller as its batches run), whether it was skipped (a skipped text's
+    count is its full length). Shape: (text,)."""
+    limit = min(max_tokens, model.max_positions)
+    encoded, skipped = encode_texts(model.tokenizer, texts, first_id, limit, long, model.family)
+    n = len(texts)
+    n_tokens = np.zeros(n, dtype=np.int32)
+    truncated = np.zeros(n, dtype=bool)
+    skip = np.zeros(n, dtype=bool)
+    for text_id, length in skipped:
+        skip[text_id - first_id] = True
+        n_tokens[text_id - first_id] = length
+    return encoded, n_tokens, truncated, skip
+
+
 def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: list[tuple[str, str | None]], *,
                   batch_size: int = 64, max_tokens: int = 512, long: LongPolicy = "truncate",
                   cell_budget: int = DEFAULT_CELL_BUDGET,
@@ -195,17 +212,10 @@ def process_chunk(model: LoadedCorpusModel, index: int, first_id: int, texts: li
     ``sample`` names this shard's sampled tokens; ``qk``/``hidden`` say which of their vectors to keep.
     """
     start = time.perf_counter()
-    limit = min(max_tokens, model.max_positions)
-    encoded, skipped = encode_texts(model.tokenizer, texts, first_id, limit, long, model.family)
+    encoded, n_tokens, truncated, skip = shard_texts(model, texts, first_id, max_tokens, long)
     n = len(texts)
     stats = np.full((n, N_STATS, model.n_layers, model.n_heads), np.nan, dtype=np.float32)
-    n_tokens = np.zeros(n, dtype=np.int32)
-    truncated = np.zeros(n, dtype=bool)
-    skip = np.zeros(n, dtype=bool)
-    for text_id, length in skipped:
-        skip[text_id - first_id] = True
-        n_tokens[text_id - first_id] = length
-    done = len(skipped)
+    done = int(skip.sum())
     picked: list[dict[str, np.ndarray]] = []
     for batch in plan_batches(encoded, batch_size, model.n_layers * model.n_heads, cell_budget):
         rows = [t.text_id - first_id for t in batch]
