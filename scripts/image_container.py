@@ -208,6 +208,9 @@ def check_memory(report: Report, box: Container, browser) -> None:
     try:
         page.goto(f"{box.url}/heatmaps?a={urllib.parse.quote(LONG_TEXT)}&b=&truncate=true", wait_until="domcontentloaded")
         wait_for_run(page, 300)
+        page.wait_for_function(  # the sidebar's model line is drawn once the trace is: wait for it, not a quiet spell
+            "() => /[\\d,]+ tokens\\b/.test((document.querySelector('section[data-testid=\"stSidebar\"]') || "
+            "{innerText: ''}).innerText)", timeout=300_000)
         sidebar = page.locator('section[data-testid="stSidebar"]').inner_text()
         tokens = re.search(r"([\d,]+) tokens\b", sidebar).group(1)  # "… · 512 tokens · float32"
     except Exception as exc:  # noqa: BLE001
