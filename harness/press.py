@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 from urllib.parse import parse_qs, urlsplit
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from harness.browser import IDLE_JS, RUN_TIMEOUT_S, ScriptRuns, app_pages, nav_to, wait_for_run
@@ -38,6 +39,8 @@ MODEL_PARAMS = ("model", "model_id", "weights", "causal", "norm_placement", "num
                 "num_attention_heads", "hidden_size")
 """The link's parameters that name the model (the app writes those not at their default)."""
 
+OPEN_EXPANDERS_JS = """() => document.querySelectorAll(
+  '[data-testid="stMain"] [data-testid="stExpander"] details:not([open]) > summary').forEach(s => s.click())"""
 # Every pressable element in the main area, in page order, tagged with data-ae-press so that Python can click the
 # one it picked; collapsed expanders are opened first (their content is hidden until then). A tab or a radio option
 # already selected is not pressed (pressing it does nothing); it is once another is picked.
@@ -137,8 +140,10 @@ class Presser:
     """Presses everything on every page of one browser page (one session) of the app served with log ``log_path``."""
 
     def __init__(self, page, runs: ScriptRuns, start_url: str, log_path=None, run_timeout_s: float = RUN_TIMEOUT_S,
-                 progress=None) -> None:
+                 progress=None, on_open: Callable[[object, str], list[str]] | None = None) -> None:
         self.page = page
+        # What a test checks of each page as it opens, before any press (``drew_or_said``): problems, or [].
+        self.on_open = on_open
         self.start_url = start_url
         # The model the pass is about, as the app's link says it once the start link has opened (set by ``start``):
         # a press that switches the sidebar to another model ("Use SmolLM2") is undone before the next press, so
@@ -246,9 +251,15 @@ class Presser:
         self.check(f"{title}: open")
 
     def press_page(self, title: str) -> None:
-        """Open ``title`` and press everything on it once, in order."""
+        """Open ``title`` (with the test's ``on_open`` check) and press everything on it once, in order."""
         t0 = time.monotonic()
         self.open(title)
+        for problem in self.on_open(self.page, title) if self.on_open is not None else []:
+            self.report.failures.append(f"{title}: open: {problem}")
+        self._press_all(title)
+        self.report.seconds[title] = time.monotonic() - t0
+
+    def _press_all(self, title: str) -> None:
         path = self.page.url.split("?")[0]
         pressed: set[str] = set()
         for _ in range(MAX_PRESSES_PER_PAGE):
@@ -280,14 +291,13 @@ class Presser:
                 self.open(title)
         else:
             self.report.notes.append(f"{title}: stopped at {MAX_PRESSES_PER_PAGE} presses")
-        self.report.seconds[title] = time.monotonic() - t0
 
 
 def press_everything(page, runs: ScriptRuns, start_url: str, log_path=None, titles: list[str] | None = None,
-                     progress=None) -> PressReport:
+                     progress=None, on_open: Callable[[object, str], list[str]] | None = None) -> PressReport:
     """Open ``start_url`` (the app with the model in its query), then press everything on every page of PAGES (or
-    ``titles``), each opened from the navigation; the report of it all."""
-    presser = Presser(page, runs, start_url, log_path, progress=progress)
+    ``titles``), each opened from the navigation and checked by ``on_open``; the report of it all."""
+    presser = Presser(page, runs, start_url, log_path, progress=progress, on_open=on_open)
     presser.start()
     for title in titles or [title for _, title in app_pages()]:
         presser.press_page(title)
@@ -301,12 +311,29 @@ def press_server(folder):
     return AppServer(folder / "server.log", extra_env={**PRESS_ENV, "AE_CORPUS_DIR": str(folder / "runs")})
 
 
-def press_in_a_new_tab(browser, server, start_url: str) -> PressReport:
+FIGURES = ('[data-testid="stMain"] .main-svg, [data-testid="stMain"] iframe, '
+           '[data-testid="stMain"] img, [data-testid="stMain"] canvas')
+DRAW_S = 30
+"""After a page's run, how long the browser may take to draw what it received (Plotly, a corpus page's grids)."""
+
+
+def drew_or_said(page, title: str) -> list[str]:
+    """An ``on_open`` check: the page drew a figure, or said in a note why it draws none."""
+    shown = page.locator(f'{FIGURES}, [data-testid="stAlertContentInfo"]').first
+    try:
+        shown.wait_for(timeout=DRAW_S * 1000)
+    except Exception:  # noqa: BLE001 - a Playwright timeout: reported below as what is missing
+        return [f"drew no figure and said nothing in {DRAW_S} s"]
+    return []
+
+
+def press_in_a_new_tab(browser, server, start_url: str,
+                       on_open: Callable[[object, str], list[str]] | None = None) -> PressReport:
     """``press_everything`` in a fresh 1400 x 1000 browser context on ``server``, each press's time printed."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     runs = ScriptRuns(page)
     try:
-        return press_everything(page, runs, start_url, server.log_path, progress=print)
+        return press_everything(page, runs, start_url, server.log_path, progress=print, on_open=on_open)
     finally:
         context.close()

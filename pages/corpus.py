@@ -56,8 +56,9 @@ ctx = get_context()
 settings = ctx.settings
 how_to_read(
     "One sentence is noise; a corpus shows what a head does. Every text runs through the sidebar's model, in "
-    "padded, length-sorted batches, and each head's **Head statistics** (entropy; share to [CLS], [SEP], "
-    "punctuation, self, previous and next token; A→B and B→A for pairs) are kept **per text**. The grid shows "
+    "padded, length-sorted batches, and each head's **Head statistics** (entropy; share to the first token "
+    "([CLS] in an encoder), the special tokens ([SEP]), punctuation, self, previous and next token; A→B and B→A for "
+    "pairs) are kept **per text**. The grid shows "
     "their **mean over texts** (each text counts once) or their **standard deviation**. The **pattern type** sorts "
     "heads into vertical, diagonal, block and heterogeneous with the thresholds shown below it: a heuristic after "
     "Kovaleva et al., not their classifier. **Click a head** for the texts where its statistic is highest and "

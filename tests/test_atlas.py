@@ -246,6 +246,23 @@ def test_show_json_prints_exactly_the_issues_keys(decoder, capsys):
     assert "layers 0..1" in capsys.readouterr().err
 
 
+def test_a_card_opens_from_its_own_file_and_an_atlas_without_them_still_opens(decoder, tmp_path):
+    import shutil
+
+    from model_core.atlas.store import card_path
+
+    folder = decoder["run"].path
+    everything = json.loads((folder / "heads.json").read_text(encoding="utf-8"))["heads"]
+    assert card_path(folder, 1, 2).is_file()
+    fresh = open_atlas(folder)
+    assert fresh.card(1, 2) == everything[1 * fresh.shape[1] + 2]
+    assert fresh._heads is None  # heads.json was not read for one card
+    older = tmp_path / "older"  # an atlas written before the per-head files
+    shutil.copytree(folder, older)
+    shutil.rmtree(older / "cards")
+    assert open_atlas(older).card(1, 2) == fresh.card(1, 2)
+
+
 def test_a_stopped_atlas_keeps_its_shards_and_a_rerun_continues_to_the_same_cards(decoder, tmp_path):
     class Stop(Exception):
         pass

@@ -1,7 +1,8 @@
 """Every page of app.py's PAGES in headless Chromium: it finishes, draws a figure, shows no error.
 
 The app starts as ``make run`` starts it (``.venv/bin/streamlit run app.py``), headless on a free
-port. Screenshots go to ``$AE_SCREENSHOT_DIR`` (default: a pytest temporary folder). Requests
+port. With ``$AE_SCREENSHOT_DIR`` set, each page is also shot there at its full height (the picture costs the
+browser seconds a page, so a plain run takes none). Requests
 that leave 127.0.0.1 are recorded in ``outside_requests.json`` there and reported as a warning,
 not a failure: the zero-outside-requests test lives elsewhere.
 """
@@ -18,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, ROOT, app_pages, nav_to, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, app_pages, nav_to, wait_for_run
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PAGE_TIMEOUT_S = 180
@@ -50,20 +51,23 @@ def _url_path(page: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def screenshot_dir() -> Path:
+def screenshot_dir() -> Path | None:
     folder = os.environ.get("AE_SCREENSHOT_DIR")
-    path = Path(folder) if folder else ROOT / "screenshots"  # git-ignored
+    if not folder:
+        return None
+    path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 @pytest.fixture(scope="module")
-def outside_requests(screenshot_dir):
+def outside_requests(screenshot_dir, tmp_path_factory):
     """page -> URLs it requested outside 127.0.0.1; written out and warned about at the end."""
     seen: dict[str, list[str]] = {}
     yield seen
     outside = {page: sorted(set(urls)) for page, urls in seen.items() if urls}
-    (screenshot_dir / "outside_requests.json").write_text(json.dumps(outside, indent=2))
+    folder = screenshot_dir or tmp_path_factory.mktemp("smoke")
+    (folder / "outside_requests.json").write_text(json.dumps(outside, indent=2))
     if outside:
         warnings.warn(f"requests leaving 127.0.0.1: {json.dumps(outside)}", stacklevel=1)
 
@@ -107,12 +111,13 @@ def test_page_renders_in_chromium(page_file, title, app_url, browser, screenshot
             page.wait_for_selector(drawn, state="attached", timeout=30_000)
         except Exception:  # noqa: BLE001 - the assertion below says what is missing
             pass
-        page.wait_for_timeout(1000)  # let plotly finish laying out before the screenshot
-        # Streamlit scrolls inside stMain, not the window: grow the window to the content for one picture.
-        height = page.evaluate(SCROLL_HEIGHT_JS)
-        page.set_viewport_size({"width": 1400, "height": min(int(height) + 100, 16000)})
-        page.wait_for_timeout(1500)
-        page.screenshot(path=str(screenshot_dir / f"{Path(page_file).stem}.png"), full_page=True)
+        if screenshot_dir is not None:
+            page.wait_for_timeout(1000)  # let plotly finish laying out before the screenshot
+            # Streamlit scrolls inside stMain, not the window: grow the window to the content for one picture.
+            height = page.evaluate(SCROLL_HEIGHT_JS)
+            page.set_viewport_size({"width": 1400, "height": min(int(height) + 100, 16000)})
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(screenshot_dir / f"{Path(page_file).stem}.png"), full_page=True)
 
         exceptions = page.locator('[data-testid="stException"]')
         assert exceptions.count() == 0, exceptions.all_inner_texts()

@@ -43,16 +43,18 @@ def vocabulary_subset(tokenizer: Any, vocab_size: int, top_n: int = TOP_N) -> np
     return np.asarray(ids[:top_n], dtype=np.int64)
 
 
-def folded_unembedding(model: Any) -> torch.Tensor | None:
+def folded_unembedding(model: Any, rows: torch.Tensor | None = None) -> torch.Tensor | None:
     """W_U with the final norm's gain (and a LayerNorm's centring) folded in, float64 on the CPU; None for a model
-    without an unembedding. Shape: -> (vocab, d_model)."""
+    without an unembedding. ``rows``: only these tokens' rows (the whole vocabulary in float64 is 226 MB for SmolLM2).
+    Shape: -> (vocab or len(rows), d_model)."""
     family = family_of(model)
     if not family.is_decoder:
         return None
     head = model.get_output_embeddings()
     if head is None:
         return None
-    w_u = head.weight.detach().to("cpu", torch.float64)
+    w_u = head.weight.detach()
+    w_u = (w_u if rows is None else w_u[rows.to(w_u.device)]).to("cpu", torch.float64)
     norm = family.final_norm(model)
     if norm is not None:
         probe = torch.randn(w_u.shape[1], generator=torch.Generator().manual_seed(0))
@@ -69,13 +71,15 @@ def copying_scores(model: Any, tokenizer: Any = None, top_n: int = TOP_N) -> np.
 
     Shape: -> (layer, head) float64.
     """
-    w_u = folded_unembedding(model)
-    if w_u is None:
-        return None
     family = family_of(model)
-    w_e = family.embed_parts(model).embed.weight.detach().to("cpu", torch.float64)
-    ids = torch.as_tensor(vocabulary_subset(tokenizer, min(w_e.shape[0], w_u.shape[0]), top_n))
-    gram = w_u[ids].T @ w_e[ids]  # (d_model, d_model): W_U[S]^T W_E[S]
+    head = model.get_output_embeddings() if family.is_decoder else None
+    if head is None:
+        return None
+    embed = family.embed_parts(model).embed.weight.detach()
+    ids = torch.as_tensor(vocabulary_subset(tokenizer, min(embed.shape[0], head.weight.shape[0]), top_n))
+    w_u = folded_unembedding(model, ids)  # (S, d_model)
+    w_e = embed[ids.to(embed.device)].to("cpu", torch.float64)
+    gram = w_u.T @ w_e  # (d_model, d_model): W_U[S]^T W_E[S]
     weights = [on_cpu(lw) for lw in layer_weights(model)]
     heads = fold_heads(weights, torch.float64)
     w_v = heads.W_V.flatten(0, 1)[heads.head_kv()]  # (layer * head, d_model, d_head)

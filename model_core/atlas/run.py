@@ -183,7 +183,7 @@ def run_atlas(corpus: Corpus, model: CorpusModel, out: str | Path, *, options: A
     cards_start = time.perf_counter()
     heads = build_cards(loaded, corpus, store.read_parts(out, n_layers, n_heads), options, circuit=circuit,
                         rules=rules, progress=lambda n, total: tick("cards", n, total))
-    store.write_json(out / store.HEADS, {"heads": heads})
+    store.write_cards(out, heads)
     manifest["finished"] = True
     manifest["timings"]["cards_s"] = round(time.perf_counter() - cards_start, 3)
     store.write_json(out / store.MANIFEST, manifest)

@@ -6,6 +6,8 @@ Layout::
     ATLAS/parts/part-00000.npz       one shard: text_ids, n_tokens, truncated, skipped, best_w/best_q/best_k
                                      (text, list, layer, head), sums (layer, head, profile), rows (3,)
     ATLAS/heads.json                 {"heads": [card, ...]}: every head's card, layer-major (written at the end)
+    ATLAS/cards/L{layer}H{head}.json one head's card alone (written before heads.json), so that opening one head
+                                     reads kilobytes, not every card
 
 Each part is written atomically once its shard is done, so an interrupted atlas keeps every finished shard and a
 rerun on the same model and texts continues from them.
@@ -29,6 +31,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PARTS = "parts"
 HEADS = "heads.json"
+CARDS = "cards"
 PART_ARRAYS = ("text_ids", "n_tokens", "truncated", "skipped", "best_w", "best_q", "best_k", "sums", "rows")
 SHOW_KEYS = ("layer", "head", "summary", "top_contexts", "top_contexts_no_sink", "deciles", "profile", "qk",
              "copying_score", "promoted_tokens", "roles", "composition")
@@ -44,6 +47,18 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, ensure_ascii=False, allow_nan=False), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def card_path(folder: Path, layer: int, head: int) -> Path:
+    return Path(folder) / CARDS / f"L{layer}H{head}.json"
+
+
+def write_cards(folder: Path, heads: list[dict[str, Any]]) -> None:
+    """Every head's card in its own file, then all of them in ``HEADS`` (whose presence says the cards are done)."""
+    (Path(folder) / CARDS).mkdir(exist_ok=True)
+    for card in heads:
+        write_json(card_path(folder, card["layer"], card["head"]), card)
+    write_json(Path(folder) / HEADS, {"heads": heads})
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -158,6 +173,10 @@ class AtlasRun:
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
             raise ValueError(f"Head {layer}.{head} does not exist: this atlas has layers 0..{n_layers - 1} and heads "
                              f"0..{n_heads - 1} (write --head L.H).")
+        if self._heads is None and (self.path / HEADS).exists():
+            own = card_path(self.path, layer, head)
+            if own.exists():  # an atlas written before the per-head files reads heads.json
+                return json.loads(own.read_text(encoding="utf-8"))
         return self.heads[layer * n_heads + head]
 
     def show(self, layer: int, head: int) -> dict[str, Any]:

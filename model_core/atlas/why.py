@@ -29,6 +29,10 @@ from model_core.families.weights import layer_weights
 from model_core.gate import GATE
 from model_core.qk.terms import component_names, qk_pass_for_trace
 
+CARD_CELL_BUDGET = 2**23
+"""Attention cells per batch of ``text_arrays`` (a quarter of a corpus batch's): every text's whole trace is copied to
+the host, so a batch costs about 5x its weights' 34 MB (two 128-token SmolLM2 texts), held beside the pass's own."""
+
 Context = tuple[int, int, int]
 """(text_id, query, key)."""
 
@@ -91,7 +95,7 @@ def text_arrays(loaded: LoadedCorpusModel, texts: list[EncodedText]) -> Iterator
     arrays (right padding changes nothing for the real tokens: a decoder's never see the pads, an encoder's mask
     hides them). Yields (text_id, arrays) in batch order."""
     kv = torch.as_tensor(loaded.family.kv_heads(loaded.module.config), device=loaded.device)
-    for batch in plan_batches(texts, 16, loaded.n_layers * loaded.n_heads):
+    for batch in plan_batches(texts, 16, loaded.n_layers * loaded.n_heads, CARD_CELL_BUDGET):
         with GATE.turn():  # the pass and its copy to the host, as one turn of the route's gate
             ids, types, mask, _ = pad_batch(batch, loaded.tokenizer.pad_token_id or 0, loaded.device)
             out = loaded.family.forward(loaded.module, ids, types, mask, vectors=True, hidden=True)
@@ -100,12 +104,18 @@ def text_arrays(loaded: LoadedCorpusModel, texts: list[EncodedText]) -> Iterator
             weights, queries = host(out.weights), host(out.queries)
             keys, values = host(out.keys, True), host(out.values, True)
             hidden = torch.stack(list(out.hidden), 1).to("cpu", torch.float32).numpy()
-        for row, text in enumerate(batch):
-            m = len(text.ids)
-            yield text.text_id, TextArrays(
+            softcap = getattr(out, "score_softcap", None)
+            del out  # the pass's own tensors: on the CPU the host arrays above are copies of them
+            # each text's own copy, the batch's arrays let go: while the next batch runs, only the text the caller
+            # still holds is alive, not the whole batch twice
+            cut = [(text.text_id, TextArrays(
                 np.asarray(text.ids, dtype=np.int64), np.asarray(text.types, dtype=np.int64),
-                weights[row, :, :, :m, :m], queries[row, :, :, :m], keys[row, :, :, :m], values[row, :, :, :m],
-                hidden[row, :, :m], loaded.family.is_decoder, getattr(out, "score_softcap", None))
+                *(a[row, ..., :m, :m].copy() if a is weights else a[row, ..., :m, :].copy()
+                  for a in (weights, queries, keys, values, hidden)), loaded.family.is_decoder, softcap))
+                for row, text in enumerate(batch) for m in [len(text.ids)]]
+            del weights, queries, keys, values, hidden
+        while cut:
+            yield cut.pop(0)
 
 
 def _unembedding(loaded: LoadedCorpusModel) -> torch.Tensor | None:

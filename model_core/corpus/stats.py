@@ -218,7 +218,8 @@ class PatternRules:
     def describe(self) -> list[tuple[str, str]]:
         """(type, rule) rows for a table on the page."""
         return [
-            ("vertical", f"share to [CLS] + [SEP] + punctuation ≥ {self.vertical:g}"),
+            ("vertical", f"share to the first token ([CLS] in an encoder) + the special tokens ([SEP]) + "
+                         f"punctuation ≥ {self.vertical:g}"),
             ("diagonal", f"share to previous + self + next token ≥ {self.diagonal:g}"),
             ("block", f"pairs only: share to the other sentence (mean of A→B, B→A) ≤ {self.block:g}"),
             ("heterogeneous", "none of the above"),
