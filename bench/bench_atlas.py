@@ -114,9 +114,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--qk-contexts", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (default 1: on a shared machine two threads spin-wait for each other "
-                             "over the atlas's many small operations; 0 keeps torch's default)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (default 0: torch's own, every core; 1 on a busy shared machine, where "
+                             "two threads spin-wait for each other)")
     parser.add_argument("--join", type=int, default=1,
                         help="run this many consecutive demo texts together into one (12: about 120 tokens a text)")
     parser.add_argument("--only-qk", action="store_true", help="skip the run without the QK part")
