@@ -263,6 +263,24 @@ def test_a_card_opens_from_its_own_file_and_an_atlas_without_them_still_opens(de
     assert open_atlas(older).card(1, 2) == fresh.card(1, 2)
 
 
+def test_an_atlas_over_the_memory_limit_is_refused_before_its_first_pass(decoder, tmp_path, monkeypatch, capsys):
+    from model_core.cli.main import main
+    from model_core.models.run_memory import RunMemoryError
+
+    monkeypatch.setenv("AE_RUN_MEMORY_MB", "50")
+    with pytest.raises(RunMemoryError, match=r"An atlas of texts up to 128 tokens would need about [\d,]+ MB.*"
+                                             r"limit of 50 MB.*Lower --max-tokens"):
+        run_atlas(CORPUS, decoder["model"], tmp_path / "a", options=AtlasOptions(), loaded=decoder["loaded"])
+    assert not (tmp_path / "a" / "parts").exists()
+    folder = str(decoder["root"] / "llama")
+    args = ["atlas", "--model", "pretrained", "--model-id", folder, "--corpus", "demo", "--limit", "3", "--quiet",
+            "--out", str(tmp_path / "b")]
+    assert main([*args, "--run-memory-mb", "60"]) == 1  # the flag is the command's limit
+    assert "limit of 60 MB" in capsys.readouterr().err
+    monkeypatch.delenv("AE_RUN_MEMORY_MB")
+    assert main([*args, "--max-tokens", "64"]) == 0 and open_atlas(tmp_path / "b").complete
+
+
 def test_a_stopped_atlas_keeps_its_shards_and_a_rerun_continues_to_the_same_cards(decoder, tmp_path):
     class Stop(Exception):
         pass

@@ -25,11 +25,13 @@ from model_core.atlas.keys import LISTS, PROFILE_KEYS, ROW_KEYS
 from model_core.atlas.ov import TOP_N, copying_scores
 from model_core.atlas.shard import LONG_FROM, process_shard
 from model_core.atlas.summary import SummaryRules, kind_of, summarise
-from model_core.atlas.why import QKAverage, explain
-from model_core.corpus.batches import EncodedText, encode_texts
+from model_core.atlas.why import CARD_BATCH, CARD_CELL_BUDGET, QKAverage, explain
+from model_core.compact.trace import QUERY_BLOCK
+from model_core.corpus.batches import DEFAULT_CELL_BUDGET, EncodedText, encode_texts
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.corpus.sources import Corpus
 from model_core.models.memory import release_freed_memory
+from model_core.models.run_memory import atlas_bytes, check_run_memory, model_shape, run_memory_limit_mb
 from model_core.qk.composition import KINDS, composition_scores
 from model_core.roles.probes import SEQ_LEN, probe_inputs, probe_texts, usable_words, word_pool
 from model_core.roles.scores import PROBE_ROLES, role_scores
@@ -137,6 +139,7 @@ def run_atlas(corpus: Corpus, model: CorpusModel, out: str | Path, *, options: A
     if engine not in ("local", "ray"):
         raise ValueError(f"--engine must be 'local' or 'ray', got {engine!r}.")
     loaded = loaded if loaded is not None else model.load(device)
+    check_atlas_memory(loaded, options)
     n_layers, n_heads = loaded.n_layers, loaded.n_heads
     manifest = {
         "format": store.FORMAT, "format_version": store.FORMAT_VERSION, "complete": False, "finished": False,
@@ -188,6 +191,24 @@ def run_atlas(corpus: Corpus, model: CorpusModel, out: str | Path, *, options: A
     manifest["timings"]["cards_s"] = round(time.perf_counter() - cards_start, 3)
     store.write_json(out / store.MANIFEST, manifest)
     return store.open_atlas(out)
+
+
+def check_atlas_memory(loaded: LoadedCorpusModel, options: AtlasOptions) -> None:
+    """Refuse, before the first pass, an atlas whose peak (``run_memory.atlas_bytes`` at ``options.max_tokens``)
+    would pass ``AE_RUN_MEMORY_MB``.
+
+    Raises:
+        RunMemoryError (a ValueError): the estimate, the limit and what to lower.
+    """
+    tokens = min(options.max_tokens, loaded.max_positions)
+    short = min(tokens, LONG_FROM - 1)
+    per_text = short * short * loaded.n_layers * loaded.n_heads
+    estimate = atlas_bytes(model_shape(loaded.module), tokens,
+                           max(1, min(options.batch_size, DEFAULT_CELL_BUDGET // per_text)),
+                           max(1, min(CARD_BATCH, CARD_CELL_BUDGET // per_text)), long_from=LONG_FROM,
+                           block=QUERY_BLOCK)
+    check_run_memory(f"An atlas of texts up to {tokens:,} tokens", estimate, run_memory_limit_mb(),
+                     "Lower --max-tokens (the page's texts are cut at 128) or --batch-size.")
 
 
 # -- the cards ---------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ from model_core.families.weights import layer_weights
 from model_core.gate import GATE
 from model_core.qk.terms import component_names, qk_pass_for_trace
 
+CARD_BATCH = 16
+"""Texts per batch of ``text_arrays`` at most."""
 CARD_CELL_BUDGET = 2**23
 """Attention cells per batch of ``text_arrays`` (a quarter of a corpus batch's): every text's whole trace is copied to
 the host, so a batch costs about 5x its weights' 34 MB (two 128-token SmolLM2 texts), held beside the pass's own."""
@@ -95,7 +97,7 @@ def text_arrays(loaded: LoadedCorpusModel, texts: list[EncodedText]) -> Iterator
     arrays (right padding changes nothing for the real tokens: a decoder's never see the pads, an encoder's mask
     hides them). Yields (text_id, arrays) in batch order."""
     kv = torch.as_tensor(loaded.family.kv_heads(loaded.module.config), device=loaded.device)
-    for batch in plan_batches(texts, 16, loaded.n_layers * loaded.n_heads, CARD_CELL_BUDGET):
+    for batch in plan_batches(texts, CARD_BATCH, loaded.n_layers * loaded.n_heads, CARD_CELL_BUDGET):
         with GATE.turn():  # the pass and its copy to the host, as one turn of the route's gate
             ids, types, mask, _ = pad_batch(batch, loaded.tokenizer.pad_token_id or 0, loaded.device)
             out = loaded.family.forward(loaded.module, ids, types, mask, vectors=True, hidden=True)

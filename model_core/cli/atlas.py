@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options, print_error
+from model_core.cli.run_memory_flag import add_run_memory_flag, apply_run_memory_flag
 
 
 def add_atlas_parser(sub: Any) -> None:
@@ -55,6 +56,7 @@ def add_atlas_parser(sub: Any) -> None:
                    help="torch's CPU threads (default: torch's; 1 is faster on a machine other processes share: the "
                         "atlas runs many small operations whose threads otherwise wait for each other)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_run_memory_flag(p)
 
 
 def _head(text: str | None) -> tuple[int, int]:
@@ -138,6 +140,7 @@ def atlas_main(args: argparse.Namespace) -> int:
     from model_core.models.memory import fixed_mmap_threshold
 
     fixed_mmap_threshold()
+    apply_run_memory_flag(args)
     if args.threads is not None:
         import torch  # loaded by the run anyway; the thread count is set before the model loads
 

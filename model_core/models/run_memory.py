@@ -25,6 +25,11 @@ MARGIN = 1.1
 """The estimates' headroom over what they count: measured peaks on SmolLM2 came within 0-25% below them."""
 
 
+ATLAS_MARGIN = 1.35
+"""The atlas's headroom over what ``atlas_bytes`` counts: the 1,000-text SmolLM2 atlas peaked 1.3 times above it
+(the allocator's arenas and the cards' Python objects, besides the tensors)."""
+
+
 class RunMemoryError(ValueError):
     """A run whose estimated peak memory is over ``AE_RUN_MEMORY_MB``; the message names both and what to change."""
 
@@ -148,6 +153,36 @@ def trace_pass_bytes(shape: ModelShape, batch: int, tokens: int, *, keep_weights
     ``keep_weights`` every layer's weights (batch·L·H·T² float32) as the trace keeps them."""
     weights = 4 * batch * shape.n_layers * shape.n_heads * tokens * tokens if keep_weights else 0.0
     return OVERHEAD_MB * MB + forward_bytes(shape, batch, tokens) + weights
+
+
+def atlas_bytes(shape: ModelShape, tokens: int, scan_batch: int, card_batch: int, *, long_from: int,
+                block: int) -> float:
+    """An atlas run's peak (``model_core.atlas``): the larger of its three steps at texts of ``tokens`` tokens.
+
+    - the scan of texts under ``long_from`` tokens: a traced pass of ``scan_batch`` texts and its masks (three
+      batch·T² booleans);
+    - the cards' pass (``why.text_arrays``) of ``card_batch`` texts: the traced pass with its queries, keys, values
+      and hidden states, copied to the host and cut per text (twice), one text's float64 parts of every
+      layer's heads and MLP (8·L·(H + 1)·T·d), and each head's mean effect on every logit (8·L·H·vocab);
+    - a text of ``long_from`` tokens or more, scanned alone through the compact pass: one layer's activations,
+      every layer's queries and keys (4·L·(H + kv)·T·d_head), one block of ``block`` query rows (three float32
+      H·block·T copies) and the scan's masks (six T² booleans).
+    """
+    short = min(tokens, long_from - 1)
+    a = shape.act_bytes
+    scan = trace_pass_bytes(shape, scan_batch, short) + 3 * scan_batch * short * short
+    held = (shape.n_layers * shape.n_heads * short * (short + 3 * shape.d_head)
+            + (shape.n_layers + 1) * short * shape.d_model)  # numbers a text's card pass keeps
+    cards = (trace_pass_bytes(shape, card_batch, short) + 2 * 4 * card_batch * held
+             + 8 * shape.n_layers * (shape.n_heads + 1) * short * shape.d_model
+             + 8 * shape.n_layers * shape.n_heads * shape.vocab)
+    peak = max(scan, cards)
+    if tokens >= long_from:
+        n = tokens
+        compact = (a * n * (8 * shape.d_model + 3 * shape.d_ff) + 4 * shape.n_layers * (shape.n_heads + shape.n_kv_heads)
+                   * n * shape.d_head + 3 * 4 * shape.n_heads * block * n + 6 * n * n)
+        peak = max(peak, OVERHEAD_MB * MB + compact)
+    return ATLAS_MARGIN * peak
 
 
 def generation_bytes(shape: ModelShape, prompt: int, new_tokens: int) -> float:
