@@ -175,7 +175,7 @@ with sections[0]:
 with sections[1]:
     profile_section(card, layer, head)
 with sections[2]:
-    components_section(card)
+    components_section(card, int(run.manifest["options"]["qk_contexts"]))
 with sections[3]:
     writes_section(card)
 with sections[4]:

@@ -67,6 +67,21 @@ def test_an_atlas_folder_opens_on_the_focused_head_with_its_text_escaped(tmp_pat
     assert len(at.tabs) >= 6
 
 
+def test_a_head_whose_contexts_are_all_in_long_texts_says_why_it_has_no_qk_split(tmp_path, monkeypatch):
+    import model_core.atlas.run as atlas_run
+
+    monkeypatch.setattr(atlas_run, "LONG_FROM", 1)  # every text counts as long for the cards: none is split
+    texts = tuple((f"text {i} with some words, and more words.", None) for i in range(4))
+    run_atlas(Corpus("long", texts), CorpusModel.from_options("custom", **SMALL), tmp_path / "atlas",
+              options=AtlasOptions(chunk_size=4, qk_contexts=2), device="cpu")
+    at = _page(monkeypatch, tmp_path / "runs", atlas_source="folder", atlas_folder=str(tmp_path / "atlas"),
+               sel_layer=1, sel_head=0, **SIDEBAR)
+    at.run()
+    _clean(at)
+    assert any("No QK split for this head: its top contexts are all in texts of 513 tokens or more" in i.value
+               for i in at.info), [i.value for i in at.info]
+
+
 def test_a_server_cap_on_corpus_texts_caps_the_demo_atlas(tmp_path, monkeypatch):
     monkeypatch.setenv("AE_CORPUS_MAX_TEXTS", "12")
     at = _page(monkeypatch, tmp_path / "runs", **SIDEBAR)

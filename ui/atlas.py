@@ -14,6 +14,7 @@ import streamlit as st
 
 from attention_explorer.atlas import contexts_html, profile_figure
 from model_core.atlas import AtlasOptions, AtlasRun, AtlasRunError, open_atlas, run_atlas
+from model_core.atlas.shard import LONG_FROM
 from model_core.corpus import CorpusModel
 from model_core.settings import Settings, corpus_runs_dir
 from ui.analysis_widgets import show_figure
@@ -107,10 +108,18 @@ def profile_section(card: dict[str, Any], layer: int, head: int) -> None:
                + (f" Mean entropy {entropy:.2f} bits." if entropy is not None else ""))
 
 
-def components_section(card: dict[str, Any]) -> None:
+def components_section(card: dict[str, Any], asked: int) -> None:
+    """The QK split's top components; ``asked``: the atlas's contexts a head (its ``qk_contexts`` option)."""
     qk = card["qk"]
     if not qk:
-        st.info("No QK split for this head (the atlas ran with 0 contexts a head for it).")
+        if asked == 0:
+            why = "the atlas ran with 0 contexts a head"
+        elif not card["top_contexts_no_sink"]:
+            why = "it has no top context with a key after the first token"
+        else:
+            why = (f"its top contexts are all in texts of {LONG_FROM:,} tokens or more, whose full traces are too "
+                   "large to split; the split is taken in shorter texts only")
+        st.info(f"No QK split for this head: {why}.")
         return
     left, right = st.columns(2)
     for col, side, title in ((left, "query_side", "Query side"), (right, "key_side", "Key side")):
@@ -118,7 +127,8 @@ def components_section(card: dict[str, Any]) -> None:
         col.dataframe([{"component": name, "share of the score above the row mean": share}
                        for name, share in qk[side]], hide_index=True, use_container_width=True)
     st.caption(f"Averaged over the head's first {card.get('qk_contexts', 0)} top contexts (keys after the first "
-               "token): each component's part of the score above the mean score of the keys the query sees.")
+               f"token) in texts under {LONG_FROM:,} tokens: each component's part of the score above the mean score "
+               "of the keys the query sees.")
 
 
 def writes_section(card: dict[str, Any]) -> None:

@@ -201,7 +201,7 @@ def check_atlas_memory(loaded: LoadedCorpusModel, options: AtlasOptions) -> None
         RunMemoryError (a ValueError): the estimate, the limit and what to lower.
     """
     tokens = min(options.max_tokens, loaded.max_positions)
-    short = min(tokens, LONG_FROM - 1)
+    short = max(1, min(tokens, LONG_FROM - 1))
     per_text = short * short * loaded.n_layers * loaded.n_heads
     estimate = atlas_bytes(model_shape(loaded.module), tokens,
                            max(1, min(options.batch_size, DEFAULT_CELL_BUDGET // per_text)),
