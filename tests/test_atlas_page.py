@@ -51,14 +51,21 @@ def test_the_demo_atlas_runs_from_the_page_and_reopens_from_its_folder(tmp_path,
     assert (folders[0] / "heads.json").stat().st_mtime_ns == stamp
 
 
-def test_an_atlas_folder_opens_on_the_focused_head_with_its_text_escaped(tmp_path, monkeypatch):
-    texts = tuple((f"<b>bold</b> & text {i} with <script>x</script> words, words.", None) for i in range(8))
-    run_atlas(Corpus("html", texts), CorpusModel.from_options("custom", **SMALL), tmp_path / "atlas",
-              options=AtlasOptions(chunk_size=4, qk_contexts=1), device="cpu")
+def _folder_page(tmp_path: Path, monkeypatch, texts: tuple, qk_contexts: int, layer: int, head: int) -> AppTest:
+    """The page opened on an atlas folder of ``texts`` (the small chapter-3 encoder) with head (layer, head) focused,
+    after its run."""
+    run_atlas(Corpus("texts", texts), CorpusModel.from_options("custom", **SMALL), tmp_path / "atlas",
+              options=AtlasOptions(chunk_size=4, qk_contexts=qk_contexts), device="cpu")
     at = _page(monkeypatch, tmp_path / "runs", atlas_source="folder", atlas_folder=str(tmp_path / "atlas"),
-               sel_layer=1, sel_head=1, **SIDEBAR)
+               sel_layer=layer, sel_head=head, **SIDEBAR)
     at.run()
     _clean(at)
+    return at
+
+
+def test_an_atlas_folder_opens_on_the_focused_head_with_its_text_escaped(tmp_path, monkeypatch):
+    texts = tuple((f"<b>bold</b> & text {i} with <script>x</script> words, words.", None) for i in range(8))
+    at = _folder_page(tmp_path, monkeypatch, texts, 1, 1, 1)
     assert at.subheader[0].value == "Layer 1, head 1"
     page_html = " ".join(str(e.proto) for e in at.get("html"))
     assert "&lt;" in page_html and "&amp;" in page_html  # the text's own < and &, escaped
@@ -72,12 +79,7 @@ def test_a_head_whose_contexts_are_all_in_long_texts_says_why_it_has_no_qk_split
 
     monkeypatch.setattr(atlas_run, "LONG_FROM", 1)  # every text counts as long for the cards: none is split
     texts = tuple((f"text {i} with some words, and more words.", None) for i in range(4))
-    run_atlas(Corpus("long", texts), CorpusModel.from_options("custom", **SMALL), tmp_path / "atlas",
-              options=AtlasOptions(chunk_size=4, qk_contexts=2), device="cpu")
-    at = _page(monkeypatch, tmp_path / "runs", atlas_source="folder", atlas_folder=str(tmp_path / "atlas"),
-               sel_layer=1, sel_head=0, **SIDEBAR)
-    at.run()
-    _clean(at)
+    at = _folder_page(tmp_path, monkeypatch, texts, 2, 1, 0)
     assert any("No QK split for this head: its top contexts are all in texts of 513 tokens or more" in i.value
                for i in at.info), [i.value for i in at.info]
 
