@@ -101,7 +101,6 @@ def test_hostile_text_stays_text_and_nothing_leaves_the_origin(page_file, app_se
         assert not seen["outside"], f"requests outside the app's origin: {sorted(set(seen['outside']))}"
         assert seen["requests"], "the listener saw no request at all; it cannot be trusted"
     finally:
-        page.screenshot(path=f"/tmp/rel8_{Path(page_file).stem}.png", full_page=False)
         context.close()
 
 
