@@ -192,5 +192,5 @@ with d1:
                "atlas_csv")
 d2.download_button("The whole atlas (JSON)", lambda: json.dumps({"manifest": run.manifest, "heads": heads}),
                    file_name="atlas.json", mime="application/json", key="atlas_json")
-st.caption(f"The atlas folder: {run.path} (manifest.json, parts/, heads.json).")
+st.caption(f"The atlas folder: {run.path} (manifest.json, parts/, heads.json, cards/).")
 st.session_state.pop(RUNNING, None)
