@@ -165,3 +165,26 @@ def test_a_patching_run_copies_to_the_host_a_fixed_number_of_times(tiny_llama):
     np.testing.assert_allclose(small_effects, one_effects, atol=1e-5)
     assert small == one, (small_counts, one_counts)
     assert 0 < one <= PATCHING_BUDGET, one_counts
+
+
+# -- generation -----------------------------------------------------------------------------------------------------
+def _generation_copies(loaded, new_tokens: int) -> tuple[int, collections.Counter, list[int]]:
+    from model_core.generate.generation import DecodingOptions, generate
+
+    with counting() as counts:
+        reply = generate(loaded, "The cat sat on the mat", options=DecodingOptions(max_new_tokens=new_tokens))
+    assert reply.n_new == new_tokens  # the tiny model does not stop early on this prompt
+    return sum(counts.values()), counts, [int(t) for t in reply.token_ids]
+
+
+def test_greedy_generation_copies_once_a_token(tiny_llama):
+    """A step's choice comes over with its top candidates in one copy (before: three, the candidates' ids, their
+    probabilities and the chosen id apart); the tokens are those of an argmax of every step's logits."""
+    few, few_counts, _ = _generation_copies(tiny_llama, 4)
+    many, many_counts, ids = _generation_copies(tiny_llama, 12)
+    assert many - few == 12 - 4, (few_counts, many_counts)
+    with torch.inference_mode():  # the same tokens as a plain greedy loop over the whole sequence
+        prompt = len(ids) - 12
+        for at in range(prompt, len(ids)):
+            logits = tiny_llama.model(torch.tensor([ids[:at]])).logits[0, -1]
+            assert int(torch.argmax(logits)) == ids[at]

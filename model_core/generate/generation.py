@@ -26,7 +26,7 @@ from model_core.families.encoding import clean_text
 from model_core.gate import GATE
 from model_core.models.run_memory import check_run_memory, generation_bytes, model_shape, run_memory_limit_mb
 from model_core.settings import Settings, load_settings
-from model_core.trace.forward import top_tokens
+from model_core.trace.forward import decode_top, to_host
 from model_core.trace.request import TraceRequest
 from model_core.trace.resolve import token_limit
 
@@ -336,15 +336,22 @@ class GenerationStream:
     def _step(self, logits: torch.Tensor, position: int, generator: torch.Generator | None) -> Step:
         """Choose the next token from ``logits`` (vocab,) and describe it."""
         probs = torch.softmax(logits, dim=-1)
-        ids, values, strings = top_tokens(probs, self.top_k, self.tokenizer)
-        token = choose_token(logits, self.options, generator)
+        top = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
+        if self.options.sample:  # drawn on the host (choose_token), as the seeded generator lives there
+            token = choose_token(logits, self.options, generator)
+            ids, values = to_host([top.indices, top.values], pack=True)
+        else:  # greedy: the choice comes over with the candidates, one copy from the device a step
+            chosen, ids, values = to_host([torch.argmax(logits)[None], top.indices, top.values], pack=True)
+            token = int(chosen[0])
+        ids, values = ids.astype(np.int64), values.astype(np.float32)
+        strings = decode_top(ids, self.tokenizer)
         new = [s.token_id for s in self.steps] + [token]
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         chunk = ""
         if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits for the next token
             chunk, self._printed = text[self._printed:], len(text)
         return Step(position=position, token_id=token, piece=self.tokenizer.convert_ids_to_tokens(token), text=chunk,
-                    candidate_ids=ids, candidate_probs=values.astype(np.float32), candidate_strings=strings,
+                    candidate_ids=ids, candidate_probs=values, candidate_strings=strings,
                     seconds=self._clock() - self._started)
 
 

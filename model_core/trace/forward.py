@@ -32,13 +32,22 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).numpy()
 
 
-def to_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+def to_host(tensors: list[torch.Tensor], *, pack: bool = False) -> list[np.ndarray]:
     """Several tensors as numpy arrays on the CPU, float tensors as float32, with one copy a dtype.
 
     On an accelerator the tensors are packed into one buffer a dtype (on the device) and copied over together: one
     transfer and one wait, not one a tensor. On the CPU each is a view already, and packing would only copy.
+
+    Args:
+        pack: a few small tensors of any dtypes (a generation step's choice and candidates) as one float64 buffer,
+            one copy on any device; every array comes back float64 (exact for float32 numbers and for integers
+            below 2^53: the caller casts them back).
     """
     tensors = [t.detach() for t in tensors]
+    if pack:
+        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).numpy(force=True)  # the one copy
+        bounds = np.cumsum([0] + [t.numel() for t in tensors])
+        return [flat[a:b].reshape(tuple(t.shape)) for t, a, b in zip(tensors, bounds[:-1], bounds[1:])]
     tensors = [t.float() if t.is_floating_point() else t for t in tensors]
     if all(t.device.type == "cpu" for t in tensors):
         return [t.numpy() for t in tensors]
