@@ -188,3 +188,22 @@ def test_greedy_generation_copies_once_a_token(tiny_llama):
         for at in range(prompt, len(ids)):
             logits = tiny_llama.model(torch.tensor([ids[:at]])).logits[0, -1]
             assert int(torch.argmax(logits)) == ids[at]
+
+
+# -- head roles -----------------------------------------------------------------------------------------------------
+def test_head_roles_copy_their_probe_batch_once_however_many_sequences(tiny_llama, tmp_path):
+    """The probe sequences run as one batch; their weights and masks come over together (before: four copies a
+    sequence), and the scores do not change."""
+    from model_core.roles.probes import score_roles
+    from model_core.trace.request import TraceRequest
+
+    folder = str(build_tiny_decoder("llama", tmp_path / "llama"))
+    request = TraceRequest("pretrained", "x", model_id=folder)
+    seen = []
+    for n in (2, 6):
+        score_roles(request, n_sequences=n, seq_len=8)  # loaded and warm: the count is the run's alone
+        with counting() as counts:
+            scores = score_roles(request, n_sequences=n, seq_len=8)
+        seen.append((sum(counts.values()), counts))
+        assert np.isfinite(scores.scores["induction"]).all()
+    assert seen[0][0] == seen[1][0] and 0 < seen[0][0] <= 10, seen

@@ -39,6 +39,7 @@ from model_core.models.run_memory import (
 )
 from model_core.roles.scores import PROBE_ROLES, RoleInput, role_scores
 from model_core.trace.request import Models, TraceRequest
+from model_core.trace.forward import to_host
 
 N_SEQUENCES = 4
 SEQ_LEN = 50
@@ -206,11 +207,14 @@ def probe_inputs(loaded: LoadedCorpusModel, texts: tuple[str, ...]) -> list[Role
     with GATE.turn():  # until the batch's weights are numpy: they are the pass's memory
         out = family.forward(loaded.module, ids.to(dev), types.to(dev), attention_mask.to(dev), vectors=False,
                              hidden=False)
-        for i, (e, m) in enumerate(zip(encoded, lengths)):
-            weights = torch.stack([w[i, :, :m, :m] for w in out.weights]).to("cpu", torch.float32).numpy()
-            inputs.append(RoleInput(weights, e.input_ids[0].numpy(),
-                                    np.array([is_special(t, specials) for t in e.tokens]),
-                                    out.mask[i, :m, :m].cpu().numpy().astype(bool)))
+        # the batch's weights (batch, layer, head, pos, pos) and masks come over together: one copy a dtype
+        weights, masks = to_host([torch.stack(list(out.weights), 1), out.mask])
+        del out
+    host_ids = ids.numpy()  # built on the host: a view
+    for i, (e, m) in enumerate(zip(encoded, lengths)):
+        inputs.append(RoleInput(np.ascontiguousarray(weights[i, :, :, :m, :m]), host_ids[i, :m].copy(),
+                                np.array([is_special(t, specials) for t in e.tokens]),
+                                masks[i, :m, :m].astype(bool)))
     return inputs
 
 
