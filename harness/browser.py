@@ -139,6 +139,19 @@ def open_chromium():
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        new_context, new_page = browser.new_context, browser.new_page
+
+        def patient_context(*args, **kwargs):
+            context = new_context(*args, **kwargs)
+            context.set_default_timeout(ELEMENT_TIMEOUT_S * 1000)
+            return context
+
+        def patient_page(*args, **kwargs):
+            page = new_page(*args, **kwargs)
+            page.set_default_timeout(ELEMENT_TIMEOUT_S * 1000)
+            return page
+
+        browser.new_context, browser.new_page = patient_context, patient_page  # every test's waits: one limit
         try:
             yield browser
         finally:
@@ -169,6 +182,7 @@ def open_chromium_profile(user_data_dir: str | Path, **context_options):
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(str(user_data_dir), executable_path=str(CHROMIUM),
                                                        args=CHROMIUM_ARGS, **context_options)
+        context.set_default_timeout(ELEMENT_TIMEOUT_S * 1000)
         try:
             yield context
         finally:
@@ -183,6 +197,9 @@ def chromium():
 
 RUN_TIMEOUT_S = 300
 """One generous limit for a run to finish: a slow or busy machine's first SmolLM2 pass included."""
+ELEMENT_TIMEOUT_S = 120
+"""How long a browser test's click, read or wait gives the app to draw the element it needs (every context and page
+``open_chromium`` makes): Playwright's own 30 s ran out for four tests when the whole suite ran on one core."""
 # The app is idle: Streamlit's frontend says its script is not running (it says "initial" before the first run, so a
 # freshly opened page is not idle), the websocket is up, and no spinner is drawn (a fragment's, a cached call's).
 IDLE_JS = """() => {

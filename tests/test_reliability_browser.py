@@ -16,7 +16,9 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, app_pages, wait_for_run
+from playwright.sync_api import expect
+
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, ELEMENT_TIMEOUT_S, app_pages, wait_for_run
 
 RUN_TIMEOUT_S = 240
 CONCURRENT_TIMEOUT_S = 900
@@ -97,7 +99,7 @@ def test_hostile_text_stays_text_and_nothing_leaves_the_origin(page_file, app_se
         assert not _injected_elements(page), _injected_elements(page)
         assert page.locator('[data-testid="stException"]').count() == 0
         # The input is shown as typed, as text.
-        assert page.get_by_label("Sentence B (optional)").input_value() == IMG
+        expect(page.get_by_label("Sentence B (optional)")).to_have_value(IMG, timeout=ELEMENT_TIMEOUT_S * 1000)
         assert not seen["outside"], f"requests outside the app's origin: {sorted(set(seen['outside']))}"
         assert seen["requests"], "the listener saw no request at all; it cannot be trusted"
     finally:
