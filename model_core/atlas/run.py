@@ -27,7 +27,7 @@ from model_core.atlas.shard import LONG_FROM, process_shard
 from model_core.atlas.summary import SummaryRules, kind_of, summarise
 from model_core.atlas.why import CARD_BATCH, CARD_CELL_BUDGET, QKAverage, explain
 from model_core.compact.trace import QUERY_BLOCK
-from model_core.corpus.batches import DEFAULT_CELL_BUDGET, EncodedText, encode_texts
+from model_core.corpus.batches import EncodedText, encode_texts, largest_batch
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.corpus.sources import Corpus
 from model_core.models.memory import release_freed_memory
@@ -201,11 +201,9 @@ def check_atlas_memory(loaded: LoadedCorpusModel, options: AtlasOptions) -> None
         RunMemoryError (a ValueError): the estimate, the limit and what to lower.
     """
     tokens = min(options.max_tokens, loaded.max_positions)
-    short = max(1, min(tokens, LONG_FROM - 1))
-    per_text = short * short * loaded.n_layers * loaded.n_heads
-    estimate = atlas_bytes(model_shape(loaded.module), tokens,
-                           max(1, min(options.batch_size, DEFAULT_CELL_BUDGET // per_text)),
-                           max(1, min(CARD_BATCH, CARD_CELL_BUDGET // per_text)), long_from=LONG_FROM,
+    short, heads = max(1, min(tokens, LONG_FROM - 1)), loaded.n_layers * loaded.n_heads
+    estimate = atlas_bytes(model_shape(loaded.module), tokens, largest_batch(options.batch_size, short, heads),
+                           largest_batch(CARD_BATCH, short, heads, CARD_CELL_BUDGET), long_from=LONG_FROM,
                            block=QUERY_BLOCK)
     check_run_memory(f"An atlas of texts up to {tokens:,} tokens", estimate, run_memory_limit_mb(),
                      "Lower --max-tokens (the page's texts are cut at 128) or --batch-size.")

@@ -110,14 +110,17 @@ def text_arrays(loaded: LoadedCorpusModel, texts: list[EncodedText]) -> Iterator
             del out  # the pass's own tensors: on the CPU the host arrays above are copies of them
             # each text's own copy, the batch's arrays let go: while the next batch runs, only the text the caller
             # still holds is alive, not the whole batch twice
-            cut = [(text.text_id, TextArrays(
-                np.asarray(text.ids, dtype=np.int64), np.asarray(text.types, dtype=np.int64),
-                *(a[row, ..., :m, :m].copy() if a is weights else a[row, ..., :m, :].copy()
-                  for a in (weights, queries, keys, values, hidden)), loaded.family.is_decoder, softcap))
-                for row, text in enumerate(batch) for m in [len(text.ids)]]
+            cut = []
+            for row, text in enumerate(batch):
+                m = len(text.ids)
+                per_position = [a[row, ..., :m, :].copy() for a in (queries, keys, values, hidden)]
+                cut.append((text.text_id, TextArrays(
+                    np.asarray(text.ids, dtype=np.int64), np.asarray(text.types, dtype=np.int64),
+                    weights[row, ..., :m, :m].copy(), *per_position, loaded.family.is_decoder, softcap)))
             del weights, queries, keys, values, hidden
-        while cut:
-            yield cut.pop(0)
+        cut.reverse()
+        while cut:  # each text let go once the caller moves on
+            yield cut.pop()
 
 
 def _unembedding(loaded: LoadedCorpusModel) -> torch.Tensor | None:

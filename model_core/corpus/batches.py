@@ -115,6 +115,12 @@ def _encode_decoder_texts(tokenizer, texts: list[tuple[str, str | None]], first_
     return result, skipped
 
 
+def largest_batch(batch_size: int, tokens: int, n_heads_total: int, cell_budget: int = DEFAULT_CELL_BUDGET) -> int:
+    """How many texts of ``tokens`` tokens ``plan_batches`` puts in one batch: ``batch_size`` at most, within
+    ``cell_budget`` attention cells, one at least (what a run's memory estimate counts)."""
+    return max(1, min(batch_size, cell_budget // max(1, tokens * tokens * n_heads_total)))
+
+
 def plan_batches(texts: list[EncodedText], batch_size: int, n_heads_total: int,
                  cell_budget: int = DEFAULT_CELL_BUDGET) -> list[list[EncodedText]]:
     """Sort by length and pack batches of at most ``batch_size`` texts and ``cell_budget`` attention cells.

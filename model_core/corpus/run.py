@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from model_core.analysis.per_head import STAT_NAMES
-from model_core.corpus.batches import DEFAULT_CELL_BUDGET, ChunkResult, LongPolicy, encode_texts, process_chunk
+from model_core.corpus.batches import ChunkResult, LongPolicy, encode_texts, largest_batch, process_chunk
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.families import Family
 from model_core.corpus.sample import array_path, create_arrays, plan_sample, write_rows
@@ -136,7 +136,7 @@ def check_batch_memory(model: object, batch_size: int, tokens: int) -> None:
         RunMemoryError (a ValueError): the estimate and the limit.
     """
     shape = model_shape(model)
-    batch = max(1, min(batch_size, DEFAULT_CELL_BUDGET // (tokens * tokens * shape.n_layers * shape.n_heads)))
+    batch = largest_batch(batch_size, tokens, shape.n_layers * shape.n_heads)
     check_run_memory(f"A corpus batch of {batch} texts of {tokens:,} tokens", trace_pass_bytes(shape, batch, tokens),
                      run_memory_limit_mb(), "Lower --max-tokens or --batch-size.")
 
