@@ -193,8 +193,8 @@ class Atlas:
 
 
 def atlas(model: str | None = None, corpus: Any = "demo", out: str | Path | None = None, *, limit: int | None = None,
-          qk_contexts: int = 3, max_tokens: int = 512, device: str | None = None, engine: str = "local",
-          progress: Any = None) -> Atlas:
+          qk_contexts: int = 3, qk_pick: str = "first", max_tokens: int = 512, device: str | None = None,
+          engine: str = "local", progress: Any = None) -> Atlas:
     """Run (or open, or continue) an atlas of ``model`` over ``corpus`` and open it.
 
     Args:
@@ -202,6 +202,8 @@ def atlas(model: str | None = None, corpus: Any = "demo", out: str | Path | None
         corpus: "demo", a file path, "hf:DATASET", or a ``model_core.corpus.Corpus``.
         out: the atlas folder (default: a folder under the system's temporary directory named by model and corpus).
             An existing atlas of the same model and texts is opened or continued, not run again.
+        qk_contexts, qk_pick: how many of each head's top contexts the QK split and the direct logit effect read,
+            and which (``model_core.atlas.picks``: "first" or "shared").
     """
     from model_core.atlas import AtlasOptions, run_atlas  # noqa: PLC0415 (torch loads only when an atlas runs)
     from model_core.corpus import Corpus, CorpusModel, demo_corpus, read_hub_dataset, read_path  # noqa: PLC0415
@@ -220,8 +222,9 @@ def atlas(model: str | None = None, corpus: Any = "demo", out: str | Path | None
 
         name = (spec.model_id or "model").replace("/", "_").replace(":", "_")
         out = Path(tempfile.gettempdir()) / f"atlas-{name}-{texts.fingerprint[:12]}"
-    run = run_atlas(texts, spec, out, options=AtlasOptions(qk_contexts=qk_contexts, max_tokens=max_tokens),
-                    device=device, engine=engine, progress=progress)  # type: ignore[arg-type]
+    options = AtlasOptions(qk_contexts=qk_contexts, qk_pick=qk_pick, max_tokens=max_tokens)  # type: ignore[arg-type]
+    run = run_atlas(texts, spec, out, options=options, device=device, engine=engine,
+                    progress=progress)  # type: ignore[arg-type]
     return Atlas(run)
 
 

@@ -54,7 +54,8 @@ def texts_of(n: int, join: int) -> tuple:
     return tuple((" ".join(demo[(i + j) % len(demo)][0] for j in range(join)), None) for i in range(n))
 
 
-def child(n: int, max_tokens: int, qk_contexts: int, out: Path, threads: int, join: int = 1) -> dict:
+def child(n: int, max_tokens: int, qk_contexts: int, out: Path, threads: int, join: int = 1,
+          qk_pick: str = "first") -> dict:
     """One atlas run in this process: its timings, peak RSS and size."""
     import torch
 
@@ -73,11 +74,16 @@ def child(n: int, max_tokens: int, qk_contexts: int, out: Path, threads: int, jo
     cpu_start = _cpu()
     cpu_scan = []
 
+    card_texts = [0]
+
     def progress(p) -> None:  # the CPU seconds the scan took: read at the cards' first tick
         if p.stage == "cards" and not cpu_scan:
             cpu_scan.append(_cpu() - cpu_start)
+        if p.stage == "cards":
+            card_texts[0] = max(card_texts[0], p.total)
 
-    run = run_atlas(corpus, model, out, options=AtlasOptions(max_tokens=max_tokens, qk_contexts=qk_contexts),
+    run = run_atlas(corpus, model, out, options=AtlasOptions(max_tokens=max_tokens, qk_contexts=qk_contexts,
+                                                                     qk_pick=qk_pick),
                     loaded=loaded, progress=progress)
     wall = time.perf_counter() - start
     cpu_total = _cpu() - cpu_start
@@ -87,12 +93,13 @@ def child(n: int, max_tokens: int, qk_contexts: int, out: Path, threads: int, jo
     open_atlas(out).show(loaded.n_layers - 1, 0)  # a card as `atlas --show` and the page open it: from the folder
     card_s = time.perf_counter() - start
     lengths = [min(len(loaded.tokenizer(a)["input_ids"]), max_tokens) for a, _ in texts]
-    return {"n": n, "qk_contexts": qk_contexts, "load_s": round(load_s, 2), "wall_s": round(wall, 1),
+    return {"n": n, "qk_contexts": qk_contexts, "qk_pick": qk_pick, "load_s": round(load_s, 2), "wall_s": round(wall, 1),
             "scan_s": run.manifest["timings"]["scan_s"], "cards_s": run.manifest["timings"]["cards_s"],
             "cpu_s": round(cpu_total, 1), "cpu_scan_s": round(cpu_scan[0], 1) if cpu_scan else None,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "disk_mb":
             round(folder_bytes(out) / 1e6, 2), "mean_tokens": round(sum(lengths) / len(lengths), 1),
-            "max_tokens_seen": max(lengths), "card_open_s": round(card_s, 3)}
+            "max_tokens_seen": max(lengths), "card_open_s": round(card_s, 3),
+            "card_texts": card_texts[0]}
 
 
 def roles_check(out: Path) -> list[str]:
@@ -119,11 +126,14 @@ def main() -> None:
                              "two threads spin-wait for each other)")
     parser.add_argument("--join", type=int, default=1,
                         help="run this many consecutive demo texts together into one (12: about 120 tokens a text)")
+    parser.add_argument("--qk-pick", choices=["first", "shared"], default="first",
+                        help="which contexts a head the QK split reads (model_core.atlas.picks)")
     parser.add_argument("--only-qk", action="store_true", help="skip the run without the QK part")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.n, args.max_tokens, args.qk_contexts, Path(args.child), args.threads, args.join)))
+        print(json.dumps(child(args.n, args.max_tokens, args.qk_contexts, Path(args.child), args.threads, args.join,
+                                     args.qk_pick)))
         return
     root = Path(tempfile.mkdtemp(prefix="bench-atlas-"))
     results = {}
@@ -131,6 +141,7 @@ def main() -> None:
         out = root / f"qk{qk}"
         proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--max-tokens", str(args.max_tokens),
                                "--qk-contexts", str(qk), "--threads", str(args.threads), "--join", str(args.join),
+                               "--qk-pick", args.qk_pick,
                                "--child", str(out)], capture_output=True, text=True,
                               cwd=ROOT)
         if proc.returncode:
@@ -138,7 +149,7 @@ def main() -> None:
         results[qk] = json.loads(proc.stdout.strip().splitlines()[-1])
         r = results[qk]
         print(f"SmolLM2, {args.threads or 'default'} torch thread(s), {r['n']} demo texts (mean {r['mean_tokens']} tokens, longest {r['max_tokens_seen']}), "
-              f"qk_contexts={qk}: {r['wall_s']} s (scan {r['scan_s']} s, cards {r['cards_s']} s; model load "
+              f"qk_contexts={qk} ({r['qk_pick']}, {r['card_texts']} texts traced again): {r['wall_s']} s (scan {r['scan_s']} s, cards {r['cards_s']} s; model load "
               f"{r['load_s']} s apart; CPU {r['cpu_s']} s, of which the scan {r['cpu_scan_s']} s), peak RSS {r['peak_rss_mb']} MB, {r['disk_mb']} MB on disk; a card opens in {r['card_open_s']} s", flush=True)
     with_qk, without = results[args.qk_contexts], results.get(0, results[args.qk_contexts])
     # The scan grows with the texts; the cards do not: the QK split and the logit effects read at most

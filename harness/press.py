@@ -13,6 +13,7 @@ that adds a button (a result's "Open in heatmaps") adds it to what is pressed, a
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from urllib.parse import parse_qs, urlsplit
@@ -44,20 +45,21 @@ OPEN_EXPANDERS_JS = """() => document.querySelectorAll(
 # Every pressable element in the main area, in page order, tagged with data-ae-press so that Python can click the
 # one it picked; collapsed expanders are opened first (their content is hidden until then). A tab or a radio option
 # already selected is not pressed (pressing it does nothing); it is once another is picked.
-COLLECT_JS = r"""() => {
-  const main = document.querySelector('[data-testid="stMain"]');
-  if (!main) return [];
-  main.querySelectorAll('[data-testid="stExpander"] details:not([open]) > summary').forEach(s => s.click());
+COLLECT_JS = r"""(areas) => {
+  const roots = areas.map(a => [a, document.querySelector(`[data-testid="${a}"]`)]).filter(([, r]) => r);
+  if (!roots.length) return [];
+  document.querySelectorAll('[data-ae-press]').forEach(el => el.removeAttribute('data-ae-press'));
   const text = el => (el ? (el.innerText || el.getAttribute('aria-label') || '') : '').replace(/\s+/g, ' ').trim();
   const shown = el => !!(el.offsetWidth || el.offsetHeight || el.getClientRects().length);
   const found = [];
   const seen = {};
-  main.querySelectorAll('[data-ae-press]').forEach(el => el.removeAttribute('data-ae-press'));
   const selector = ['[data-testid="stButton"] button', '[data-testid="stFormSubmitButton"] button',
                     '[data-testid="stButtonGroup"] button[data-variant]', '[data-testid="stCheckbox"] label',
                     '[data-testid="stRadio"] [role="radiogroup"] label',
                     '[data-testid="stTabs"] [role="tab"]'].join(', ');
-  main.querySelectorAll(selector).forEach(el => {
+  for (const [area, root] of roots) {
+  root.querySelectorAll('[data-testid="stExpander"] details:not([open]) > summary').forEach(s => s.click());
+  root.querySelectorAll(selector).forEach(el => {
     // a widget's help icon is a button too: it shows a tooltip, nothing to press
     if (!shown(el) || el.closest('[data-testid="stWidgetLabel"], [data-testid="stTooltipIcon"]')) return;
     let kind, label, selected = false, disabled = false;
@@ -82,12 +84,13 @@ COLLECT_JS = r"""() => {
         selected = el.getAttribute('aria-checked') === 'true';
       }
     }
-    const base = `${kind} "${label}"`;
+    const base = `${area === 'stSidebar' ? 'sidebar ' : ''}${kind} "${label}"`;
     seen[base] = (seen[base] || 0) + 1;
     const key = seen[base] > 1 ? `${base} #${seen[base]}` : base;
     el.setAttribute('data-ae-press', String(found.length));
     found.push({index: found.length, key, kind, label, selected, disabled, form});
   });
+  }
   return found;
 }"""
 STATE_JS = """() => { const a = document.querySelector('[data-testid="stApp"]');
@@ -140,8 +143,11 @@ class Presser:
     """Presses everything on every page of one browser page (one session) of the app served with log ``log_path``."""
 
     def __init__(self, page, runs: ScriptRuns, start_url: str, log_path=None, run_timeout_s: float = RUN_TIMEOUT_S,
-                 progress=None, on_open: Callable[[object, str], list[str]] | None = None) -> None:
+                 progress=None, on_open: Callable[[object, str], list[str]] | None = None,
+                 sidebar: bool = False) -> None:
         self.page = page
+        # Where the presses are: the main area, and the sidebar too on every page (``sidebar``)
+        self.areas = ["stMain", "stSidebar"] if sidebar else ["stMain"]
         # What a test checks of each page as it opens, before any press (``drew_or_said``): problems, or [].
         self.on_open = on_open
         self.start_url = start_url
@@ -263,7 +269,7 @@ class Presser:
         path = self.page.url.split("?")[0]
         pressed: set[str] = set()
         for _ in range(MAX_PRESSES_PER_PAGE):
-            items = [i for i in self.page.evaluate(COLLECT_JS) if i["key"] not in pressed and not skipped(i)
+            items = [i for i in self.page.evaluate(COLLECT_JS, self.areas) if i["key"] not in pressed and not skipped(i)
                      and not i["disabled"]]
             if not items:
                 break
@@ -272,7 +278,7 @@ class Presser:
             where = f"{title}: {item['key']}"
             before = self.runs.started
             try:
-                self.page.locator(f'[data-testid="stMain"] [data-ae-press="{item["index"]}"]').click(timeout=10_000)
+                self.page.locator(f'[data-ae-press="{item["index"]}"]').click(timeout=10_000)
             except Exception as exc:  # noqa: BLE001 - redrawn under the pointer: noted, not a fault of the app
                 self.report.notes.append(f"{where}: could not press ({type(exc).__name__})")
                 continue
@@ -294,10 +300,12 @@ class Presser:
 
 
 def press_everything(page, runs: ScriptRuns, start_url: str, log_path=None, titles: list[str] | None = None,
-                     progress=None, on_open: Callable[[object, str], list[str]] | None = None) -> PressReport:
+                     progress=None, on_open: Callable[[object, str], list[str]] | None = None,
+                     sidebar: bool = False) -> PressReport:
     """Open ``start_url`` (the app with the model in its query), then press everything on every page of PAGES (or
-    ``titles``), each opened from the navigation and checked by ``on_open``; the report of it all."""
-    presser = Presser(page, runs, start_url, log_path, progress=progress, on_open=on_open)
+    ``titles``), each opened from the navigation and checked by ``on_open``, the sidebar's too on every page if
+    ``sidebar``; the report of it all."""
+    presser = Presser(page, runs, start_url, log_path, progress=progress, on_open=on_open, sidebar=sidebar)
     presser.start()
     for title in titles or [title for _, title in app_pages()]:
         presser.press_page(title)
@@ -329,11 +337,14 @@ def drew_or_said(page, title: str) -> list[str]:
 
 def press_in_a_new_tab(browser, server, start_url: str,
                        on_open: Callable[[object, str], list[str]] | None = None) -> PressReport:
-    """``press_everything`` in a fresh 1400 x 1000 browser context on ``server``, each press's time printed."""
+    """``press_everything`` in a fresh 1400 x 1000 browser context on ``server``, each press's time printed; the
+    sidebar's elements are pressed on every page too with ``AE_PRESS_SIDEBAR=1`` (the widest pass: about three times
+    the presses and the time, so not CI's)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     runs = ScriptRuns(page)
     try:
-        return press_everything(page, runs, start_url, server.log_path, progress=print, on_open=on_open)
+        return press_everything(page, runs, start_url, server.log_path, progress=print, on_open=on_open,
+                                sidebar=os.environ.get("AE_PRESS_SIDEBAR") == "1")
     finally:
         context.close()

@@ -1,5 +1,5 @@
-"""The real app in headless Chromium: hostile text stays text, no request leaves the app's origin,
-and ten concurrent sessions each see only their own text.
+"""The real app in headless Chromium: a hostile model id stays text and no request leaves the app's origin, and ten
+concurrent sessions each see only their own text. (A hostile pair on every page: ``test_every_page_browser.py``.)
 
 The server starts as ``make run`` starts it (``.venv/bin/streamlit run app.py``, so the repository's
 ``.streamlit/config.toml`` applies), headless on a free port, offline.
@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 from urllib.parse import urlencode, urlparse
 
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-from playwright.sync_api import expect
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, ELEMENT_TIMEOUT_S, app_pages, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, wait_for_run
 
 RUN_TIMEOUT_S = 240
 CONCURRENT_TIMEOUT_S = 900
@@ -30,14 +28,9 @@ if not CHROMIUM.exists():
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(1)>'
-HOSTILE_QUERY = {"a": f"{SCRIPT} {{{{7*7}}}}", "b": IMG}
 # Every element an injection could create; none may exist in the page or in any iframe.
 INJECTED = 'img[src="x"], img[onerror], [onerror*="alert"], a[href*="evil.example"], a[href^="javascript:"]'
 INJECTED_SCRIPT_JS = """() => [...document.querySelectorAll('script')].filter(s => s.textContent.includes('alert(1)')).length"""
-
-
-def _pages() -> list[str]:
-    return [path for path, _ in app_pages()]
 
 
 def _wait_for_run(page, timeout_s: float = RUN_TIMEOUT_S) -> None:
@@ -77,33 +70,6 @@ def _injected_elements(page) -> list[str]:
         if n or scripts:
             found.append(f"{frame.url}: {n} injected elements, {scripts} injected scripts")
     return found
-
-
-@pytest.mark.parametrize("page_file", _pages(), ids=lambda p: Path(p).stem)
-def test_hostile_text_stays_text_and_nothing_leaves_the_origin(page_file, app_server, browser):
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
-    page = context.new_page()
-    seen = _watch(page, "127.0.0.1")
-    path = "" if page_file == "pages/home.py" else Path(page_file).stem
-    try:
-        page.goto(f"{app_server.url}/{path}?{urlencode(HOSTILE_QUERY)}", wait_until="domcontentloaded")
-        _wait_for_run(page)
-        page.wait_for_timeout(1500)  # plotly and the iframes finish drawing; an onerror would have fired
-        for frame in page.frames:  # scroll lazy content into view so every iframe loads
-            try:
-                frame.evaluate("() => window.scrollTo(0, document.body.scrollHeight)")
-            except Exception:  # noqa: BLE001
-                pass
-        page.wait_for_timeout(1000)
-        assert not seen["dialogs"], seen["dialogs"]
-        assert not _injected_elements(page), _injected_elements(page)
-        assert page.locator('[data-testid="stException"]').count() == 0
-        # The input is shown as typed, as text.
-        expect(page.get_by_label("Sentence B (optional)")).to_have_value(IMG, timeout=ELEMENT_TIMEOUT_S * 1000)
-        assert not seen["outside"], f"requests outside the app's origin: {sorted(set(seen['outside']))}"
-        assert seen["requests"], "the listener saw no request at all; it cannot be trusted"
-    finally:
-        context.close()
 
 
 @pytest.mark.parametrize("model_id", ["[x](https://evil.example/)", "<img src=x onerror=alert(1)>",

@@ -126,9 +126,12 @@ def components_section(card: dict[str, Any], asked: int) -> None:
         col.markdown(f"**{title}**")
         col.dataframe([{"component": name, "share of the score above the row mean": share}
                        for name, share in qk[side]], hide_index=True, use_container_width=True)
-    st.caption(f"Averaged over the head's first {card.get('qk_contexts', 0)} top contexts (keys after the first "
-               f"token) in texts under {LONG_FROM:,} tokens: each component's part of the score above the mean score "
-               "of the keys the query sees.")
+    ranks = card.get("qk_context_ranks")
+    which = (f"its top contexts {', '.join(f'#{r + 1}' for r in ranks)} (keys after the first token; the ranks "
+             "of the list without the sink)" if ranks else
+             f"the head's first {card.get('qk_contexts', 0)} top contexts (keys after the first token)")
+    st.caption(f"Averaged over {which} in texts under {LONG_FROM:,} tokens: each component's part of the score above "
+               "the mean score of the keys the query sees.")
 
 
 def writes_section(card: dict[str, Any]) -> None:

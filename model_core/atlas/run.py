@@ -23,6 +23,7 @@ import model_core.atlas.store as store
 from model_core.atlas.contexts import TOP_K, TokenText, context, decile_samples, top_texts
 from model_core.atlas.keys import LISTS, PROFILE_KEYS, ROW_KEYS
 from model_core.atlas.ov import TOP_N, copying_scores
+from model_core.atlas.picks import PICKS, Pick, qk_picks
 from model_core.atlas.shard import LONG_FROM, process_shard
 from model_core.atlas.summary import SummaryRules, kind_of, summarise
 from model_core.atlas.why import CARD_BATCH, CARD_CELL_BUDGET, QKAverage, explain
@@ -50,9 +51,10 @@ class AtlasOptions:
     """How an atlas is run. Recorded in the manifest; a rerun keeps the original's.
 
     Attributes:
-        qk_contexts: contexts per head (the first of its list without the sink in texts under ``LONG_FROM``
-            tokens: a longer text's full trace is too large) for the QK split and the direct logit effect; 0 skips
-            both.
+        qk_contexts: contexts per head (from its list without the sink, in texts under ``LONG_FROM`` tokens: a
+            longer text's full trace is too large) for the QK split and the direct logit effect; 0 skips both.
+        qk_pick: which of them (``model_core.atlas.picks``): ``first``, the head's first ``qk_contexts``; ``shared``,
+            ``qk_contexts`` of its top K chosen so that few texts serve every head (about 3x fewer passes).
     """
 
     batch_size: int = 32
@@ -61,6 +63,7 @@ class AtlasOptions:
     long: Literal["truncate", "skip"] = "truncate"
     top_k: int = TOP_K
     qk_contexts: int = 3
+    qk_pick: Pick = "first"
     top_n: int = TOP_N
     roles_seed: int = 0
 
@@ -75,6 +78,8 @@ class AtlasOptions:
             raise ValueError(f"--long must be 'truncate' or 'skip', got {self.long!r}.")
         if not 1 <= self.top_k <= 1000 or not 0 <= self.qk_contexts <= self.top_k:
             raise ValueError(f"--qk-contexts must be between 0 and the top K ({self.top_k}), got {self.qk_contexts}.")
+        if self.qk_pick not in PICKS:
+            raise ValueError(f"--qk-pick must be one of {', '.join(PICKS)}, got {self.qk_pick!r}.")
         if self.top_n < 2:
             raise ValueError(f"The OV circuit needs at least 2 tokens, got {self.top_n}.")
 
@@ -326,9 +331,10 @@ def build_cards(loaded: LoadedCorpusModel, corpus: Corpus, scanned: store.Scanne
                         scanned.best_k[:, which, layer, head], token_ids, text_of) for r in rows]
 
     short = scanned.n_tokens < LONG_FROM  # a longer text's full trace would not fit: its contexts are not split
+    ranks = qk_picks({lh: [int(ids[r]) if short[r] else None for r in rows[1]] for lh, rows in tops.items()},
+                     options.qk_contexts, options.qk_pick)
     wanted = {lh: [(int(ids[r]), int(scanned.best_q[r, 1, lh[0], lh[1]]), int(scanned.best_k[r, 1, lh[0], lh[1]]))
-                   for r in [r for r in tops[lh][1] if short[r]][:options.qk_contexts]] for lh in tops}
-    wanted = {lh: c for lh, c in wanted.items() if c}
+                   for r in (tops[lh][1][i] for i in picked)] for lh, picked in ranks.items()}
     averages, effects = explain(loaded, texts, wanted, qk=options.qk_contexts > 0,
                                 effects=options.qk_contexts > 0, progress=progress) if wanted else ({}, {})
     copying = copying_scores(loaded.module, loaded.tokenizer, options.top_n)
@@ -359,6 +365,6 @@ def build_cards(loaded: LoadedCorpusModel, corpus: Corpus, scanned: store.Scanne
                 "deciles": [contexts(layer, head, rows, 1) for rows in deciles[lh]],
                 "profile": profile, "qk": qk, "copying_score": copy, "promoted_tokens": promoted,
                 "roles": role, "composition": None if partners is None else partners[lh],
-                "kind": kind, "qk_contexts": len(wanted.get(lh, [])),
+                "kind": kind, "qk_contexts": len(wanted.get(lh, [])), "qk_context_ranks": ranks.get(lh, []),
             })
     return cards

@@ -47,6 +47,9 @@ def add_atlas_parser(sub: Any) -> None:
     p.add_argument("--shard-size", type=int, default=128, help="texts per shard: the unit of resume and of a Ray task")
     p.add_argument("--qk-contexts", type=int, default=3,
                    help="top contexts per head for the QK split and the direct logit effect (0: neither)")
+    p.add_argument("--qk-pick", choices=["first", "shared"], default="first",
+                   help="which: the head's first contexts (default), or contexts of its top K chosen so that few "
+                        "texts serve every head (about 3x fewer passes on a large corpus; each card lists their ranks)")
     p.add_argument("--circuit", default=None, metavar="FILE",
                    help="a `circuit --json` output of the same model: each head's node score")
     p.add_argument("--engine", choices=["local", "ray"], default="local")
@@ -151,7 +154,8 @@ def atlas_main(args: argparse.Namespace) -> int:
         for note in corpus.notes:
             print(f"note: {note}", file=sys.stderr)
         options = AtlasOptions(batch_size=args.batch_size, chunk_size=args.shard_size, max_tokens=args.max_tokens,
-                               long=args.long, qk_contexts=args.qk_contexts)
+                               long=args.long, qk_contexts=args.qk_contexts,
+                               qk_pick=args.qk_pick)
         model = _model(args)
         if not args.quiet:
             from tqdm import tqdm  # 20-40 ms to import: only a run that shows its bar pays it
