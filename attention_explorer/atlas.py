@@ -193,7 +193,7 @@ class Atlas:
 
 
 def atlas(model: str | None = None, corpus: Any = "demo", out: str | Path | None = None, *, limit: int | None = None,
-          qk_contexts: int = 3, qk_pick: str = "first", max_tokens: int = 512, device: str | None = None,
+          qk_contexts: int = 3, qk_pick: str = "auto", max_tokens: int = 512, device: str | None = None,
           engine: str = "local", progress: Any = None) -> Atlas:
     """Run (or open, or continue) an atlas of ``model`` over ``corpus`` and open it.
 
@@ -203,7 +203,7 @@ def atlas(model: str | None = None, corpus: Any = "demo", out: str | Path | None
         out: the atlas folder (default: a folder under the system's temporary directory named by model and corpus).
             An existing atlas of the same model and texts is opened or continued, not run again.
         qk_contexts, qk_pick: how many of each head's top contexts the QK split and the direct logit effect read,
-            and which (``model_core.atlas.picks``: "first" or "shared").
+            and which (``model_core.atlas.picks``: "auto", "first" or "shared").
     """
     from model_core.atlas import AtlasOptions, run_atlas  # noqa: PLC0415 (torch loads only when an atlas runs)
     from model_core.corpus import Corpus, CorpusModel, demo_corpus, read_hub_dataset, read_path  # noqa: PLC0415

@@ -55,7 +55,7 @@ def texts_of(n: int, join: int) -> tuple:
 
 
 def child(n: int, max_tokens: int, qk_contexts: int, out: Path, threads: int, join: int = 1,
-          qk_pick: str = "first") -> dict:
+          qk_pick: str = "auto") -> dict:
     """One atlas run in this process: its timings, peak RSS and size."""
     import torch
 
@@ -126,7 +126,7 @@ def main() -> None:
                              "two threads spin-wait for each other)")
     parser.add_argument("--join", type=int, default=1,
                         help="run this many consecutive demo texts together into one (12: about 120 tokens a text)")
-    parser.add_argument("--qk-pick", choices=["first", "shared"], default="first",
+    parser.add_argument("--qk-pick", choices=["auto", "first", "shared"], default="auto",
                         help="which contexts a head the QK split reads (model_core.atlas.picks)")
     parser.add_argument("--only-qk", action="store_true", help="skip the run without the QK part")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)

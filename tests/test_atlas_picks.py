@@ -44,8 +44,16 @@ def test_shared_prefers_texts_another_heads_best_context_already_names():
     assert qk_picks(lists, 2, "shared") == {(0, 0): [0, 1], (0, 1): [0, 2]}  # (0, 1) takes text 1: traced already
 
 
+def test_auto_is_first_until_the_first_contexts_name_too_many_texts(monkeypatch):
+    import model_core.atlas.picks as picks
+
+    assert qk_picks(LISTS, 2) == qk_picks(LISTS, 2, "first")  # 6 texts: few enough
+    monkeypatch.setattr(picks, "AUTO_SHARED_FROM", 5)
+    assert qk_picks(LISTS, 2) == qk_picks(LISTS, 2, "shared") != qk_picks(LISTS, 2, "first")
+
+
 def test_an_unknown_rule_is_refused():
-    with pytest.raises(ValueError, match="--qk-pick must be one of first, shared"):
+    with pytest.raises(ValueError, match="--qk-pick must be one of auto, first, shared"):
         qk_picks(LISTS, 2, "best")
     with pytest.raises(ValueError, match="--qk-pick"):
         AtlasOptions(qk_pick="best")

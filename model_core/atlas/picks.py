@@ -10,6 +10,8 @@ rules, each taking up to ``n`` contexts a head from its list without the sink (t
   text that the most heads still short have in their lists (ties to the earlier text), each of those heads taking its
   context there. The same corpus needs 161 texts for ``n`` = 3 (138 for the first contexts, 23 more). Every context
   split is one of the head's top K; their ranks are on the card.
+- ``auto`` (the default): ``first`` while its contexts name at most ``AUTO_SHARED_FROM`` texts, else ``shared``: a
+  small corpus is split exactly at each head's first contexts, a large one at the cost of a few hundred passes.
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal
 
-Pick = Literal["first", "shared"]
-PICKS: tuple[str, ...] = ("first", "shared")
+Pick = Literal["auto", "first", "shared"]
+PICKS: tuple[str, ...] = ("auto", "first", "shared")
+AUTO_SHARED_FROM = 200
+"""``auto`` takes the ``first`` rule unless its contexts name more texts than this (each a pass to run again); then
+``shared``."""
 
 
-def qk_picks(lists: dict[tuple[int, int], list[int]], n: int, how: Pick = "first") -> dict[tuple[int, int], list[int]]:
+def qk_picks(lists: dict[tuple[int, int], list[int | None]], n: int, how: Pick = "auto") -> dict[tuple[int, int], list[int]]:
     """Each head's chosen contexts, as ranks in its list.
 
     Args:
         lists: (layer, head) -> the text id of each context it may split, in its list's order (one context a text;
             ranks not offered are absent: give ``None`` in their place to keep the ranks).
         n: contexts a head at most.
-        how: ``first`` or ``shared`` (the module's docstring).
+        how: ``auto``, ``first`` or ``shared`` (the module's docstring).
 
     Returns:
         (layer, head) -> ranks (ascending) into its list; heads with no context left out.
@@ -36,8 +41,11 @@ def qk_picks(lists: dict[tuple[int, int], list[int]], n: int, how: Pick = "first
     if how not in PICKS:
         raise ValueError(f"--qk-pick must be one of {', '.join(PICKS)}, got {how!r}.")
     offered = {lh: [(rank, t) for rank, t in enumerate(texts) if t is not None] for lh, texts in lists.items()}
+    first = {lh: [rank for rank, _ in ranked[:n]] for lh, ranked in offered.items() if ranked and n}
     if how == "first" or n == 0:
-        return {lh: [rank for rank, _ in ranked[:n]] for lh, ranked in offered.items() if ranked and n}
+        return first
+    if how == "auto" and len({lists[lh][r] for lh, ranks in first.items() for r in ranks}) <= AUTO_SHARED_FROM:
+        return first
     want = {lh: min(n, len(ranked)) for lh, ranked in offered.items()}
     picks: dict[tuple[int, int], list[int]] = {lh: [] for lh in offered}
     where = {lh: {t: rank for rank, t in ranked} for lh, ranked in offered.items()}  # text -> rank, per head

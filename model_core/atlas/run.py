@@ -54,7 +54,8 @@ class AtlasOptions:
         qk_contexts: contexts per head (from its list without the sink, in texts under ``LONG_FROM`` tokens: a
             longer text's full trace is too large) for the QK split and the direct logit effect; 0 skips both.
         qk_pick: which of them (``model_core.atlas.picks``): ``first``, the head's first ``qk_contexts``; ``shared``,
-            ``qk_contexts`` of its top K chosen so that few texts serve every head (about 3x fewer passes).
+            its first and others of its top K chosen so that few texts serve every head (2.6x fewer passes over
+            1,000 texts); ``auto``, ``first`` unless it names more than 200 texts.
     """
 
     batch_size: int = 32
@@ -63,7 +64,7 @@ class AtlasOptions:
     long: Literal["truncate", "skip"] = "truncate"
     top_k: int = TOP_K
     qk_contexts: int = 3
-    qk_pick: Pick = "first"
+    qk_pick: Pick = "auto"
     top_n: int = TOP_N
     roles_seed: int = 0
 
