@@ -68,7 +68,11 @@ st.button("Load the ready example: a sentence said twice, on SmolLM2, its strong
 ctx = require_trace(compact=True)
 t = ctx.trace if ctx.trace is not None else ctx.compact
 n = int(t.n_tokens)
-labels = list(ctx.labels(raw=True)[0]) if ctx.trace is not None else [str(x) for x in range(n)]
+# The split is of one token's query and one token's key: tokens, even where the sidebar shows words elsewhere
+labels = list(ctx.trace.tokens) if ctx.trace is not None else [str(x) for x in range(n)]
+if ctx.words is not None:
+    st.caption("This page splits one token's score against one token: it reads tokens even with the sidebar's "
+               "words on.")
 
 # app.py drew the sidebar's picker before this page ran, so a head chosen here is requested for the next run
 # (``request_focus``), which sets it before the picker is drawn; the query and key pickers are not drawn yet.
@@ -185,7 +189,7 @@ with tab_row:
     else:
         st.caption("Each component's key-side share of the score at every key the query sees (the query whole). An "
                    "induction head's row follows a previous-token head's writes at the keys: K-composition.")
-        with view_guard("row view"):
+        with view_guard("row"):
             show_figure(row_figure(result, labels), f"qk_row_L{layer}_H{head}", key="qk_row_fig")
         csv_button("Row view (CSV)", lambda: row_csv(result), f"qk_row_L{layer}_H{head}.csv", key="qk_row_csv")
 

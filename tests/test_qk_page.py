@@ -68,6 +68,19 @@ def test_the_page_splits_a_decoders_score_and_its_rivals():
 
 
 @pytest.mark.slow
+def test_the_page_reads_tokens_with_the_sidebars_words_on():
+    """Words shorter than the tokens (a word of several tokens): the split and its row view still read tokens. The row
+    view indexed the words' labels by token and failed (found by the press test pressing the sidebar, 28 Nov)."""
+    at = _open(BUNDLED_DECODER_ID, "Tokenizers split unbelievably uncommon words into pieces.", layer=3, head=2)
+    _through_app(at).sidebar.toggle(key="ctl_words").set_value(True).run()  # the row view is on at this length
+    ctx = at.session_state["_app_context"]
+    assert len(ctx.words.words) < len(ctx.trace.tokens)
+    assert_page_ok(at, TITLE)
+    assert any("reads tokens even with the sidebar's words on" in c.value for c in at.caption)
+    assert any(c.value.startswith("Each component's key-side share") for c in at.caption)
+
+
+@pytest.mark.slow
 def test_the_page_reads_an_encoder():
     at = _open(None, "time flies like an arrow", layer=1, head=0)
     total, score = _check(at)
