@@ -291,3 +291,22 @@ class ScriptRuns:
     @property
     def idle(self) -> bool:
         return self.finished >= self.started
+
+
+# Every element an injected `<img onerror>`, `<script>` or link could create; none may exist in the page or an iframe.
+INJECTED = 'img[src="x"], img[onerror], [onerror*="alert"], a[href*="evil.example"], a[href^="javascript:"]'
+INJECTED_SCRIPT_JS = """() => [...document.querySelectorAll('script')].filter(s => s.textContent.includes('alert(1)')).length"""
+
+
+def injected_elements(page) -> list[str]:
+    """Injected elements and scripts in the page and in every iframe (bertviz views live in iframes)."""
+    found = []
+    for frame in page.frames:
+        try:
+            n = frame.locator(INJECTED).count()
+            scripts = frame.evaluate(INJECTED_SCRIPT_JS)
+        except Exception:  # noqa: BLE001 - a frame that navigated away mid-check has nothing left in it
+            continue
+        if n or scripts:
+            found.append(f"{frame.url}: {n} injected elements, {scripts} injected scripts")
+    return found

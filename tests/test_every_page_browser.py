@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 from playwright.sync_api import expect
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, ELEMENT_TIMEOUT_S, ScriptRuns, app_pages
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, ELEMENT_TIMEOUT_S, ScriptRuns, app_pages, injected_elements
 from harness.press import FIGURES, Presser
 
 if not CHROMIUM.exists():
@@ -31,9 +31,6 @@ if not CHROMIUM.exists():
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(1)>'
 HOSTILE_QUERY = {"a": f"{SCRIPT} {{{{7*7}}}}", "b": IMG}
-# Every element an injection could create; none may exist in the page or in any iframe.
-INJECTED = 'img[src="x"], img[onerror], [onerror*="alert"], a[href*="evil.example"], a[href^="javascript:"]'
-INJECTED_SCRIPT_JS = """() => [...document.querySelectorAll('script')].filter(s => s.textContent.includes('alert(1)')).length"""
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 DRAW_S = 30
 # Pages that by design draw their figures only after the user picks something (the default model is the bundled
@@ -52,20 +49,6 @@ NO_FIGURE_UNTIL_INPUT: dict[str, str] = {  # page file -> the message it shows i
 BASE_PATH_PROBES = ("/_stcore/health", "/_stcore/host-config")
 SCROLL_HEIGHT_JS = """() => Math.max(1000, ...["stAppViewContainer", "stMain", "stMainBlockContainer"].map(
     id => (document.querySelector(`[data-testid="${id}"]`) || {scrollHeight: 0}).scrollHeight))"""
-
-
-def injected_elements(page) -> list[str]:
-    """Injected elements and scripts in the page and in every iframe (bertviz views live in iframes)."""
-    found = []
-    for frame in page.frames:
-        try:
-            n = frame.locator(INJECTED).count()
-            scripts = frame.evaluate(INJECTED_SCRIPT_JS)
-        except Exception:  # noqa: BLE001 - a frame that navigated away mid-check has nothing left in it
-            continue
-        if n or scripts:
-            found.append(f"{frame.url}: {n} injected elements, {scripts} injected scripts")
-    return found
 
 
 class Watch:

@@ -16,7 +16,7 @@ import pytest
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-from harness.browser import CHROMIUM, CHROMIUM_MISSING, wait_for_run
+from harness.browser import CHROMIUM, CHROMIUM_MISSING, injected_elements, wait_for_run
 
 RUN_TIMEOUT_S = 240
 CONCURRENT_TIMEOUT_S = 900
@@ -28,9 +28,6 @@ if not CHROMIUM.exists():
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(1)>'
-# Every element an injection could create; none may exist in the page or in any iframe.
-INJECTED = 'img[src="x"], img[onerror], [onerror*="alert"], a[href*="evil.example"], a[href^="javascript:"]'
-INJECTED_SCRIPT_JS = """() => [...document.querySelectorAll('script')].filter(s => s.textContent.includes('alert(1)')).length"""
 
 
 def _wait_for_run(page, timeout_s: float = RUN_TIMEOUT_S) -> None:
@@ -58,20 +55,6 @@ def _watch(page, origin_host: str) -> dict[str, list]:
     return seen
 
 
-def _injected_elements(page) -> list[str]:
-    """Injected elements and scripts in the page and in every iframe (bertviz views live in iframes)."""
-    found = []
-    for frame in page.frames:
-        try:
-            n = frame.locator(INJECTED).count()
-            scripts = frame.evaluate(INJECTED_SCRIPT_JS)
-        except Exception:  # noqa: BLE001 - a frame that navigated away mid-check has nothing left in it
-            continue
-        if n or scripts:
-            found.append(f"{frame.url}: {n} injected elements, {scripts} injected scripts")
-    return found
-
-
 @pytest.mark.parametrize("model_id", ["[x](https://evil.example/)", "<img src=x onerror=alert(1)>",
                                       "www.evil.example/a@evil.example/$x$"])
 def test_hostile_model_id_is_shown_as_text(model_id, app_server, browser):
@@ -85,7 +68,7 @@ def test_hostile_model_id_is_shown_as_text(model_id, app_server, browser):
         assert error.count() == 1
         # Shown literally, brackets and angle brackets included (app.py adds invisible word joiners).
         assert model_id in error.inner_text().replace("\u2060", "")
-        assert not _injected_elements(page)
+        assert not injected_elements(page)
         assert not seen["dialogs"] and not seen["outside"]
     finally:
         context.close()
