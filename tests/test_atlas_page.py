@@ -72,6 +72,9 @@ def test_an_atlas_folder_opens_on_the_focused_head_with_its_text_escaped(tmp_pat
     assert "<script" not in page_html and "<b>bold" not in page_html  # the text never becomes markup
     assert any("no unembedding" in i.value for i in at.info)  # an encoder writes no logits: the card says so
     assert len(at.tabs) >= 6
+    # the QK split names the contexts it read by their ranks in the list without the sink
+    assert any(c.value.startswith("Averaged over its top contexts #1 (keys after the first token") for c in at.caption), \
+        [c.value for c in at.caption]
 
 
 def test_a_head_whose_contexts_are_all_in_long_texts_says_why_it_has_no_qk_split(tmp_path, monkeypatch):
