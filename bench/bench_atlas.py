@@ -126,7 +126,9 @@ def main() -> None:
                              "two threads spin-wait for each other)")
     parser.add_argument("--join", type=int, default=1,
                         help="run this many consecutive demo texts together into one (12: about 120 tokens a text)")
-    parser.add_argument("--qk-pick", choices=["auto", "first", "shared"], default="auto",
+    from model_core.atlas.picks import PICKS
+
+    parser.add_argument("--qk-pick", choices=PICKS, default="auto",
                         help="which contexts a head the QK split reads (model_core.atlas.picks)")
     parser.add_argument("--only-qk", action="store_true", help="skip the run without the QK part")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)

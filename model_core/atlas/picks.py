@@ -17,16 +17,17 @@ rules, each taking up to ``n`` contexts a head from its list without the sink (t
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal
+from typing import Literal, get_args
 
 Pick = Literal["auto", "first", "shared"]
-PICKS: tuple[str, ...] = ("auto", "first", "shared")
+PICKS: tuple[str, ...] = get_args(Pick)
 AUTO_SHARED_FROM = 200
 """``auto`` takes the ``first`` rule unless its contexts name more texts than this (each a pass to run again); then
 ``shared``."""
 
 
-def qk_picks(lists: dict[tuple[int, int], list[int | None]], n: int, how: Pick = "auto") -> dict[tuple[int, int], list[int]]:
+def qk_picks(lists: dict[tuple[int, int], list[int | None]], n: int,
+             how: Pick = "auto") -> dict[tuple[int, int], list[int]]:
     """Each head's chosen contexts, as ranks in its list.
 
     Args:

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any
 
+from model_core.atlas.picks import PICKS
 from model_core.cli.options import MODEL_CHOICES, add_encoder_shape_options, print_error
 from model_core.cli.run_memory_flag import add_run_memory_flag, apply_run_memory_flag
 
@@ -47,7 +48,7 @@ def add_atlas_parser(sub: Any) -> None:
     p.add_argument("--shard-size", type=int, default=128, help="texts per shard: the unit of resume and of a Ray task")
     p.add_argument("--qk-contexts", type=int, default=3,
                    help="top contexts per head for the QK split and the direct logit effect (0: neither)")
-    p.add_argument("--qk-pick", choices=["auto", "first", "shared"], default="auto",
+    p.add_argument("--qk-pick", choices=PICKS, default="auto",
                    help="which: the head's first contexts; or its first and others of its top K chosen so that few "
                         "texts serve every head (2.6x fewer passes over 1,000 texts); auto (default): first unless "
                         "those name more than 200 texts. Each card lists the ranks it split")
