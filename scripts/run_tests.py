@@ -11,12 +11,19 @@ expression is combined with each phase's own. ``--order reverse`` runs the tests
 to show that no test depends on another having run first. ``AE_TEST_REPORTS=DIR`` keeps both phases' JUnit XML
 reports in DIR.
 
-Usage: python scripts/run_tests.py [--workers N] [--slowest K] [pytest arguments ...]
+**Longest files first.** With ``--dist loadfile`` a worker takes a whole file at a time, in the order handed out;
+pytest-xdist's own order (the files with the most tests first) left the one-test browser files of 200-250 s for
+last, and one worker idle for minutes at the end. So the workers get the files in ``tests/durations.json``'s order,
+longest first (tests/conftest.py; ``--no-loadscope-reorder`` keeps it). ``--save-durations`` rewrites that file from
+this run's reports, each file's seconds (setup, call and teardown of its tests).
+
+Usage: python scripts/run_tests.py [--workers N] [--slowest K] [--save-durations] [pytest arguments ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +33,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DURATIONS = ROOT / "tests" / "durations.json"
 NO_TESTS = 5  # pytest's exit status when the selection holds no test
 
 
@@ -58,6 +66,12 @@ def without_workers(args: list[str]) -> list[str]:
     return rest
 
 
+def worker_args(workers: str) -> list[str]:
+    """pytest-xdist's options for the parallel phase: whole files to a worker, in the collected order (the longest
+    files first, tests/conftest.py), not xdist's own (the files with the most tests first)."""
+    return [] if workers in ("0", "1") else ["-n", workers, "--dist", "loadfile", "--no-loadscope-reorder"]
+
+
 def phase_marker(own: str, user: str | None) -> str:
     return own if user is None else f"({user}) and ({own})"
 
@@ -79,6 +93,32 @@ def slowest(reports: list[Path], k: int) -> list[tuple[float, str]]:
     return sorted(times, reverse=True)[:k]
 
 
+def file_seconds(reports: list[Path]) -> dict[str, float]:
+    """Each test file's seconds (its tests' setup, call and teardown) in pytest's JUnit XML reports."""
+    out: dict[str, float] = {}
+    for report in reports:
+        if not report.exists() or report.stat().st_size == 0:
+            continue
+        try:
+            root = ET.parse(report).getroot()
+        except ET.ParseError:
+            continue
+        for case in root.iter("testcase"):
+            name = case.get("classname", "").replace(".", "/") + ".py"
+            out[name] = out.get(name, 0.0) + float(case.get("time") or 0.0)
+    return out
+
+
+def save_durations(reports: list[Path]) -> None:
+    seconds = file_seconds(reports)
+    if not seconds:
+        print("(no report to take the durations from)")
+        return
+    ordered = dict(sorted(((name, round(s, 1)) for name, s in seconds.items()), key=lambda kv: (-kv[1], kv[0])))
+    DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n", encoding="utf-8")
+    print(f"=== wrote {len(ordered)} files' seconds to {DURATIONS.relative_to(ROOT)}")
+
+
 def run_phase(label: str, args: list[str]) -> tuple[int, float]:
     print(f"\n=== {label}: pytest {' '.join(args)}", flush=True)
     start = time.monotonic()
@@ -94,6 +134,9 @@ def main(argv: list[str]) -> int:
                         help="pytest-xdist workers for the first phase (default 2, or AE_TEST_WORKERS; 0 runs it in "
                              "one process)")
     parser.add_argument("--slowest", type=int, default=25, help="how many of the slowest tests to list at the end")
+    parser.add_argument("--save-durations", action="store_true",
+                        help=f"write each file's seconds in this run to {DURATIONS.relative_to(ROOT)} (the order the "
+                             "workers take the files in)")
     ours, rest = parser.parse_known_args(argv)
     marker, rest = split_marker(rest)
     kept = os.environ.get("AE_TEST_REPORTS")  # a folder that keeps both phases' JUnit XML reports
@@ -101,7 +144,7 @@ def main(argv: list[str]) -> int:
         if kept:
             Path(kept).mkdir(parents=True, exist_ok=True)
         reports = [Path(kept or folder) / "parallel.xml", Path(kept or folder) / "serial.xml"]
-        workers = [] if ours.workers in ("0", "1") else ["-n", ours.workers, "--dist", "loadfile"]
+        workers = worker_args(ours.workers)
         phases = [("parallel phase", [*workers, "-m", phase_marker("not serial", marker),
                                       f"--junitxml={reports[0]}", *rest]),
                   ("serial phase", ["-m", phase_marker("serial", marker), f"--junitxml={reports[1]}",
@@ -109,6 +152,8 @@ def main(argv: list[str]) -> int:
         for report in reports:  # a phase that writes none must not leave an older run's figures
             report.unlink(missing_ok=True)
         results = [run_phase(label, args) for label, args in phases]
+        if ours.save_durations:
+            save_durations(reports)
         print(f"\n=== the {ours.slowest} slowest tests (setup, call and teardown; both phases)")
         for seconds, name in slowest(reports, ours.slowest):
             print(f"{seconds:8.1f} s  {name}")

@@ -51,10 +51,36 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+def longest_files_first(items: list) -> None:
+    """Order ``items`` file by file, the longest files first as ``tests/durations.json`` (a past run's seconds per
+    file, ``scripts/run_tests.py --save-durations``) has them, a file it does not name first of all; a file's own
+    tests keep their order. pytest-xdist's ``--dist loadfile`` hands the files out in this order, so the long ones
+    start early instead of leaving one worker busy at the end while the other waits."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).with_name("durations.json")
+    try:
+        seconds = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    first_seen: dict[str, int] = {}
+    for item in items:
+        first_seen.setdefault(item.nodeid.split("::")[0], len(first_seen))
+
+    def key(item) -> tuple[float, int]:
+        name = item.nodeid.split("::")[0]
+        return -float(seconds.get(name, float("inf"))), first_seen[name]
+    items.sort(key=key)  # stable: a file's tests stay in order
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` skip cleanly, with the reason, on a machine without a CUDA GPU; ``--order reverse``."""
+    """Tests marked `cuda` skip cleanly, with the reason, on a machine without a CUDA GPU; in a pytest-xdist worker,
+    the longest files first (``longest_files_first``); ``--order reverse``."""
     import torch
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        longest_files_first(items)
     if config.getoption("--order") == "reverse":
         items.reverse()
     if torch.cuda.is_available():
