@@ -148,7 +148,7 @@ def _qk_reference(loaded, texts, contexts, layer, head):
         key_sides.append(at.row[:, visible.index(k)] - at.row.mean(axis=1))
         per_key = np.stack([split_at(pass_, tokens, q, j).query_side for j in visible])
         query_sides.append(per_key[visible.index(k)] - per_key.mean(axis=0))
-        assert at.terms.sum() == pytest.approx(at.score, rel=1e-6, abs=1e-6)
+        assert at.terms.sum() == pytest.approx(at.score, rel=1e-5, abs=1e-5)  # float64 terms, float32 score
     return np.mean(query_sides, axis=0), np.mean(key_sides, axis=0)
 
 
@@ -371,26 +371,3 @@ def test_a_long_text_through_the_compact_pass_scans_as_the_batched_pass_does(dec
     np.testing.assert_allclose(long.best_w, batched.best_w, atol=1e-5)
     np.testing.assert_allclose(long.sums, batched.sums, atol=1e-4, rtol=1e-5)
     np.testing.assert_array_equal(long.rows, batched.rows)
-
-
-def test_a_long_text_runs_through_the_atlas_and_its_contexts_are_not_split(decoder, tmp_path, monkeypatch):
-    """A long text beside the short ones (the tiny model reads 128 tokens, so "long" is lowered to 100 here):
-    scanned alone through the compact pass, its contexts on the cards, and the QK split taken only at contexts in
-    the shorter texts."""
-    import model_core.atlas.run as atlas_run
-    import model_core.atlas.shard as shard
-
-    monkeypatch.setattr(shard, "LONG_FROM", 100)
-    monkeypatch.setattr(atlas_run, "LONG_FROM", 100)
-    long_text = " ".join(["the cat sat on the mat and the dog ran to the door"] * 100)
-    corpus = Corpus("long", (*TEXTS, (long_text, None)))
-    seen = []
-    original = shard.long_text_scan
-    monkeypatch.setattr(shard, "long_text_scan", lambda *a, **k: seen.append(a[1].shape[1]) or original(*a, **k))
-    run = run_atlas(corpus, decoder["model"], tmp_path / "long", options=OPTIONS, loaded=decoder["loaded"])
-    assert seen == [128]  # the long text alone, truncated to the model's 128 positions
-    cards = [run.card(layer, head) for layer in range(run.shape[0]) for head in range(run.shape[1])]
-    assert any(c["top_contexts"][0]["text_id"] == len(TEXTS) for c in cards)  # the long text is some head's best
-    for card in cards:
-        short = [c for c in card["top_contexts_no_sink"] if c["text_id"] != len(TEXTS)]
-        assert card["qk_contexts"] == min(OPTIONS.qk_contexts, len(short))

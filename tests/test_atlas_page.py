@@ -77,14 +77,24 @@ def test_an_atlas_folder_opens_on_the_focused_head_with_its_text_escaped(tmp_pat
         [c.value for c in at.caption]
 
 
-def test_a_head_whose_contexts_are_all_in_long_texts_says_why_it_has_no_qk_split(tmp_path, monkeypatch):
+def test_a_head_whose_long_contexts_the_memory_limit_refused_says_why_it_has_no_qk_split(tmp_path, monkeypatch):
+    """Every text counts as long for the cards, and the model is one the long card pass does not serve (a stand-in
+    for Gemma's out-norm): each context takes ``model_core.qk``'s pass, which the memory limit refuses here."""
     import model_core.atlas.run as atlas_run
+    import model_core.atlas.why as why
+    from model_core.models.run_memory import RunMemoryError
 
-    monkeypatch.setattr(atlas_run, "LONG_FROM", 1)  # every text counts as long for the cards: none is split
+    def refused(*args, **kwargs):
+        raise RunMemoryError("Why this key at 600 tokens needs about 9,000 MB, over the 2,000 MB limit.")
+
+    monkeypatch.setattr(atlas_run, "LONG_FROM", 1)
+    monkeypatch.setattr(why, "serves", lambda *a: False)
+    monkeypatch.setattr(why, "qk_pass", refused)
     texts = tuple((f"text {i} with some words, and more words.", None) for i in range(4))
     at = _folder_page(tmp_path, monkeypatch, texts, 2, 1, 0)
-    assert any("No QK split for this head: its top contexts are all in texts of 513 tokens or more" in i.value
-               for i in at.info), [i.value for i in at.info]
+    assert any("No QK split for this head: its top contexts are in texts of 513 tokens or more, and this model's "
+               "split of them would pass the server's memory limit" in i.value for i in at.info), \
+        [i.value for i in at.info]
 
 
 def test_a_server_cap_on_corpus_texts_caps_the_demo_atlas(tmp_path, monkeypatch):

@@ -117,8 +117,8 @@ def components_section(card: dict[str, Any], asked: int) -> None:
         elif not card["top_contexts_no_sink"]:
             why = "it has no top context with a key after the first token"
         else:
-            why = (f"its top contexts are all in texts of {LONG_FROM:,} tokens or more, whose full traces are too "
-                   "large to split; the split is taken in shorter texts only")
+            why = (f"its top contexts are in texts of {LONG_FROM:,} tokens or more, and this model's split of them "
+                   "would pass the server's memory limit (AE_RUN_MEMORY_MB)")
         st.info(f"No QK split for this head: {why}.")
         return
     left, right = st.columns(2)
@@ -130,8 +130,8 @@ def components_section(card: dict[str, Any], asked: int) -> None:
     which = (f"its top contexts {', '.join(f'#{r + 1}' for r in ranks)} (keys after the first token; the ranks "
              "of the list without the sink)" if ranks else
              f"the head's first {card.get('qk_contexts', 0)} top contexts (keys after the first token)")
-    st.caption(f"Averaged over {which} in texts under {LONG_FROM:,} tokens: each component's part of the score above "
-               "the mean score of the keys the query sees.")
+    st.caption(f"Averaged over {which}: each component's part of the score above the mean score of the keys the "
+               "query sees.")
 
 
 def writes_section(card: dict[str, Any]) -> None:

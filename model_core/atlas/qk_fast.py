@@ -64,18 +64,23 @@ def constants(lw: Any, head: int, kv: int, pre_norm: bool = True) -> tuple[torch
 
 
 class TextSplit:
-    """One text's full trace, ready to split any head's score at any (query, key) above the row mean."""
+    """One text's trace, ready to split any head's score at any (query, key) above the row mean.
+
+    ``trace``: a full trace's arrays (``why.TextArrays``) or a long text's (``long_arrays.LongArrays``, z in place of
+    the weights and values). Only one layer's parts are held at a time (``split_many``), in float64.
+    """
+
+    CHUNK_BYTES = 256 * 2**20
+    """The most the key-side maps of the contexts split together may take (float64 (keys, d_model) each)."""
 
     def __init__(self, model: Any, family: Any, trace: Any) -> None:
         self.model, self.family, self.trace = model, family, trace
         self.weights = [on_cpu(lw) for lw in layer_weights(model)]
-        self.hidden = _t(trace.hidden_states)  # (layer + 1, n, d_model)
-        self.n = self.hidden.shape[1]
-        self.n_heads = int(trace.weights.shape[1])
-        self._parts: list[torch.Tensor] = []  # per layer: (head + 1, n, d_model), its heads' writes then its MLP
+        first = self.hidden(0)
+        self.n = first.shape[0]
+        self.n_heads = int(trace.queries.shape[1])
         self._rope: dict[int, Any] = {}
         embed = family.embed_parts(model)
-        first = self.hidden[0]
         self.embeds = [first]
         if embed.pos_embed is not None:  # absolute positions: the token embedding, the rest is ``pos``
             ids = torch.as_tensor(np.array(trace.token_ids), dtype=torch.long,
@@ -84,16 +89,24 @@ class TextSplit:
                 tok = embed.embed(ids).to("cpu", F64)
             self.embeds = [tok, first - tok]
 
-    def _layer_parts(self, upto: int) -> None:
-        """Each head's write and each MLP's output of the layers below ``upto``, made once: layer l's components are
-        the embeddings, then per layer its heads' writes and its MLP (``component_names`` order)."""
-        for layer in range(len(self._parts), upto):
-            lw = self.weights[layer]
-            z = torch.matmul(_t(self.trace.weights[layer]), _t(self.trace.values[layer]))  # (head, n, d_head)
-            writes = torch.einsum("hnd,hdm->hnm", z, lw.W_O.to(F64))  # (head, n, d_model)
-            attn_out = writes.sum(0) + (0 if lw.b_O is None else lw.b_O.to(F64))
-            mlp = self.hidden[layer + 1] - self.hidden[layer] - attn_out
-            self._parts.append(torch.cat([writes, mlp[None]]))  # (head + 1, n, d_model)
+    def hidden(self, layer: int) -> torch.Tensor:
+        """The residual stream at layer ``layer``'s input. Shape: (n, d_model) float64."""
+        return _t(self.trace.hidden_states[layer])
+
+    def _z(self, layer: int) -> torch.Tensor:
+        """Each head's output before W_O. Shape: (head, n, d_head) float64."""
+        z = getattr(self.trace, "z", None)
+        if z is not None:
+            return _t(z[layer])
+        return torch.matmul(_t(self.trace.weights[layer]), _t(self.trace.values[layer]))
+
+    def layer_parts(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s components: each head's write, then the MLP's output. Shape: (head + 1, n, d_model)."""
+        lw = self.weights[layer]
+        writes = torch.einsum("hnd,hdm->hnm", self._z(layer), lw.W_O.to(F64))  # (head, n, d_model)
+        attn_out = writes.sum(0) + (0 if lw.b_O is None else lw.b_O.to(F64))
+        mlp = self.hidden(layer + 1) - self.hidden(layer) - attn_out
+        return torch.cat([writes, mlp[None]])
 
     def _rotary(self, layer: int) -> Any:
         if layer not in self._rope:
@@ -112,17 +125,9 @@ class TextSplit:
         x = vectors[None, None]  # (1, 1, m, d_head)
         return apply_rotary(attn, x, x, (cos, -sin))[0][0, 0]  # a rotation's inverse: the angle negated
 
-    def components(self, layer: int) -> list[torch.Tensor]:
-        """Layer ``layer``'s input in ``component_names`` order, the constant term left out, in groups: the
-        embeddings, then each earlier layer's heads and MLP. Shape: each (count, n, d_model) float64."""
-        self._layer_parts(layer)
-        return [torch.stack(self.embeds)] + self._parts[:layer]
-
-    def split(self, layer: int, head: int, query: int, key: int, has_bias: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The query-side and key-side components of the score above the row mean at (query, key).
-
-        Shape: -> (component,), (component,) float64 (``bias`` last where ``has_bias``).
-        """
+    def _maps(self, layer: int, head: int, query: int, key: int, has_bias: bool) -> dict[str, Any]:
+        """What one context's split contracts each component with: ``a`` (d_model,) on the query side, ``b``
+        (keys, d_model) over the visible keys ``keys_at`` on the key side, and the constant terms."""
         lw = self.weights[layer]
         kv = int(lw.kv_of_head[head])
         win = window(self.model, layer)
@@ -139,21 +144,57 @@ class TextSplit:
             out = (v @ w.to(F64).T) * gain
             return out - out.mean(-1, keepdim=True) if centred else out
 
-        inv = inv_scale(lw, self.hidden[layer]).squeeze(-1)  # (n,)
+        inv = inv_scale(lw, self.hidden(layer)).squeeze(-1)  # (n,)
         u_back = self._unrotate(layer, u[None], [query])[0]  # R_i^T u
         a = pulled(lw.W_Q[head], u_back) * inv[query]  # (d_model,)
         r = self._unrotate(layer, q.expand(len(visible), -1).clone(), visible)  # (keys, d_head): R_j^T q
         b = pulled(lw.W_K[kv], r) * (w_bar * inv[visible])[:, None]  # (keys, d_model)
-        parts = self.components(layer)
-        keys_at = slice(visible[0], visible[-1] + 1)  # the visible keys are one run of positions: a view, no copy
-        query_side = torch.cat([g[:, query] @ a for g in parts])  # (C,)
-        key_side = torch.cat([torch.einsum("cjd,jd->c", g[:, keys_at], b) for g in parts])
-        if has_bias:
+        out = {"a": a, "b": b, "keys_at": slice(visible[0], visible[-1] + 1), "bias": None}
+        if has_bias:  # the visible keys are one run of positions: ``keys_at`` is a view, no copy
             b_o = sum((w.b_O.to(F64) for w in self.weights[:layer] if w.b_O is not None), torch.zeros_like(gain))
             q_const, k_const = constants(lw, head, kv)
-            q_bias = b_o @ a + q_const @ u_back
-            k_bias = (b @ b_o).sum() + (w_bar[:, None] * r).sum(0) @ k_const
-            query_side = torch.cat([query_side, q_bias[None]])
-            key_side = torch.cat([key_side, k_bias[None]])
-        scale = lw.scale
-        return (query_side * scale).numpy(), (key_side * scale).numpy()
+            out["bias"] = (b_o @ a + q_const @ u_back, (b @ b_o).sum() + (w_bar[:, None] * r).sum(0) @ k_const)
+        return out
+
+    def split(self, layer: int, head: int, query: int, key: int, has_bias: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The query-side and key-side components of the score above the row mean at (query, key).
+
+        Shape: -> (component,), (component,) float64 (``bias`` last where ``has_bias``).
+        """
+        return self.split_many([(layer, head, query, key)], [has_bias])[0]
+
+    def split_many(self, items: list[tuple[int, int, int, int]], has_bias: list[bool]
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``split`` of every (layer, head, query, key) of ``items``, each layer's parts made once for all of them
+        (in chunks of contexts whose key-side maps fit ``CHUNK_BYTES``)."""
+        per_item = 8 * self.n * self.hidden(0).shape[-1]
+        size = max(1, self.CHUNK_BYTES // max(per_item, 1))
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        for start in range(0, len(items), size):
+            out += self._split_chunk(items[start:start + size], has_bias[start:start + size])
+        return out
+
+    def _split_chunk(self, items: list[tuple[int, int, int, int]], has_bias: list[bool]
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+        maps = [self._maps(la, h, q, k, bias) for (la, h, q, k), bias in zip(items, has_bias)]
+        q_sides: list[list[torch.Tensor]] = [[] for _ in items]
+        k_sides: list[list[torch.Tensor]] = [[] for _ in items]
+
+        def take(group: torch.Tensor, below: int) -> None:  # group: (count, n, d_model) of the layers below ``below``
+            for i, ((layer, _, query, _), m) in enumerate(zip(items, maps)):
+                if layer >= below:
+                    q_sides[i].append(group[:, query] @ m["a"])
+                    k_sides[i].append(torch.einsum("cjd,jd->c", group[:, m["keys_at"]], m["b"]))
+
+        take(torch.stack(self.embeds), 0)
+        for source in range(max(la for la, *_ in items)):
+            take(self.layer_parts(source), source + 1)
+        results = []
+        for (layer, *_), m, qs, ks in zip(items, maps, q_sides, k_sides):
+            query_side, key_side = torch.cat(qs), torch.cat(ks)
+            if m["bias"] is not None:
+                query_side = torch.cat([query_side, m["bias"][0][None]])
+                key_side = torch.cat([key_side, m["bias"][1][None]])
+            scale = self.weights[layer].scale
+            results.append(((query_side * scale).numpy(), (key_side * scale).numpy()))
+        return results

@@ -24,6 +24,7 @@ from model_core.atlas.contexts import TOP_K, TokenText, context, decile_samples,
 from model_core.atlas.keys import LISTS, PROFILE_KEYS, ROW_KEYS
 from model_core.atlas.ov import TOP_N, copying_scores
 from model_core.atlas.picks import PICKS, Pick, qk_picks
+from model_core.atlas.qk_fast import TextSplit
 from model_core.atlas.shard import LONG_FROM, process_shard
 from model_core.atlas.summary import SummaryRules, kind_of, summarise
 from model_core.atlas.why import CARD_BATCH, CARD_CELL_BUDGET, QKAverage, explain
@@ -51,8 +52,9 @@ class AtlasOptions:
     """How an atlas is run. Recorded in the manifest; a rerun keeps the original's.
 
     Attributes:
-        qk_contexts: contexts per head (from its list without the sink, in texts under ``LONG_FROM`` tokens: a
-            longer text's full trace is too large) for the QK split and the direct logit effect; 0 skips both.
+        qk_contexts: contexts per head (from its list without the sink) for the QK split and the direct logit
+            effect; 0 skips both. A context in a text of ``LONG_FROM`` tokens or more is split from that text's own
+            pass without its n x n weights (``model_core.atlas.long_arrays``).
         qk_pick: which of them (``model_core.atlas.picks``): ``first``, the head's first ``qk_contexts``; ``shared``,
             its first and others of its top K chosen so that few texts serve every head (2.6x fewer passes over
             1,000 texts); ``auto``, ``first`` unless it names more than 200 texts.
@@ -210,7 +212,7 @@ def check_atlas_memory(loaded: LoadedCorpusModel, options: AtlasOptions) -> None
     short, heads = max(1, min(tokens, LONG_FROM - 1)), loaded.n_layers * loaded.n_heads
     estimate = atlas_bytes(model_shape(loaded.module), tokens, largest_batch(options.batch_size, short, heads),
                            largest_batch(CARD_BATCH, short, heads, CARD_CELL_BUDGET), long_from=LONG_FROM,
-                           block=QUERY_BLOCK)
+                           block=QUERY_BLOCK, chunk=TextSplit.CHUNK_BYTES)
     check_run_memory(f"An atlas of texts up to {tokens:,} tokens", estimate, run_memory_limit_mb(),
                      "Lower --max-tokens (the page's texts are cut at 128) or --batch-size.")
 
@@ -331,13 +333,12 @@ def build_cards(loaded: LoadedCorpusModel, corpus: Corpus, scanned: store.Scanne
         return [context(int(r), ids, scanned.best_w[:, which, layer, head], scanned.best_q[:, which, layer, head],
                         scanned.best_k[:, which, layer, head], token_ids, text_of) for r in rows]
 
-    short = scanned.n_tokens < LONG_FROM  # a longer text's full trace would not fit: its contexts are not split
-    ranks = qk_picks({lh: [int(ids[r]) if short[r] else None for r in rows[1]] for lh, rows in tops.items()},
-                     options.qk_contexts, options.qk_pick)
+    ranks = qk_picks({lh: [int(ids[r]) for r in rows[1]] for lh, rows in tops.items()}, options.qk_contexts,
+                     options.qk_pick)
     wanted = {lh: [(int(ids[r]), int(scanned.best_q[r, 1, lh[0], lh[1]]), int(scanned.best_k[r, 1, lh[0], lh[1]]))
                    for r in (tops[lh][1][i] for i in picked)] for lh, picked in ranks.items()}
-    averages, effects = explain(loaded, texts, wanted, qk=options.qk_contexts > 0,
-                                effects=options.qk_contexts > 0, progress=progress) if wanted else ({}, {})
+    averages, effects = explain(loaded, texts, wanted, qk=options.qk_contexts > 0, effects=options.qk_contexts > 0,
+                                long_from=LONG_FROM, progress=progress) if wanted else ({}, {})
     copying = copying_scores(loaded.module, loaded.tokenizer, options.top_n)
     roles = role_grids(loaded, options.roles_seed)
     partners = composition_partners(loaded)

@@ -2,7 +2,9 @@
 (``model_core.qk``) averaged over a capped number of contexts, and the direct logit effect of its output there.
 
 One pass per text (in padded batches) serves every head whose contexts are in that text: the QK split of a decoder is rebuilt from
-the trace (``qk_pass_for_trace``, no model run); an encoder's takes the head's hooked pass.
+the trace (``qk_pass_for_trace``, no model run); an encoder's takes the head's hooked pass. A long text (``long_from``
+tokens or more) runs alone through ``long_arrays.long_text_arrays``, which keeps each head's output instead of the
+n x n weights.
 
 **The QK split, above the row mean.** At query i and key j the score splits into query-side components
 (``Q_c · k_j``) and key-side components (``q_i · K_c``) (``model_core.qk.terms``). A softmax only cares how far
@@ -21,13 +23,15 @@ import numpy as np
 import torch
 
 from model_core.atlas import qk_hooked
+from model_core.atlas.long_arrays import LongArrays, long_text_arrays, serves
 from model_core.atlas.qk_fast import TextSplit, supported
 from model_core.corpus.batches import EncodedText, pad_batch, plan_batches
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.effects.norms import freeze
 from model_core.families.weights import layer_weights
 from model_core.gate import GATE
-from model_core.qk.terms import component_names, qk_pass_for_trace
+from model_core.models.run_memory import RunMemoryError
+from model_core.qk.terms import component_names, qk_pass, qk_pass_for_trace
 
 CARD_BATCH = 16
 """Texts per batch of ``text_arrays`` at most."""
@@ -92,10 +96,22 @@ class TextArrays:
     score_softcap: float | None = None
 
 
-def text_arrays(loaded: LoadedCorpusModel, texts: list[EncodedText]) -> Iterator[tuple[int, TextArrays]]:
+def text_arrays(loaded: LoadedCorpusModel, texts: list[EncodedText], long_from: int | None = None
+                ) -> Iterator[tuple[int, TextArrays | LongArrays | None]]:
     """Run the texts in padded, length-sorted batches through the family's one forward pass and cut out each text's
     arrays (right padding changes nothing for the real tokens: a decoder's never see the pads, an encoder's mask
-    hides them). Yields (text_id, arrays) in batch order."""
+    hides them). A text of ``long_from`` tokens or more runs alone through ``long_text_arrays`` where it serves the
+    model, else it yields None (its full trace would not fit). Yields (text_id, arrays) in batch order, the long
+    texts last."""
+    long = [t for t in texts if long_from is not None and len(t.ids) >= long_from]
+    texts = [t for t in texts if long_from is None or len(t.ids) < long_from]
+    yield from _short_arrays(loaded, texts)
+    fits = serves(loaded.module, loaded.family)
+    for text in long:
+        yield text.text_id, long_text_arrays(loaded, text) if fits else None
+
+
+def _short_arrays(loaded: LoadedCorpusModel, texts: list[EncodedText]) -> Iterator[tuple[int, TextArrays]]:
     kv = torch.as_tensor(loaded.family.kv_heads(loaded.module.config), device=loaded.device)
     for batch in plan_batches(texts, CARD_BATCH, loaded.n_layers * loaded.n_heads, CARD_CELL_BUDGET):
         with GATE.turn():  # the pass and its copy to the host, as one turn of the route's gate
@@ -139,8 +155,11 @@ def head_writes(loaded: LoadedCorpusModel, trace: Any, heads: list[tuple[int, in
     weights = layer_weights(loaded.module)
     rows = []
     for layer, head, q in heads:
-        z = torch.from_numpy(np.array(trace.weights[layer, head, q], dtype=np.float32)) @ \
-            torch.from_numpy(np.array(trace.values[layer, head], dtype=np.float32))  # (d_head,)
+        if isinstance(trace, LongArrays):
+            z = torch.from_numpy(np.array(trace.z[layer, head, q], dtype=np.float32))
+        else:
+            z = torch.from_numpy(np.array(trace.weights[layer, head, q], dtype=np.float32)) @ \
+                torch.from_numpy(np.array(trace.values[layer, head], dtype=np.float32))  # (d_head,)
         rows.append(z @ weights[layer].W_O[head].detach().to("cpu", torch.float32))
     return torch.stack(rows)
 
@@ -174,7 +193,7 @@ class _Acc:
 
 
 def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: dict[tuple[int, int], list[Context]], *,
-            qk: bool = True, effects: bool = True, fast_qk: bool = True,
+            qk: bool = True, effects: bool = True, fast_qk: bool = True, long_from: int | None = None,
             progress: Callable[[int, int], None] | None = None) -> tuple[dict[tuple[int, int], QKAverage],
                                                                       dict[tuple[int, int], np.ndarray]]:
     """The QK averages and the mean direct logit effect of every head of ``wanted`` over its contexts.
@@ -185,6 +204,10 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
         fast_qk: split by ``model_core.atlas.qk_fast`` (decoders, from the trace) or ``qk_hooked`` (encoders, one
             hooked pass per text) where they serve the model (the same numbers, tests hold); False:
             ``model_core.qk``'s pass for every head.
+        long_from: from this many tokens a text's card pass is ``long_arrays.long_text_arrays`` (no n x n pattern),
+            where it serves the model; elsewhere such a text's contexts are split by ``model_core.qk``'s pass per
+            head (refused, and left out, past ``AE_RUN_MEMORY_MB``) and have no direct effect. None: every text is
+            traced in full.
         progress: called with (texts done, texts) after each text, and again after each head's split.
 
     Returns:
@@ -199,9 +222,9 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
     quick = fast_qk and supported(loaded.module, loaded.family)
     hooked = fast_qk and not quick and qk_hooked.supported(loaded.module, loaded.family)
     names: dict[int, list[str]] = {}
-    for done, (text_id, trace) in enumerate(text_arrays(loaded, [texts[t] for t in sorted(by_text)])):
+    for done, (text_id, trace) in enumerate(text_arrays(loaded, [texts[t] for t in sorted(by_text)], long_from)):
         items = by_text[text_id]
-        if effects:
+        if effects and trace is not None:
             effect = direct_effects(loaded, trace, [(la, h, q) for la, h, q, _ in items])
             if effect is not None:
                 for (la, h, _, _), row in zip(items, effect):
@@ -217,12 +240,20 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
                 if progress is not None:  # a Stop between heads, not only between texts
                     progress(done, len(by_text))
 
-            if quick:
-                fast = TextSplit(loaded.module, loaded.family, trace)
+            for la, *_ in items:
+                if la not in names:
+                    names[la] = component_names(loaded.module, la)
+            if trace is None:  # a long text the card pass does not serve: the head's own pass, where it fits
+                ids = torch.tensor([texts[text_id].ids], dtype=torch.long)
                 for la, h, q, k in items:
-                    if la not in names:
-                        names[la] = component_names(loaded.module, la)
-                    add((la, h, q, k), *fast.split(la, h, q, k, names[la][-1] == "bias"))
+                    try:
+                        add((la, h, q, k), *split_above_mean(qk_pass(loaded.module, ids, la, h), q, k))
+                    except RunMemoryError:
+                        continue
+            elif quick:
+                fast = TextSplit(loaded.module, loaded.family, trace)
+                for item, sides in zip(items, fast.split_many(items, [names[la][-1] == "bias" for la, *_ in items])):
+                    add(item, *sides)
             elif hooked and qk_hooked.fits(loaded.module, loaded.family, len(trace.token_ids),
                                            max(la for la, *_ in items)):
                 with GATE.turn():  # one hooked pass of the model for every head of this text

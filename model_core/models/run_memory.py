@@ -156,7 +156,7 @@ def trace_pass_bytes(shape: ModelShape, batch: int, tokens: int, *, keep_weights
 
 
 def atlas_bytes(shape: ModelShape, tokens: int, scan_batch: int, card_batch: int, *, long_from: int,
-                block: int) -> float:
+                block: int, chunk: int = 256 * MB) -> float:
     """An atlas run's peak (``model_core.atlas``): the larger of its three steps at texts of ``tokens`` tokens.
 
     - the scan of texts under ``long_from`` tokens: a traced pass of ``scan_batch`` texts and its masks (three
@@ -166,7 +166,10 @@ def atlas_bytes(shape: ModelShape, tokens: int, scan_batch: int, card_batch: int
       layer's heads and MLP (8·L·(H + 1)·T·d), and each head's mean effect on every logit (8·L·H·vocab);
     - a text of ``long_from`` tokens or more, scanned alone through the compact pass: one layer's activations,
       every layer's queries and keys (4·L·(H + kv)·T·d_head), one block of ``block`` query rows (three float32
-      H·block·T copies) and the scan's masks (six T² booleans).
+      H·block·T copies) and the scan's masks (six T² booleans); its card pass (``long_arrays``) keeps, beside the
+      same pass, every layer's queries, keys, heads' outputs and residual stream on the host
+      (4·(L·(2H + kv)·T·d_head + (L + 1)·T·d)), one layer's float64 parts twice (2·8·(H + 1)·T·d) and the
+      key-side maps of the contexts split together (``chunk``).
     """
     short = min(tokens, long_from - 1)
     a = shape.act_bytes
@@ -181,7 +184,10 @@ def atlas_bytes(shape: ModelShape, tokens: int, scan_batch: int, card_batch: int
         n = tokens
         compact = (a * n * (8 * shape.d_model + 3 * shape.d_ff) + 4 * shape.n_layers * (shape.n_heads + shape.n_kv_heads)
                    * n * shape.d_head + 3 * 4 * shape.n_heads * block * n + 6 * n * n)
-        peak = max(peak, OVERHEAD_MB * MB + compact)
+        held = 4 * n * (shape.n_layers * (2 * shape.n_heads + shape.n_kv_heads) * shape.d_head
+                         + (shape.n_layers + 1) * shape.d_model)
+        long_cards = compact + held + 2 * 8 * (shape.n_heads + 1) * n * shape.d_model + chunk
+        peak = max(peak, OVERHEAD_MB * MB + long_cards)
     return ATLAS_MARGIN * peak
 
 
