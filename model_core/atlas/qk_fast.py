@@ -20,6 +20,7 @@ Llama, Qwen2, Mistral, Phi, SmolLM2); ``supported`` says so, and the others take
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -161,18 +162,17 @@ class TextSplit:
 
         Shape: -> (component,), (component,) float64 (``bias`` last where ``has_bias``).
         """
-        return self.split_many([(layer, head, query, key)], [has_bias])[0]
+        return next(self.split_many([(layer, head, query, key)], [has_bias]))
 
     def split_many(self, items: list[tuple[int, int, int, int]], has_bias: list[bool]
-                   ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``split`` of every (layer, head, query, key) of ``items``, each layer's parts made once for all of them
-        (in chunks of contexts whose key-side maps fit ``CHUNK_BYTES``)."""
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``split`` of every (layer, head, query, key) of ``items``, in order, each layer's parts made once for all
+        of them (in chunks of contexts whose key-side maps fit ``CHUNK_BYTES``; each chunk's results are yielded as
+        it ends, so a caller can report progress, or stop, between chunks)."""
         per_item = 8 * self.n * self.hidden(0).shape[-1]
         size = max(1, self.CHUNK_BYTES // max(per_item, 1))
-        out: list[tuple[np.ndarray, np.ndarray]] = []
         for start in range(0, len(items), size):
-            out += self._split_chunk(items[start:start + size], has_bias[start:start + size])
-        return out
+            yield from self._split_chunk(items[start:start + size], has_bias[start:start + size])
 
     def _split_chunk(self, items: list[tuple[int, int, int, int]], has_bias: list[bool]
                      ) -> list[tuple[np.ndarray, np.ndarray]]:
