@@ -107,3 +107,19 @@ def test_a_long_text_runs_through_the_atlas_and_its_contexts_are_split(decoder, 
     for card in cards:
         assert card["qk_contexts"] == min(OPTIONS.qk_contexts, len(card["top_contexts_no_sink"]))
         assert card["qk"] is not None and card["promoted_tokens"]
+
+
+def test_the_split_in_chunks_of_one_context_equals_one_chunk(decoder, monkeypatch):  # noqa: F811 - the fixture
+    """``TextSplit.split_many`` takes the contexts in layer order and in chunks that fit its byte budget; a budget
+    of one byte (a chunk a context) gives every context the same split as one chunk for all."""
+    from model_core.atlas.qk_fast import TextSplit
+
+    loaded = _with_norms(decoder["loaded"])
+    text = _long(loaded)
+    wanted = {(1, 1): [(0, 127, 64), (0, 60, 59)], (0, 2): [(0, 100, 99)], (1, 0): [(0, 20, 3)]}
+    together, _ = explain(loaded, {0: text}, wanted, effects=False, long_from=100)
+    monkeypatch.setattr(TextSplit, "CHUNK_BYTES", 1)
+    apart, _ = explain(loaded, {0: text}, wanted, effects=False, long_from=100)
+    for lh in wanted:
+        np.testing.assert_allclose(apart[lh].query_side, together[lh].query_side, atol=1e-12)
+        np.testing.assert_allclose(apart[lh].key_side, together[lh].key_side, atol=1e-12)

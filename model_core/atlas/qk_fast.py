@@ -71,7 +71,7 @@ class TextSplit:
     the weights and values). Only one layer's parts are held at a time (``split_many``), in float64.
     """
 
-    CHUNK_BYTES = 256 * 2**20
+    CHUNK_BYTES = 768 * 2**20
     """The most the key-side maps of the contexts split together may take (float64 (keys, d_model) each)."""
 
     def __init__(self, model: Any, family: Any, trace: Any) -> None:
@@ -162,20 +162,30 @@ class TextSplit:
 
         Shape: -> (component,), (component,) float64 (``bias`` last where ``has_bias``).
         """
-        return next(self.split_many([(layer, head, query, key)], [has_bias]))
+        return next(self.split_many([(layer, head, query, key)], [has_bias]))[1]
 
     def split_many(self, items: list[tuple[int, int, int, int]], has_bias: list[bool]
-                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``split`` of every (layer, head, query, key) of ``items``, in order, each layer's parts made once for all
-        of them (in chunks of contexts whose key-side maps fit ``CHUNK_BYTES``; each chunk's results are yielded as
-        it ends, so a caller can report progress, or stop, between chunks)."""
-        per_item = 8 * self.n * self.hidden(0).shape[-1]
-        size = max(1, self.CHUNK_BYTES // max(per_item, 1))
-        for start in range(0, len(items), size):
-            yield from self._split_chunk(items[start:start + size], has_bias[start:start + size])
+                   ) -> Iterator[tuple[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]]]:
+        """``split`` of every (layer, head, query, key) of ``items``, yielded as (item, its split) layer by layer
+        (earliest first), each layer's parts made once for every context of a chunk: the contexts are taken in layer
+        order, in chunks whose key-side maps fit ``CHUNK_BYTES``, so a chunk of early layers makes only their parts.
+        Each chunk's results come as it ends, so a caller can report progress, or stop, between chunks."""
+        d_model = self.hidden(0).shape[-1]
+        order = sorted(range(len(items)), key=lambda i: items[i][0])
+        chunk: list[int] = []
+        held = 0
+        for i in order:
+            size = 8 * (items[i][2] + 1) * d_model  # the key-side map: (visible keys, d_model) float64
+            if chunk and held + size > self.CHUNK_BYTES:
+                yield from self._split_chunk([items[j] for j in chunk], [has_bias[j] for j in chunk])
+                chunk, held = [], 0
+            chunk.append(i)
+            held += size
+        if chunk:
+            yield from self._split_chunk([items[j] for j in chunk], [has_bias[j] for j in chunk])
 
     def _split_chunk(self, items: list[tuple[int, int, int, int]], has_bias: list[bool]
-                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+                     ) -> list[tuple[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]]]:
         maps = [self._maps(la, h, q, k, bias) for (la, h, q, k), bias in zip(items, has_bias)]
         q_sides: list[list[torch.Tensor]] = [[] for _ in items]
         k_sides: list[list[torch.Tensor]] = [[] for _ in items]
@@ -190,11 +200,11 @@ class TextSplit:
         for source in range(max(la for la, *_ in items)):
             take(self.layer_parts(source), source + 1)
         results = []
-        for (layer, *_), m, qs, ks in zip(items, maps, q_sides, k_sides):
+        for (layer, *rest), m, qs, ks in zip(items, maps, q_sides, k_sides):
             query_side, key_side = torch.cat(qs), torch.cat(ks)
             if m["bias"] is not None:
                 query_side = torch.cat([query_side, m["bias"][0][None]])
                 key_side = torch.cat([key_side, m["bias"][1][None]])
             scale = self.weights[layer].scale
-            results.append(((query_side * scale).numpy(), (key_side * scale).numpy()))
+            results.append(((layer, *rest), ((query_side * scale).numpy(), (key_side * scale).numpy())))
         return results

@@ -252,7 +252,7 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
                         continue
             elif quick:
                 fast = TextSplit(loaded.module, loaded.family, trace)
-                for item, sides in zip(items, fast.split_many(items, [names[la][-1] == "bias" for la, *_ in items])):
+                for item, sides in fast.split_many(items, [names[la][-1] == "bias" for la, *_ in items]):
                     add(item, *sides)
             elif hooked and qk_hooked.fits(loaded.module, loaded.family, len(trace.token_ids),
                                            max(la for la, *_ in items)):

@@ -156,7 +156,7 @@ def trace_pass_bytes(shape: ModelShape, batch: int, tokens: int, *, keep_weights
 
 
 def atlas_bytes(shape: ModelShape, tokens: int, scan_batch: int, card_batch: int, *, long_from: int,
-                block: int, chunk: int = 256 * MB) -> float:
+                block: int, chunk: int = 768 * MB) -> float:
     """An atlas run's peak (``model_core.atlas``): the larger of its three steps at texts of ``tokens`` tokens.
 
     - the scan of texts under ``long_from`` tokens: a traced pass of ``scan_batch`` texts and its masks (three
