@@ -20,6 +20,7 @@ Llama, Qwen2, Mistral, Phi, SmolLM2); ``supported`` says so, and the others take
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,7 +176,7 @@ class TextSplit:
         chunk: list[int] = []
         held = 0
         for i in order:
-            size = 8 * (items[i][2] + 1) * d_model  # the key-side map: (visible keys, d_model) float64
+            size = 8 * self.n * d_model  # the key-side map: (positions, d_model) float64
             if chunk and held + size > self.CHUNK_BYTES:
                 yield from self._split_chunk([items[j] for j in chunk], [has_bias[j] for j in chunk])
                 chunk, held = [], 0
@@ -186,25 +187,41 @@ class TextSplit:
 
     def _split_chunk(self, items: list[tuple[int, int, int, int]], has_bias: list[bool]
                      ) -> list[tuple[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]]]:
-        maps = [self._maps(la, h, q, k, bias) for (la, h, q, k), bias in zip(items, has_bias)]
+        """One chunk (``items`` in layer order): every context's maps stacked, A (m, d_model) and B (m, n, d_model),
+        B zero outside the context's visible keys, so that each source layer's parts are read once, in one matrix
+        product for the key sides of the contexts it feeds (``take``), not once a context."""
+        m, d_model = len(items), self.hidden(0).shape[-1]
+        a_all = torch.empty(m, d_model, dtype=F64)
+        b_all = torch.zeros(m, self.n, d_model, dtype=F64)
+        biases = []
+        for i, (item, bias) in enumerate(zip(items, has_bias)):
+            maps = self._maps(*item, bias)
+            a_all[i], b_all[i, maps["keys_at"]] = maps["a"], maps["b"]
+            biases.append(maps["bias"])
+        layers = [la for la, *_ in items]
+        queries = torch.as_tensor([q for _, _, q, _ in items])
         q_sides: list[list[torch.Tensor]] = [[] for _ in items]
         k_sides: list[list[torch.Tensor]] = [[] for _ in items]
 
         def take(group: torch.Tensor, below: int) -> None:  # group: (count, n, d_model) of the layers below ``below``
-            for i, ((layer, _, query, _), m) in enumerate(zip(items, maps)):
-                if layer >= below:
-                    q_sides[i].append(group[:, query] @ m["a"])
-                    k_sides[i].append(torch.einsum("cjd,jd->c", group[:, m["keys_at"]], m["b"]))
+            first = bisect.bisect_left(layers, below)  # the contexts it feeds: a suffix, the items in layer order
+            if first == m:
+                return
+            keys = group.reshape(len(group), -1) @ b_all[first:].reshape(m - first, -1).T  # (count, m - first)
+            at_query = torch.einsum("cmd,md->cm", group[:, queries[first:]], a_all[first:])
+            for i in range(first, m):
+                q_sides[i].append(at_query[:, i - first])
+                k_sides[i].append(keys[:, i - first])
 
         take(torch.stack(self.embeds), 0)
-        for source in range(max(la for la, *_ in items)):
+        for source in range(layers[-1]):
             take(self.layer_parts(source), source + 1)
         results = []
-        for (layer, *rest), m, qs, ks in zip(items, maps, q_sides, k_sides):
+        for (layer, *rest), bias, qs, ks in zip(items, biases, q_sides, k_sides):
             query_side, key_side = torch.cat(qs), torch.cat(ks)
-            if m["bias"] is not None:
-                query_side = torch.cat([query_side, m["bias"][0][None]])
-                key_side = torch.cat([key_side, m["bias"][1][None]])
+            if bias is not None:
+                query_side = torch.cat([query_side, bias[0][None]])
+                key_side = torch.cat([key_side, bias[1][None]])
             scale = self.weights[layer].scale
             results.append(((layer, *rest), ((query_side * scale).numpy(), (key_side * scale).numpy())))
         return results
