@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_core.atlas.qk_fast import supported
 from model_core.compact.build import layer_masks_of
 from model_core.compact.trace import QUERY_BLOCK
 from model_core.corpus.batches import EncodedText
@@ -124,6 +125,4 @@ def long_text_arrays(loaded: LoadedCorpusModel, text: EncodedText, block: int = 
 def serves(model: Any, family: Any) -> bool:
     """Whether a long text's card pass serves this model: the QK split's fast route does (``qk_fast.supported``:
     pre-norm decoders, whose values ``values_of`` takes from the layer's input)."""
-    from model_core.atlas.qk_fast import supported
-
     return supported(model, family)
