@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from model_core.atlas.qk_fast import supported
+from model_core.atlas.shard import weight_blocks
 from model_core.compact.build import layer_masks_of
 from model_core.compact.trace import QUERY_BLOCK
 from model_core.corpus.batches import EncodedText
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.families.weights import LayerWeights, layer_weights
 from model_core.gate import GATE
-from model_core.kernel import apply_mask, attention_scores, weights_from_scores
 from model_core.qk.frozen import inv_scale
 
 
@@ -101,17 +101,10 @@ def long_text_arrays(loaded: LoadedCorpusModel, text: EncodedText, block: int = 
             q, k = out.queries[layer][0], out.keys[layer][0]  # (head, pos, d_head), (kv_head, pos, d_head)
             out.queries[layer] = out.keys[layer] = None
             v = values_of(lw, out.hidden[layer][0]).index_select(0, kv)  # each query head's values
-            k_q = k.index_select(0, kv)
-            mask = masks[mask_of_layer[layer]]
-            allowed = mask.allowed.to(dev)
             z = torch.empty(q.shape[0], n, v.shape[-1], dtype=torch.float32, device=dev)
-            for r0 in range(0, n, block):
-                rows = slice(r0, min(r0 + block, n))
-                seen = n if mask.future else rows.stop  # a causal block's rows see no key after its last row
-                scores = attention_scores(q[:, rows], k_q[:, :seen], scale=out.layer_scales[layer],
-                                          softcap=out.layer_softcaps[layer])
-                w = weights_from_scores(apply_mask(scores, allowed[rows, :seen]), dtype=torch.float32)
-                z[:, rows] = w @ v[:, :seen]
+            for rows, w in weight_blocks(q, k.index_select(0, kv), masks[mask_of_layer[layer]],
+                                         out.layer_scales[layer], out.layer_softcaps[layer], block):
+                z[:, rows] = w @ v[:, :w.shape[-1]]
             queries.append(host(q))
             keys.append(host(k))
             zs.append(host(z))

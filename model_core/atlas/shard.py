@@ -7,8 +7,9 @@ model's one forward pass, and keep each text's best pairs and the profile sums (
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,6 +100,23 @@ def _scan_batch(model: LoadedCorpusModel, batch: list) -> BatchScan:
     return batch_scan(weights, masks)
 
 
+def weight_blocks(q: torch.Tensor, k: torch.Tensor, mask: Any, scale: float, softcap: float | None,
+                  block: int = QUERY_BLOCK) -> Iterator[tuple[slice, torch.Tensor]]:
+    """One layer's attention weights of a compact pass, rebuilt in blocks of ``block`` query rows with the model's
+    scale, cap and mask (the one score kernel): (rows, weights) a block, weights (head, rows, keys) float32 over the
+    keys those rows may see (a causal block's rows see no key after its last row).
+
+    Shape: q (head, pos, d_head); k (head, pos, d_head), each query head's key; mask a ``LayerMask``.
+    """
+    n = q.shape[1]
+    allowed = mask.allowed.to(q.device)
+    for r0 in range(0, n, block):
+        rows = slice(r0, min(r0 + block, n))
+        seen = n if mask.future else rows.stop
+        scores = attention_scores(q[:, rows], k[:, :seen], scale=scale, softcap=softcap)
+        yield rows, weights_from_scores(apply_mask(scores, allowed[rows, :seen]), dtype=torch.float32)
+
+
 @torch.inference_mode()
 def long_text_scan(model: LoadedCorpusModel, ids: torch.Tensor, types: torch.Tensor, masks: BatchMasks,
                    block: int = QUERY_BLOCK) -> BatchScan:
@@ -118,15 +136,7 @@ def long_text_scan(model: LoadedCorpusModel, ids: torch.Tensor, types: torch.Ten
         q = out.queries[layer][0]  # (head, pos, d_head)
         k = out.keys[layer][0].index_select(0, kv)  # each query head's key
         out.queries[layer] = out.keys[layer] = None
-        mask = layer_masks[mask_of_layer[layer]]
-        allowed = mask.allowed.to(ids.device)
-        blocks = []
-        for r0 in range(0, n, block):
-            rows = slice(r0, min(r0 + block, n))
-            keys = n if mask.future else rows.stop  # a causal block's rows see no key after its last row
-            scores = attention_scores(q[:, rows], k[:, :keys], scale=out.layer_scales[layer],
-                                      softcap=out.layer_softcaps[layer])
-            w = weights_from_scores(apply_mask(scores, allowed[rows, :keys]), dtype=torch.float32)
-            blocks.append(layer_scan(w[None], masks, rows))
+        blocks = [layer_scan(w[None], masks, rows) for rows, w in weight_blocks(
+            q, k, layer_masks[mask_of_layer[layer]], out.layer_scales[layer], out.layer_softcaps[layer], block)]
         per_layer.append(merge_blocks(blocks))
     return batch_scan(per_layer, masks)
