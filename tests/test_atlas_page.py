@@ -88,7 +88,7 @@ def test_a_head_whose_long_contexts_the_memory_limit_refused_says_why_it_has_no_
         raise RunMemoryError("Why this key at 600 tokens needs about 9,000 MB, over the 2,000 MB limit.")
 
     monkeypatch.setattr(atlas_run, "LONG_FROM", 1)
-    monkeypatch.setattr(why, "serves", lambda *a: False)
+    monkeypatch.setattr(why, "supported", lambda *a: False)
     monkeypatch.setattr(why, "qk_pass", refused)
     texts = tuple((f"text {i} with some words, and more words.", None) for i in range(4))
     at = _folder_page(tmp_path, monkeypatch, texts, 2, 1, 0)

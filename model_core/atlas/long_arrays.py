@@ -12,12 +12,10 @@ pre-norm). What is kept is O(layer · head · pos · d_head): about 1.2 GB for S
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from model_core.atlas.qk_fast import supported
 from model_core.atlas.shard import weight_blocks
 from model_core.compact.build import layer_masks_of
 from model_core.compact.trace import QUERY_BLOCK
@@ -55,17 +53,10 @@ class LongArrays:
     kv_of_head: np.ndarray
     z: np.ndarray
     hidden_states: np.ndarray
-    causal: bool
-    score_softcap: float | None = None
 
     @property
     def keys(self) -> PerQueryHead:
         return PerQueryHead(self.kv_keys, self.kv_of_head)
-
-
-def long_bytes(n_layers: int, n_heads: int, n_kv_heads: int, d_head: int, d_model: int, n: int) -> int:
-    """The host arrays of one ``LongArrays`` (float32)."""
-    return 4 * n * (n_layers * (2 * n_heads + n_kv_heads) * d_head + (n_layers + 1) * d_model)
 
 
 def values_of(lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
@@ -109,13 +100,7 @@ def long_text_arrays(loaded: LoadedCorpusModel, text: EncodedText, block: int = 
             keys.append(host(k))
             zs.append(host(z))
         hidden = np.stack([host(t[0]) for t in out.hidden])
-        softcap = out.layer_softcaps[0]
         del out
     return LongArrays(np.asarray(text.ids, dtype=np.int64), np.asarray(text.types, dtype=np.int64),
-                      np.stack(queries), np.stack(keys), kv_of_head, np.stack(zs), hidden, family.is_decoder, softcap)
+                      np.stack(queries), np.stack(keys), kv_of_head, np.stack(zs), hidden)
 
-
-def serves(model: Any, family: Any) -> bool:
-    """Whether a long text's card pass serves this model: the QK split's fast route does (``qk_fast.supported``:
-    pre-norm decoders, whose values ``values_of`` takes from the layer's input)."""
-    return supported(model, family)

@@ -171,18 +171,10 @@ class TextSplit:
         (earliest first), each layer's parts made once for every context of a chunk: the contexts are taken in layer
         order, in chunks whose key-side maps fit ``CHUNK_BYTES``, so a chunk of early layers makes only their parts.
         Each chunk's results come as it ends, so a caller can report progress, or stop, between chunks."""
-        d_model = self.hidden(0).shape[-1]
+        per_chunk = max(1, self.CHUNK_BYTES // (8 * self.n * self.trace.hidden_states.shape[-1]))  # B's (n, d_model)
         order = sorted(range(len(items)), key=lambda i: items[i][0])
-        chunk: list[int] = []
-        held = 0
-        for i in order:
-            size = 8 * self.n * d_model  # the key-side map: (positions, d_model) float64
-            if chunk and held + size > self.CHUNK_BYTES:
-                yield from self._split_chunk([items[j] for j in chunk], [has_bias[j] for j in chunk])
-                chunk, held = [], 0
-            chunk.append(i)
-            held += size
-        if chunk:
+        for start in range(0, len(order), per_chunk):
+            chunk = order[start:start + per_chunk]
             yield from self._split_chunk([items[j] for j in chunk], [has_bias[j] for j in chunk])
 
     def _split_chunk(self, items: list[tuple[int, int, int, int]], has_bias: list[bool]
@@ -190,7 +182,7 @@ class TextSplit:
         """One chunk (``items`` in layer order): every context's maps stacked, A (m, d_model) and B (m, n, d_model),
         B zero outside the context's visible keys, so that each source layer's parts are read once, in one matrix
         product for the key sides of the contexts it feeds (``take``), not once a context."""
-        m, d_model = len(items), self.hidden(0).shape[-1]
+        m, d_model = len(items), self.trace.hidden_states.shape[-1]
         a_all = torch.empty(m, d_model, dtype=F64)
         b_all = torch.zeros(m, self.n, d_model, dtype=F64)
         biases = []

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from model_core.atlas import qk_hooked
-from model_core.atlas.long_arrays import LongArrays, long_text_arrays, serves
+from model_core.atlas.long_arrays import LongArrays, long_text_arrays
 from model_core.atlas.qk_fast import TextSplit, supported
 from model_core.corpus.batches import EncodedText, pad_batch, plan_batches
 from model_core.corpus.model import LoadedCorpusModel
@@ -106,7 +106,7 @@ def text_arrays(loaded: LoadedCorpusModel, texts: list[EncodedText], long_from: 
     long = [t for t in texts if long_from is not None and len(t.ids) >= long_from]
     texts = [t for t in texts if long_from is None or len(t.ids) < long_from]
     yield from _short_arrays(loaded, texts)
-    fits = serves(loaded.module, loaded.family)
+    fits = supported(loaded.module, loaded.family)  # the pre-norm decoders, whose values the long pass rebuilds
     for text in long:
         yield text.text_id, long_text_arrays(loaded, text) if fits else None
 
