@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,9 +77,8 @@ def phase_marker(own: str, user: str | None) -> str:
     return own if user is None else f"({user}) and ({own})"
 
 
-def slowest(reports: list[Path], k: int) -> list[tuple[float, str]]:
-    """The ``k`` longest tests (setup, call and teardown) in pytest's JUnit XML reports."""
-    times = []
+def test_times(reports: list[Path]) -> Iterator[tuple[float, str, str]]:
+    """Each test's (seconds, file, name) in pytest's JUnit XML reports: its setup, call and teardown."""
     for report in reports:
         if not report.exists() or report.stat().st_size == 0:
             continue
@@ -88,24 +88,19 @@ def slowest(reports: list[Path], k: int) -> list[tuple[float, str]]:
             print(f"(the report {report} cannot be read)")
             continue
         for case in root.iter("testcase"):
-            name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-            times.append((float(case.get("time") or 0.0), name))
-    return sorted(times, reverse=True)[:k]
+            yield float(case.get("time") or 0.0), case.get("classname", "").replace(".", "/") + ".py", case.get("name")
+
+
+def slowest(reports: list[Path], k: int) -> list[tuple[float, str]]:
+    """The ``k`` longest tests (setup, call and teardown) in pytest's JUnit XML reports."""
+    return sorted(((seconds, f"{file}::{name}") for seconds, file, name in test_times(reports)), reverse=True)[:k]
 
 
 def file_seconds(reports: list[Path]) -> dict[str, float]:
     """Each test file's seconds (its tests' setup, call and teardown) in pytest's JUnit XML reports."""
     out: dict[str, float] = {}
-    for report in reports:
-        if not report.exists() or report.stat().st_size == 0:
-            continue
-        try:
-            root = ET.parse(report).getroot()
-        except ET.ParseError:
-            continue
-        for case in root.iter("testcase"):
-            name = case.get("classname", "").replace(".", "/") + ".py"
-            out[name] = out.get(name, 0.0) + float(case.get("time") or 0.0)
+    for seconds, file, _ in test_times(reports):
+        out[file] = out.get(file, 0.0) + seconds
     return out
 
 

@@ -82,6 +82,7 @@ class TextSplit:
         self.n = first.shape[0]
         self.n_heads = int(trace.queries.shape[1])
         self._rope: dict[int, Any] = {}
+        self._inv: dict[int, torch.Tensor] = {}
         embed = family.embed_parts(model)
         self.embeds = [first]
         if embed.pos_embed is not None:  # absolute positions: the token embedding, the rest is ``pos``
@@ -146,7 +147,9 @@ class TextSplit:
             out = (v @ w.to(F64).T) * gain
             return out - out.mean(-1, keepdim=True) if centred else out
 
-        inv = inv_scale(lw, self.hidden(layer)).squeeze(-1)  # (n,)
+        if layer not in self._inv:  # every context of the layer reads the same frozen scales
+            self._inv[layer] = inv_scale(lw, self.hidden(layer)).squeeze(-1)  # (n,)
+        inv = self._inv[layer]
         u_back = self._unrotate(layer, u[None], [query])[0]  # R_i^T u
         a = pulled(lw.W_Q[head], u_back) * inv[query]  # (d_model,)
         r = self._unrotate(layer, q.expand(len(visible), -1).clone(), visible)  # (keys, d_head): R_j^T q
