@@ -88,6 +88,31 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, corp
     np.testing.assert_array_equal(resumed.patterns, whole.patterns)
 
 
+def test_an_interruption_between_a_part_and_its_sums_leaves_a_run_that_counts_the_part(tmp_path, corpus, monkeypatch):
+    # Ctrl+C can land after a shard's part is on disk and before the sums and manifest say so (the CLI's test
+    # hit this): the partial run must count what is on disk, as a resume does.
+    from model_core.corpus import store
+
+    real = store.write_head_stats
+    calls = []
+
+    def once_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the second shard's part is written; its sums are not
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "write_head_stats", once_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_corpus(corpus, SMALL, tmp_path / "cut", options=OPTIONS, device="cpu")
+    monkeypatch.setattr(store, "write_head_stats", real)
+    partial = open_run(tmp_path / "cut")
+    assert not partial.complete and partial.n_texts == 40 == int(_arrays(tmp_path / "cut")["n_texts"])
+    first_two = run_corpus(Corpus(corpus.name, corpus.texts[:40]), SMALL, tmp_path / "forty", options=OPTIONS,
+                           device="cpu")
+    np.testing.assert_allclose(partial.mean, first_two.mean, rtol=1e-12, atol=0)
+
+
 def test_a_folder_with_a_run_is_not_overwritten_and_resume_checks_model_and_texts(tmp_path, corpus):
     run_corpus(corpus, SMALL, tmp_path / "run", options=OPTIONS, device="cpu")
     with pytest.raises(CorpusRunError, match="--resume"):

@@ -213,6 +213,7 @@ def run_corpus(
     texts_of = {index: texts for index, _, texts in shards}
     start = time.perf_counter()
     new_texts = 0
+    saved: set[int] = set()  # shards whose part this run wrote and whose sums it added
 
     def save(result: ChunkResult) -> None:
         nonlocal new_texts, sums
@@ -239,6 +240,7 @@ def run_corpus(
                                "texts_per_s": round(new_texts / elapsed, 2) if elapsed > 0 else None,
                                "tokens_per_s": None}
         store.write_manifest(out, manifest)
+        saved.add(result.index)
         if progress is not None:
             progress(Progress(counts["done"], len(corpus), elapsed, new_texts))
 
@@ -267,7 +269,12 @@ def run_corpus(
         close = getattr(results, "close", None)
         if close is not None:
             close()  # a generator's cleanup (Ray cancels its tasks) runs now, not at garbage collection
-        if not (out / store.HEAD_STATS).exists():
+        if len(store.done_parts(out)) != len(done) + len(saved):
+            # Interrupted between a part's write and its sums': the parts on disk are the truth a resume reads
+            sums, tally = store.tally_parts(out, n_layers, n_heads)
+            counts.update(tally)
+            store.write_head_stats(out, sums, rules)
+        elif not (out / store.HEAD_STATS).exists():
             store.write_head_stats(out, sums, rules)
         elapsed = time.perf_counter() - start
         tokens_per_s = counts["tokens"] / (seconds_before + elapsed) if seconds_before + elapsed > 0 else None
