@@ -17,11 +17,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 from test_circuits_eap import TINY_PAIRS
 
+from harness.cli import run_cli
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
+    """The verb through a real process (``python -m model_core``): the contract's test."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "model_core", "circuit", *args], check=False, cwd=ROOT,
                           capture_output=True, text=True, timeout=600, env=env)
+
+
+def _here(*args: str) -> subprocess.CompletedProcess:
+    """The verb in this process (``harness.cli``): the tests of its options and messages."""
+    return run_cli("circuit", *args, env={"HF_HUB_OFFLINE": "1"})
 
 
 def _pairs_file(tmp_path: Path, extra: list[dict] = ()) -> Path:
@@ -59,7 +67,7 @@ def test_json_is_the_issues_contract(tmp_path, tiny_decoders):
 
 
 def test_top_k_is_the_k_largest_by_abs_score(tmp_path, tiny_decoders):
-    done = _cli("--model", "pretrained", "--model-id", str(tiny_decoders["gpt2"]), "--dataset",
+    done = _here("--model", "pretrained", "--model-id", str(tiny_decoders["gpt2"]), "--dataset",
                 str(_pairs_file(tmp_path)), "--method", "eap", "--top", "7", "--no-curve", "--json")
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
@@ -77,23 +85,23 @@ def test_top_k_is_the_k_largest_by_abs_score(tmp_path, tiny_decoders):
 def test_bad_datasets_give_one_line_and_exit_1(tmp_path, tiny_decoders, content, name, expected):
     path = tmp_path / name
     path.write_text(content)
-    done = _cli("--model", "pretrained", "--model-id", str(tiny_decoders["gpt2"]), "--dataset", str(path), "--json")
+    done = _here("--model", "pretrained", "--model-id", str(tiny_decoders["gpt2"]), "--dataset", str(path), "--json")
     assert done.returncode == 1 and done.stdout == ""
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0]
 
 
 def test_unknown_generator_and_encoder_are_refused(tiny_decoders):
-    done = _cli("--model", "pretrained", "--model-id", str(tiny_decoders["gpt2"]), "--dataset", "nosuch:3:0",
+    done = _here("--model", "pretrained", "--model-id", str(tiny_decoders["gpt2"]), "--dataset", "nosuch:3:0",
                 "--json")
     assert done.returncode == 1 and "generator" in done.stderr and done.stdout == ""
-    done = _cli("--model", "custom", "--dataset", "ioi:2:0", "--json")
+    done = _here("--model", "custom", "--dataset", "ioi:2:0", "--json")
     assert done.returncode == 1 and "decoder" in done.stderr
 
 
 @pytest.mark.slow
 def test_smollm2_on_ioi_pairs_names_the_nodes():
-    done = _cli("--model", "pretrained", "--model-id", "bundled:SmolLM2-135M-Instruct", "--dataset", "ioi:2:0",
+    done = _here("--model", "pretrained", "--model-id", "bundled:SmolLM2-135M-Instruct", "--dataset", "ioi:2:0",
                 "--method", "eap", "--top", "50", "--json")
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.cli import run_cli
 from model_core import TraceRequest, build_trace
 from model_core.analysis.per_head import head_stats
 from model_core.compact.trace import CompactFormatError, load_compact, parse_window
@@ -160,6 +161,7 @@ def test_a_compact_trace_refuses_head_masks_and_the_custom_encoder(llama):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
+    """A verb through a real process (``python -m model_core``)."""
     return subprocess.run([sys.executable, "-m", "model_core", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
 
@@ -175,14 +177,14 @@ def test_cli_exports_a_compact_trace_and_writes_exact_windows(llama, tmp_path):
     assert got.returncode == 0, got.stderr
     full = build_trace(TraceRequest("pretrained", TEXT, model_id=str(llama)), device="cpu")
     np.testing.assert_allclose(np.load(tmp_path / "w.npy"), full.weights[1, 2, 10:20, 0:15], atol=1e-5)
-    bad = _cli("weights", "--trace", str(tmp_path / "c.npz"), "--layer", "1", "--head", "2", "--rows", "0:9999",
+    bad = run_cli("weights", "--trace", str(tmp_path / "c.npz"), "--layer", "1", "--head", "2", "--rows", "0:9999",
                "--out", str(tmp_path / "w.npy"))
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "out of range" in bad.stderr
 
 
 def test_cli_over_the_limit_says_the_limit_and_how_to_raise_it(llama, tmp_path):
-    out = _cli("export", "--model", "pretrained", "--model-id", str(llama), "--text", TEXT, "--compact",
-               "--max-tokens", "16", "--out", str(tmp_path / "c.npz"))
+    out = run_cli("export", "--model", "pretrained", "--model-id", str(llama), "--text", TEXT, "--compact",
+                  "--max-tokens", "16", "--out", str(tmp_path / "c.npz"))
     assert out.returncode == 1 and "the limit is 16" in out.stderr and "--max-tokens" in out.stderr
     assert not (tmp_path / "c.npz").exists()
 

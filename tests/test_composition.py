@@ -215,9 +215,10 @@ def test_cli_prints_one_json_object_for_smollm2():
 
 
 def test_cli_error_is_one_line_and_exit_1():
-    out = subprocess.run([sys.executable, "-m", "model_core", "composition", "--model", "pretrained", "--model-id",
-                          str(ROOT / "no-such-model-folder"), "--json"], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300, check=False)
+    from harness.cli import run_cli  # the tests' harness: the command line in this process
+
+    out = run_cli("composition", "--model", "pretrained", "--model-id", str(ROOT / "no-such-model-folder"), "--json",
+                  env={"HF_HUB_OFFLINE": "1"})
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.strip().startswith("error: ") and len(out.stderr.strip().splitlines()) == 1, out.stderr
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.cli import run_cli
 from model_core.analysis.per_head import STAT_NAMES
 from model_core.corpus import (
     Corpus,
@@ -200,11 +201,13 @@ def test_cli_runs_the_demo_corpus_with_the_bundled_bert(tmp_path):
 def test_cli_says_what_is_wrong(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    result = _cli("--input", str(empty), "--model", "bert", "--out", str(tmp_path / "run"))
+    # The input's problems in this process (harness.cli); Ray's, which starts a client, through a real one
+    result = run_cli("corpus", "--input", str(empty), "--model", "bert", "--out", str(tmp_path / "run"))
     assert result.returncode == 1 and "empty" in result.stderr and "Traceback" not in result.stderr
     table = tmp_path / "t.csv"
     table.write_text("sentence,label\nhello there,1\n")
-    result = _cli("--input", str(table), "--column", "text", "--model", "bert", "--out", str(tmp_path / "run"))
+    result = run_cli("corpus", "--input", str(table), "--column", "text", "--model", "bert", "--out",
+                     str(tmp_path / "run"))
     assert result.returncode == 1 and "no column 'text'" in result.stderr and "sentence, label" in result.stderr
     result = _cli("--input", "demo", "--model", "bert", "--engine", "ray", "--ray-address", "10.255.255.1:1",
                   "--limit", "5", "--out", str(tmp_path / "ray"))
@@ -252,3 +255,19 @@ def test_ray_engine_without_ray_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ValueError, match="pip install 'ray"):
         ray_engine._ray()
+
+
+def test_a_ray_address_where_nothing_answers_is_refused_at_once():
+    import socket
+
+    from model_core.corpus.ray_engine import _check_reachable
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        _check_reachable(f"127.0.0.1:{port}")  # something answers: left to Ray
+        _check_reachable(f"ray://127.0.0.1:{port}")
+    _check_reachable("auto")  # not host:port: Ray finds it its own way
+    with pytest.raises(ValueError, match=rf"Could not reach the Ray cluster at '127\.0\.0\.1:{port}'.*ray start --head"):
+        _check_reachable(f"127.0.0.1:{port}")  # closed now: refused before Ray's client waits on it

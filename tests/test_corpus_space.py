@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.cli import run_cli
 from model_core import TraceRequest, build_trace
 from model_core.corpus import Corpus, CorpusModel, CorpusRunError, RunOptions, demo_corpus, run_corpus
 from model_core.corpus.index import brute_force, build_index, normalised
@@ -209,9 +210,9 @@ def test_late_layers_find_the_same_sense_more_often_than_the_embeddings(tmp_path
 @pytest.mark.slow
 def test_cli_neighbours_prints_json_best_first(tmp_path):
     out = tmp_path / "run"
-    made = subprocess.run([sys.executable, "-m", "model_core", "corpus", "--input", "demo", "--model", "bert",
-                           "--limit", "60", "--index", "--quiet", "--out", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    # The run and the refusal in this process (harness.cli); the neighbours' JSON through a real one
+    made = run_cli("corpus", "--input", "demo", "--model", "bert", "--limit", "60", "--index", "--quiet", "--out",
+                   str(out))
     assert made.returncode == 0, made.stderr
     result = subprocess.run([sys.executable, "-m", "model_core", "neighbours", "--run", str(out), "--text",
                              "we sat on the river bank", "--position", "6", "--layer", "6", "--k", "5", "--json"],
@@ -220,9 +221,7 @@ def test_cli_neighbours_prints_json_best_first(tmp_path):
     found = json.loads(result.stdout)
     assert len(found) == 5 and found[0]["token"] == "bank"
     assert [f["score"] for f in found] == sorted((f["score"] for f in found), reverse=True)
-    bad = subprocess.run([sys.executable, "-m", "model_core", "neighbours", "--run", str(out), "--text", "hi",
-                          "--position", "9", "--layer", "1", "--json"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    bad = run_cli("neighbours", "--run", str(out), "--text", "hi", "--position", "9", "--layer", "1", "--json")
     assert bad.returncode == 1 and "out of range" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -4,16 +4,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from model_core.__main__ import main
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_models_json_lists_the_bundled_ids_and_every_family(capsys):
@@ -65,11 +60,9 @@ def test_export_of_an_unsupported_family_is_one_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_corpus_cli_runs_a_decoder(tmp_path, tiny_decoders):
-    result = subprocess.run(
-        [sys.executable, "-m", "model_core", "corpus", "--input", "demo", "--model", "pretrained", "--model-id",
-         str(tiny_decoders["llama"]), "--limit", "30", "--qk", "--quiet", "--out", str(tmp_path / "run")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 0, result.stderr
+    code = main(["corpus", "--input", "demo", "--model", "pretrained", "--model-id", str(tiny_decoders["llama"]),
+                 "--limit", "30", "--qk", "--quiet", "--out", str(tmp_path / "run")])
+    assert code == 0
     from model_core.corpus import open_run
 
     run = open_run(tmp_path / "run")

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from harness.cli import run_cli
 from model_core.io.export import EXPORT_KEYS, trace_arrays, write_trace
 from model_core import TraceRequest, build_trace
 
@@ -36,6 +37,7 @@ def test_bad_suffix(tmp_path, bert_pair_trace):
 
 
 def _cli(*args):
+    """The verb through a real process (``python -m model_core``)."""
     return subprocess.run([sys.executable, "-m", "model_core", "export", *args], capture_output=True, text=True,
                           timeout=180)
 
@@ -51,14 +53,19 @@ def test_cli_writes_npz(tmp_path):
     assert np.isneginf(data["masked_scores"][0, 0, 0, 1])
 
 
+def _here(*args):
+    """The verb in this process (``harness.cli``): the tests of its options and messages."""
+    return run_cli("export", *args, env={"HF_HUB_OFFLINE": "1"})
+
+
 def test_cli_builds_the_custom_encoder_shape_it_is_given(tmp_path):
     out = tmp_path / "x.npz"
-    r = _cli("--model", "custom", "--layers", "2", "--heads", "2", "--hidden", "32", "--norm", "post", "--seed", "3",
+    r = _here("--model", "custom", "--layers", "2", "--heads", "2", "--hidden", "32", "--norm", "post", "--seed", "3",
              "--text", "time flies", "--out", str(out))
     assert r.returncode == 0, r.stderr
     data = np.load(out)
     assert data["attentions"].shape == (2, 2, 4, 4) and data["queries"].shape[-1] == 16
-    bad = _cli("--model", "custom", "--heads", "5", "--hidden", "32", "--text", "hi", "--out", str(out))
+    bad = _here("--model", "custom", "--heads", "5", "--hidden", "32", "--text", "hi", "--out", str(out))
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and bad.stderr.startswith("error:")
 
 
@@ -67,10 +74,9 @@ def test_cli_builds_the_custom_encoder_shape_it_is_given(tmp_path):
     (["--model", "bert", "--model-id", "../x", "--text", "hi", "--out", "x.npz"], ".."),
     (["--model", "bert", "--text", "hi", "--out", "x.txt"], ".npz or .json"),
 ])
-def test_cli_bad_input_is_one_line(tmp_path, args, needle):
-    r = subprocess.run([sys.executable, "-m", "model_core", "export", *args], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=180, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                                                       "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])})
+def test_cli_bad_input_is_one_line(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)  # where a relative --out would go
+    r = _here(*args)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     assert needle in r.stderr

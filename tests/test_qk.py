@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.cli import run_cli
 from model_core.chapter3.config import EncoderConfig
 from model_core.chapter3.model import build_random_model
 from model_core.families.hooked import run_with_hooks
@@ -154,8 +155,8 @@ def test_the_qk_verb_prints_its_contract_on_smollm2():
     assert abs(v["log_odds"] - (data["score"] - v["score"])) <= 1e-5
     n = len(data["tokens"])
     assert data["query"] == n - 1
-    bad = _cli("--model", "pretrained", "--model-id", BUNDLED_DECODER_ID, "--text", text, "--layer", "3",
-               "--head", "2", "--query", "2", "--key", "5", "--json")
+    bad = run_cli("qk", "--model", "pretrained", "--model-id", BUNDLED_DECODER_ID, "--text", text, "--layer", "3",
+                  "--head", "2", "--query", "2", "--key", "5", "--json")  # in this process: the message's test
     assert bad.returncode == 1 and "cannot see key" in bad.stderr and bad.stdout == ""
 
 

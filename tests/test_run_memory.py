@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli import run_cli
 from model_core.circuits.budget import batch_that_fits, first_pairs, fitted_batches, passes_a_batch, run_seconds
 from model_core.circuits.datasets import Dataset, Pair, Problem, validate
 from model_core.circuits.eap import circuit_model
@@ -168,26 +169,21 @@ def test_an_upload_runs_its_first_pairs_only():
 
 
 # -- the command line ---------------------------------------------------------------------------------------------------
-def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "model_core", *args], check=False, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=env)
-
-
 def test_the_flag_sets_the_limit_of_one_command(tmp_path, tiny_decoders):
+    # In this process (harness.cli puts the environment back after each call, as a process's end would)
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"clean": "The cat sat on the mat and the", "corrupt": "The bank sat on the mat and the",
                                  "answer": " cat", "foil": " bank"}) + "\n")
     model = str(tiny_decoders["llama"])
-    refused = _cli("circuit", "--model", "pretrained", "--model-id", model, "--dataset", str(pairs), "--method", "eap",
-                   "--no-curve", "--json", "--run-memory-mb", "100")
+    refused = run_cli("circuit", "--model", "pretrained", "--model-id", model, "--dataset", str(pairs), "--method",
+                      "eap", "--no-curve", "--json", "--run-memory-mb", "100")
     assert refused.returncode == 1 and not refused.stdout
     assert re.search(r"error: Edge attribution of a pair of \d+ tokens .* would need about [\d,]+ MB of memory, over "
                      r"this server's limit of 100 MB", refused.stderr), refused.stderr
-    ran = _cli("circuit", "--model", "pretrained", "--model-id", model, "--dataset", str(pairs), "--method", "eap",
-               "--no-curve", "--json", "--run-memory-mb", "4000", env={"AE_RUN_MEMORY_MB": "100"})
+    ran = run_cli("circuit", "--model", "pretrained", "--model-id", model, "--dataset", str(pairs), "--method",
+                  "eap", "--no-curve", "--json", "--run-memory-mb", "4000", env={"AE_RUN_MEMORY_MB": "100"})
     assert ran.returncode == 0 and json.loads(ran.stdout)["n"] == 1, ran.stderr  # the flag over the variable
-    bad = _cli("circuit", "--model", "pretrained", "--dataset", str(pairs), "--run-memory-mb", "-3")
+    bad = run_cli("circuit", "--model", "pretrained", "--dataset", str(pairs), "--run-memory-mb", "-3")
     assert bad.returncode == 2 and "--run-memory-mb" in bad.stderr
 
 

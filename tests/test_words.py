@@ -66,15 +66,12 @@ def test_word_spans_reject_gaps():
 
 def test_export_words_adds_the_word_keys_to_npz_and_json(tmp_path):
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    from harness.cli import run_cli  # the tests' harness: the command line in this process
+
     for suffix in ("npz", "json"):
         out = tmp_path / f"t.{suffix}"
-        done = subprocess.run([sys.executable, "-m", "model_core", "export", "--model", "bert", "--text", SPLIT,
-                               "--words", "--out", str(out)], cwd=root, capture_output=True, text=True, timeout=300)
+        done = run_cli("export", "--model", "bert", "--text", SPLIT, "--words", "--out", str(out))
         assert done.returncode == 0, done.stderr
         data = dict(np.load(out)) if suffix == "npz" else json.loads(out.read_text())
         words, spans = list(data["words"]), np.asarray(data["word_spans"])
@@ -85,8 +82,7 @@ def test_export_words_adds_the_word_keys_to_npz_and_json(tmp_path):
         assert all(words[w] == "".join(t.removeprefix("##") for t in tokens[a:b]) for w, (a, b) in enumerate(spans))
         np.testing.assert_allclose(merged, word_spans(tokens).merge(np.asarray(data["attentions"])), atol=1e-5)
     plain = tmp_path / "plain.npz"
-    subprocess.run([sys.executable, "-m", "model_core", "export", "--model", "bert", "--text", SPLIT, "--out",
-                    str(plain)], cwd=root, check=True, capture_output=True, timeout=300)
+    assert run_cli("export", "--model", "bert", "--text", SPLIT, "--out", str(plain)).returncode == 0
     assert "words" not in np.load(plain).files
 
 

@@ -6,6 +6,8 @@ with GPUs each task asks for one, and the worker runs its batches there.
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,25 @@ def _ray() -> Any:
     return ray
 
 
+REACH_S = 5.0
+"""How long a cluster's address may take to answer a TCP connection before the run is refused (Ray's own client
+retries an address that does not answer for about half a minute)."""
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse at once an address ``host:port`` (or ``ray://host:port``) where nothing answers; other forms ("auto",
+    a cluster found by Ray's own means) are left to Ray."""
+    found = re.fullmatch(r"(?:ray://)?\[?([^\]\s]+?)\]?:(\d+)", address.strip())
+    if found is None:
+        return
+    try:
+        socket.create_connection((found.group(1), int(found.group(2))), timeout=REACH_S).close()
+    except OSError as exc:
+        raise ValueError(f"Could not reach the Ray cluster at {address!r} ({exc}; waited up to {REACH_S:.0f} s). "
+                         "Start one with `ray start --head`, or leave out --ray-address for a local "
+                         "instance.") from None
+
+
 def _connect(address: str | None, num_cpus: int | None) -> Any:
     """Join the cluster at ``address``, or start a local Ray instance; ship model_core to the workers."""
     ray = _ray()
@@ -36,6 +57,7 @@ def _connect(address: str | None, num_cpus: int | None) -> Any:
         kwargs: dict[str, Any] = {"runtime_env": {"py_modules": [package]}, "include_dashboard": False,
                                   "log_to_driver": False, "configure_logging": False}
         if address:
+            _check_reachable(address)
             kwargs["address"] = address
         elif num_cpus:
             kwargs["num_cpus"] = num_cpus
