@@ -159,27 +159,33 @@ def check_bundled_decoder(report: Report, box: Container) -> None:
 
 # -- 8-10. the browser --------------------------------------------------------------------------------------
 def check_pages(report: Report, box: Container, browser) -> None:
-    from harness.browser import app_pages, wait_for_run
+    """Every page in one tab, each opened from the navigation as a user goes from page to page (a fresh browser
+    context a page booted a Streamlit session each time: 21 boots, about a minute). The deep link is checked by
+    ``check_bertviz``, which opens ``/bertviz`` directly."""
+    from harness.browser import ScriptRuns, app_pages
+    from harness.press import Presser
 
-    for path, title in app_pages():
-        url_path = "" if path == "pages/home.py" else Path(path).stem
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
-        errors, outside = [], []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("request", lambda r: outside.append(r.url) if r.url.startswith(("http", "ws"))
-                and urllib.parse.urlparse(r.url).hostname not in LOCAL_HOSTS else None)
-        try:
-            page.goto(f"{box.url}/{url_path}", wait_until="domcontentloaded")
-            wait_for_run(page, 300)
-            exceptions = page.locator('[data-testid="stException"]').all_inner_texts()
-            alerts = page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
-            problems = exceptions + alerts + errors + [f"outside request {u}" for u in outside]
-            report.step(f"page {title}", not problems, "; ".join(problems)[:500])
-        except Exception as exc:  # noqa: BLE001 - a page that never finishes is a FAIL, not a crash
-            report.step(f"page {title}", False, f"{type(exc).__name__}: {exc}"[:500])
-        finally:
-            context.close()
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    outside: list[str] = []
+    page.on("request", lambda r: outside.append(r.url) if r.url.startswith(("http", "ws"))
+            and urllib.parse.urlparse(r.url).hostname not in LOCAL_HOSTS else None)
+    presser = Presser(page, ScriptRuns(page), f"{box.url}/", run_timeout_s=300)
+    try:
+        for _, title in app_pages():
+            seen = len(presser.report.failures)
+            try:
+                if title == app_pages()[0][1]:
+                    presser.start()  # the first page: the app's own address
+                else:
+                    presser.open(title)
+                problems = presser.report.failures[seen:] + [f"outside request {u}" for u in outside]
+                outside.clear()
+                report.step(f"page {title}", not problems, "; ".join(problems)[:500])
+            except Exception as exc:  # noqa: BLE001 - a page that never finishes is a FAIL, not a crash
+                report.step(f"page {title}", False, f"{type(exc).__name__}: {exc}"[:500])
+    finally:
+        context.close()
 
 
 def check_bertviz(report: Report, box: Container, browser) -> None:
