@@ -28,6 +28,10 @@ Steps, each printed as PASS or FAIL (the exit status is 1 if any failed):
     once, the image that ships; ``tests/test_deploy.py`` runs the preload step and the app it configures without a
     build (the Dockerfile's ENV for that PRELOAD_MODEL, ``docker/preload_model.py`` on the folder, the app's default).
 
+``--build-only`` runs steps 1-3 and records the image (the commit of a clean tree, the image's id) for a later
+``--reuse-build``, which checks that image (steps 4-10) instead of building again, and builds if the record does not
+match this commit and this image. CI (``.ci/run``) builds from a clone beside its tests that way.
+
 Containers are removed at the end, whatever happened. Needs root, buildah and debootstrap
 (``apt-get install buildah debootstrap``), and Chromium for steps 8-10.
 """
@@ -180,6 +184,49 @@ def build(report: Report, args: dict[str, str], tag: str, label: str) -> bool:
 
 
 
+# -- a build made ahead (--build-only), used by a later run (--reuse-build) --------------------------------------
+BUILT = CACHE / "built.json"
+"""What ``--build-only`` built: the commit of a clean tree, the image's id, the build's seconds and size."""
+
+
+def clean_commit() -> str | None:
+    """HEAD's commit if no tracked file differs from it, else None (a build of a changed tree is never reused)."""
+    head = sh(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
+    dirty = sh(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])
+    if head.returncode != 0 or dirty.returncode != 0 or dirty.stdout.strip():
+        return None
+    return head.stdout.strip()
+
+
+def image_id(tag: str) -> str:
+    return sh([*BUILDAH, "images", "--no-trunc", "--format", "{{.ID}}", tag]).stdout.strip()
+
+
+def record_build(report: Report) -> None:
+    commit = clean_commit()
+    if commit is None:
+        BUILT.unlink(missing_ok=True)
+        return
+    BUILT.write_text(json.dumps({"commit": commit, "image": image_id(IMAGE), "seconds": report.figures["build s"],
+                                 "size": report.figures["build image size"]}))
+
+
+def reuse_build(report: Report) -> bool:
+    """Take the image ``--build-only`` made of this commit, if the tree is clean and the image is still that one."""
+    try:
+        built = json.loads(BUILT.read_text())
+    except (OSError, ValueError):
+        return False
+    commit = clean_commit()
+    if commit is None or built.get("commit") != commit or not image_exists(IMAGE) or image_id(IMAGE) != built["image"]:
+        report.note("no image built ahead from this commit: building now")
+        return False
+    report.figures["build s"] = built["seconds"]
+    report.figures["build image size"] = built["size"]
+    return report.step("build", True, f"the image `--build-only` made of {commit[:10]}, in {built['seconds']:.0f} s "
+                                      f"(beside the tests): image {built['size']}")
+
+
 def check_config(report: Report, config: dict) -> None:
     env = dict(e.split("=", 1) for e in config.get("Env", []))
     problems = []
@@ -236,6 +283,12 @@ def main() -> int:
     parser.add_argument("--with-preload", action="store_true",
                         help="also step 11, a second build with PRELOAD_MODEL (about 3-6 min); CI builds the one "
                              "image that ships, and tests/test_deploy.py checks the preload step without a build")
+    parser.add_argument("--build-only", action="store_true",
+                        help="steps 1-3 only: build the image and record it for a later --reuse-build (CI builds "
+                             "beside its tests: .ci/run)")
+    parser.add_argument("--reuse-build", action="store_true",
+                        help="use the image a --build-only run made of this same commit, the tree clean; build it "
+                             "if there is none")
     args = parser.parse_args()
     report = Report()
     if os.geteuid() != 0 or shutil.which("buildah") is None:
@@ -244,10 +297,18 @@ def main() -> int:
     CACHE.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        build_args = base_images(report)
-        build_args |= local_torch_index(report, stack)
-        if not build(report, build_args, IMAGE, "build"):
-            return 1
+        reused = args.reuse_build and not args.with_preload and reuse_build(report)
+        build_args: dict[str, str] = {}
+        if not reused:
+            build_args = base_images(report)
+            build_args |= local_torch_index(report, stack)
+            if not build(report, build_args, IMAGE, "build"):
+                BUILT.unlink(missing_ok=True)
+                return 1
+            record_build(report)
+        if args.build_only:
+            print(json.dumps({"figures": report.figures, "total_s": round(time.perf_counter() - started, 1)}))
+            return 0
         check_config(report, image_config(IMAGE))
         box = Container(IMAGE, "ae-image-test", {})
         stack.callback(box.stop)
