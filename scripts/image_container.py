@@ -172,11 +172,11 @@ def check_pages(report: Report, box: Container, browser) -> None:
             and urllib.parse.urlparse(r.url).hostname not in LOCAL_HOSTS else None)
     presser = Presser(page, ScriptRuns(page), f"{box.url}/", run_timeout_s=300)
     try:
-        for _, title in app_pages():
+        for i, (_, title) in enumerate(app_pages()):
             seen = len(presser.report.failures)
             try:
-                if title == app_pages()[0][1]:
-                    presser.start()  # the first page: the app's own address
+                if i == 0:
+                    presser.start()  # the first page (Home): the app's own address
                 else:
                     presser.open(title)
                 problems = presser.report.failures[seen:] + [f"outside request {u}" for u in outside]

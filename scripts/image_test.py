@@ -183,7 +183,6 @@ def build(report: Report, args: dict[str, str], tag: str, label: str) -> bool:
     return report.step(label, True, f"{seconds:.0f} s, image {size}")
 
 
-
 # -- a build made ahead (--build-only), used by a later run (--reuse-build) --------------------------------------
 BUILT = CACHE / "built.json"
 """What ``--build-only`` built: the commit of a clean tree, the image's id, the build's seconds and size."""
