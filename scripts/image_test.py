@@ -222,8 +222,8 @@ def reuse_build(report: Report) -> bool:
         return False
     report.figures["build s"] = built["seconds"]
     report.figures["build image size"] = built["size"]
-    return report.step("build", True, f"the image `--build-only` made of {commit[:10]}, in {built['seconds']:.0f} s "
-                                      f"(beside the tests): image {built['size']}")
+    return report.step("build", True, f"reused the image built ahead from {commit[:10]} (its build took "
+                                      f"{built['seconds']:.0f} s): image {built['size']}")
 
 
 def check_config(report: Report, config: dict) -> None:
