@@ -89,7 +89,9 @@ def test_a_long_text_runs_through_the_atlas_and_its_contexts_are_split(decoder, 
     import model_core.atlas.shard as shard
 
     monkeypatch.setattr(shard, "LONG_FROM", 100)
-    monkeypatch.setattr(atlas_run, "LONG_FROM", 100)
+    # the card pass runs a decoder's text only up to its contexts' last query (``why._up_to_queries``): the long text
+    # is cut there (its contexts are early ones here), and still takes the long route: from 5 tokens, as every text
+    monkeypatch.setattr(atlas_run, "LONG_FROM", 5)
     corpus = Corpus("long", (*TEXTS, (LONG_TEXT, None)))
     seen, passes = [], []
     original = shard.long_text_scan
@@ -97,13 +99,14 @@ def test_a_long_text_runs_through_the_atlas_and_its_contexts_are_split(decoder, 
     import model_core.atlas.why as why
 
     original_arrays = why.long_text_arrays
-    monkeypatch.setattr(why, "long_text_arrays", lambda *a, **k: passes.append(len(a[1].ids)) or
+    monkeypatch.setattr(why, "long_text_arrays", lambda *a, **k: passes.append((a[1].text_id, len(a[1].ids))) or
                         original_arrays(*a, **k))
     run = run_atlas(corpus, decoder["model"], tmp_path / "long", options=OPTIONS, loaded=decoder["loaded"])
     assert seen == [128]  # the long text alone, truncated to the model's 128 positions
     cards = [run.card(layer, head) for layer in range(run.shape[0]) for head in range(run.shape[1])]
     in_long = [c for c in cards if any(x["text_id"] == len(TEXTS) for x in c["top_contexts_no_sink"][:2])]
-    assert in_long and passes == [128]  # some head's first contexts are in the long text: its card pass ran
+    long_passes = [n for text_id, n in passes if text_id == len(TEXTS)]
+    assert in_long and len(long_passes) == 1 and 5 <= long_passes[0] < 128, passes  # its card pass ran, cut
     for card in cards:
         assert card["qk_contexts"] == min(OPTIONS.qk_contexts, len(card["top_contexts_no_sink"]))
         assert card["qk"] is not None and card["promoted_tokens"]
@@ -123,3 +126,25 @@ def test_the_split_in_chunks_of_one_context_equals_one_chunk(decoder, monkeypatc
     for lh in wanted:
         np.testing.assert_allclose(apart[lh].query_side, together[lh].query_side, atol=1e-12)
         np.testing.assert_allclose(apart[lh].key_side, together[lh].key_side, atol=1e-12)
+
+
+def test_a_decoders_card_pass_cut_at_the_last_query_splits_and_reads_as_the_whole_text(decoder,  # noqa: F811
+                                                                                         monkeypatch):
+    """A decoder's text runs for its card only up to its contexts' last query (``why._up_to_queries``); under the
+    causal mask that changes no split and no direct effect, against the whole text's pass."""
+    import model_core.atlas.why as why
+
+    loaded = decoder["loaded"]
+    text = _long(loaded)
+    wanted = {(1, 1): [(0, 40, 12)], (0, 2): [(0, 25, 24)], (1, 0): [(0, 20, 3)]}
+    cut_to: list[int] = []
+    original = why._up_to_queries
+    monkeypatch.setattr(why, "_up_to_queries", lambda *a: cut_to.append(len(original(*a).ids)) or original(*a))
+    cut, cut_effects = explain(loaded, {0: text}, wanted)
+    assert cut_to == [41]
+    monkeypatch.setattr(why, "_up_to_queries", lambda text, items, causal: text)
+    whole, whole_effects = explain(loaded, {0: text}, wanted)
+    for lh in wanted:
+        np.testing.assert_allclose(cut[lh].query_side, whole[lh].query_side, atol=1e-5)
+        np.testing.assert_allclose(cut[lh].key_side, whole[lh].key_side, atol=1e-5)
+        np.testing.assert_allclose(cut_effects[lh], whole_effects[lh], atol=1e-4, rtol=1e-5)
