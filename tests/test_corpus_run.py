@@ -221,11 +221,11 @@ def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     from harness.waits import wait_until
 
     texts = tmp_path / "texts.txt"
-    n = 800  # eight shards: the signal lands after the first, with about 20 s of the run still to go
+    n = 400  # eight shards: the signal lands after the first, with about 10 s of the run still to go
     texts.write_text("\n".join(f"text number {i} talks about banks, rivers and money." for i in range(n)))
     out = tmp_path / "run"
     args = [sys.executable, "-m", "model_core", "corpus", "--input", str(texts), "--model", "bert",
-            "--shard-size", "100", "--batch-size", "16", "--out", str(out)]
+            "--shard-size", "50", "--batch-size", "16", "--out", str(out)]
 
     def as_from_a_terminal() -> None:
         # A child inherits an ignored SIGINT, and Python then sets no handler for it: a shell without job control
@@ -243,8 +243,9 @@ def test_ctrl_c_on_the_cli_leaves_a_partial_run_that_resume_finishes(tmp_path):
     assert "--resume" in stderr and "Traceback" not in stderr
     partial = open_run(out)
     assert not partial.complete and 0 < partial.n_texts < n
-    resumed = _cli("--input", str(texts), "--model", "bert", "--shard-size", "100", "--batch-size", "16",
-                   "--resume", "--out", str(out))
+    # the resume in this process (the interrupted run above was the real process)
+    resumed = run_cli("corpus", "--input", str(texts), "--model", "bert", "--shard-size", "50", "--batch-size", "16",
+                      "--resume", "--out", str(out), env={"HF_HUB_OFFLINE": "1"})
     assert resumed.returncode == 0, resumed.stderr
     assert open_run(out).complete and open_run(out).n_texts == n
 
