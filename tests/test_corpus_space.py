@@ -71,6 +71,22 @@ def test_umap_and_tsne_are_deterministic_with_a_seed(method):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+def test_a_umap_projection_leaves_umaps_compiled_functions_cached_on_disk():
+    """umap-learn asks numba to cache one function of about a hundred, so each new process compiled the rest again
+    (18 s); ``qk_space.cache_compiled`` turns every one's cache on before the fit."""
+    pytest.importorskip("umap")
+    from numba.core.dispatcher import Dispatcher
+
+    rng = np.random.default_rng(4)
+    joint_projection(rng.normal(size=(40, 8)), rng.normal(size=(40, 8)), method="umap", seed=7)
+    import umap.layouts
+    import umap.umap_
+
+    jitted = [v for m in (umap.umap_, umap.layouts) for v in vars(m).values() if isinstance(v, Dispatcher)]
+    assert len(jitted) >= 10 and all(type(f._cache).__name__ != "NullCache" for f in jitted)
+    assert any(f.stats.cache_hits or f.stats.cache_misses for f in jitted)  # the fit went through the caches
+
+
 def test_sample_is_the_lowest_priorities_and_the_same_however_it_is_planned():
     tokens = {i: list(range(5 + i % 7)) for i in range(40)}
     plan = plan_sample(tokens, cap=30, seed=0)
