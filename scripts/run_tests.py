@@ -133,6 +133,11 @@ def main(argv: list[str]) -> int:
                         help=f"write each file's seconds in this run to {DURATIONS.relative_to(ROOT)} (the order the "
                              "workers take the files in)")
     ours, rest = parser.parse_known_args(argv)
+    # OpenMP threads that wait for work sleep at once instead of spinning: the workers, the app servers, the CLI runs
+    # and the browsers share 2 cores, and spinning threads (torch's in a server, scikit-learn's t-SNE, numba's) took
+    # the cores from the process they waited for. With two busy processes beside it (29 Nov): a 300-point t-SNE
+    # 13.4 -> 3.4 s, 300 small torch matmuls 5.2 -> 3.4 s; on a quiet machine both the same (1.5 s, 1.7 -> 1.6 s).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     marker, rest = split_marker(rest)
     kept = os.environ.get("AE_TEST_REPORTS")  # a folder that keeps both phases' JUnit XML reports
     with tempfile.TemporaryDirectory(prefix="ae-tests-") as folder:

