@@ -61,7 +61,7 @@ def test_demo_run_draws_and_a_text_opens_in_the_heatmaps_with_the_head(app_serve
 
 def test_upload_shows_progress_and_cancel_keeps_a_partial_run_that_resumes(app_server, browser, tmp_path):
     upload = tmp_path / "many.txt"
-    upload.write_text("\n".join(f"sentence number {i} is about the bank of river {i % 7}." for i in range(4000)))
+    upload.write_text("\n".join(f"sentence number {i} is about the bank of river {i % 7}." for i in range(1200)))
     context = browser.new_context(viewport={"width": 1400, "height": 1200})
     page = context.new_page()
     try:
@@ -70,14 +70,15 @@ def test_upload_shows_progress_and_cancel_keeps_a_partial_run_that_resumes(app_s
         page.get_by_text("Upload a file").click()
         wait_for_run(page, TIMEOUT_S)
         page.locator('[data-testid="stMain"] [data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(upload))
-        page.get_by_role("button", name="Run 4,000 texts").click()
+        page.get_by_role("button", name="Run 1,200 texts").click()
         progress = page.locator('[data-testid="stProgress"]')
         page.get_by_text("texts/s").first.wait_for(timeout=60_000)  # count, rate and ETA
-        assert "/ 4,000 texts" in progress.inner_text()
-        # Cancel once the first shard (128 texts) is written, so there is a partial run to show.
+        assert "/ 1,200 texts" in progress.inner_text()
+        # Cancel once the first shards (128 texts each) are written, so there is a partial run to show; 900 texts are
+        # still to go then (20 s or more), so the Cancel lands before the run ends.
         page.wait_for_function("""() => {
             const bar = document.querySelector('[data-testid="stProgress"]');
-            const m = bar && bar.innerText.match(/([\\d,]+) \\/ 4,000 texts/);
+            const m = bar && bar.innerText.match(/([\\d,]+) \\/ 1,200 texts/);
             return m && parseInt(m[1].replace(/,/g, '')) >= 300;
         }""", timeout=120_000)
         page.get_by_role("button", name="Cancel").click()
@@ -87,7 +88,7 @@ def test_upload_shows_progress_and_cancel_keeps_a_partial_run_that_resumes(app_s
         page.get_by_role("button", name="Resume the run").click()
         page.get_by_text("Pattern type (heuristic)").wait_for(timeout=TIMEOUT_S * 1000)
         page.wait_for_function(
-            "() => [...document.querySelectorAll('[data-testid=\"stMetricValue\"]')].some(e => e.innerText === '4,000')",
+            "() => [...document.querySelectorAll('[data-testid=\"stMetricValue\"]')].some(e => e.innerText === '1,200')",
             timeout=TIMEOUT_S * 1000)
         assert page.locator('[data-testid="stException"]').count() == 0
     finally:
