@@ -27,8 +27,11 @@ def test_stop_while_streaming_keeps_the_tokens_and_traces_them(app_url, browser)
         page.goto(f"{app_url}/generate?{LINK}", wait_until="domcontentloaded")
         wait_for_run(page, TIMEOUT_S, text="press Generate")
         prompt = page.locator("textarea[aria-label='Prompt']")
-        prompt.fill("What is the capital of France?")  # as a user types it (the box opens with it; typed, the test
-        # does not hang on when the box's value is drawn), then the click below commits it
+        # typed as a user types it, then the click below commits it. The reply must outlast the test's Stop: "What is
+        # the capital of France?" ends on its end-of-sequence token after 8 tokens, which a fast machine streams
+        # before the Stop is clicked (the button then goes, and the click waited 120 s: CI, 29 Nov). Asked for a long
+        # story, greedy SmolLM2 runs to the whole 400-token budget.
+        prompt.fill("Write a long story about a lighthouse keeper and a storm, in many paragraphs.")
         page.get_by_role("button", name=re.compile("Generate")).click()
         reply = page.locator(".st-key-gen_reply")
         page.wait_for_function("() => { const r = document.querySelector('.st-key-gen_reply');"
