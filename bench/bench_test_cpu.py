@@ -3,9 +3,9 @@ kind (the app servers, Chromium's renderer, GPU and other processes, Playwright'
 beside the wall time.
 
 CI's two cores are full through its parallel phase (5% idle, 29 Nov), so a test's cost to CI is its CPU, not its
-wall time: a test that sleeps costs nothing while the other worker runs. Samples ``/proc`` every half second, so a
-process that lives less than that is missed; a reaped child's CPU is not counted twice (each process's own
-``utime + stime``, not its children's).
+wall time: a test that sleeps costs nothing while the other worker runs. Every process is read with psutil each half
+second, so one that lives less than that is missed; a reaped child's CPU is not counted twice (each process's own
+user + system time, not its children's).
 
 Usage: .venv/bin/python bench/bench_test_cpu.py tests/test_press_everything_encoder_browser.py [pytest args ...]
 Pin it to one core (``taskset -c 1``) to read the figures as the CPU one worker needs.
@@ -17,34 +17,13 @@ import os
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
+import psutil  # comes with accelerate and ipython; bench/bench_users.py reads the server's RSS with it too
+
 ROOT = Path(__file__).resolve().parents[1]
-HZ = os.sysconf("SC_CLK_TCK")
 SAMPLE_S = 0.5
-
-
-def _children() -> dict[int, list[int]]:
-    """Every process's children (parent pid -> pids), from /proc."""
-    out: dict[int, list[int]] = defaultdict(list)
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            out[int(stat.rsplit(")", 1)[1].split()[1])].append(int(name))
-    return out
-
-
-def _own_ticks(pid: int) -> int | None:
-    """utime + stime of ``pid`` itself (its reaped children not included)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[11]) + int(fields[12])
 
 
 def kind_of(cmdline: str, root: bool) -> str:
@@ -75,27 +54,26 @@ def main(argv: list[str]) -> int:
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv], cwd=ROOT,
                             env=env)
-    seen: dict[int, tuple[int, str]] = {}  # pid -> (most ticks seen, kind)
+    root = psutil.Process(proc.pid)
+    seen: dict[int, tuple[float, str]] = {}  # pid -> (most CPU seconds seen, kind)
     while proc.poll() is None:
-        tree, stack = _children(), [proc.pid]
-        while stack:
-            pid = stack.pop()
-            stack += tree.get(pid, [])
-            ticks = _own_ticks(pid)
-            if ticks is None:
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:  # pytest just ended
+            break
+        for p in tree:
+            try:
+                times = p.cpu_times()  # the process's own, not its reaped children's
+                kind = seen[p.pid][1] if p.pid in seen else kind_of(" ".join(p.cmdline()), p.pid == proc.pid)
+            except psutil.Error:  # a process that just ended
                 continue
-            if pid not in seen:
-                try:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                seen[pid] = (ticks, kind_of(cmdline.strip(), pid == proc.pid))
-            seen[pid] = (max(ticks, seen[pid][0]), seen[pid][1])
+            seen[p.pid] = (max(times.user + times.system, seen.get(p.pid, (0.0, ""))[0]), kind)
         time.sleep(SAMPLE_S)
+    proc.wait()
     wall = time.monotonic() - start
     by_kind: Counter[str] = Counter()
-    for ticks, kind in seen.values():
-        by_kind[kind] += ticks / HZ
+    for seconds, kind in seen.values():
+        by_kind[kind] += seconds
     print(f"\n{wall:8.1f} s  wall (pytest exit status {proc.returncode})")
     print(f"{sum(by_kind.values()):8.1f} s  CPU, all processes")
     for kind, seconds in by_kind.most_common():

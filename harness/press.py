@@ -268,13 +268,17 @@ class Presser:
             # run writes the link at its end, so the switch shows only now, in this page's link): back to this
             # pass's model before the page is checked (seen on one core, 29 Nov: "Use the chapter-3 encoder" on Home
             # took over 5 s, was stopped, and the heatmaps page then opened on the encoder).
-            self.report.notes.append(f"{title}: opened on another model (a stopped switch before); switched back")
-            self.start()
-            self.open(title)
+            self._back_to_the_model(title, f"{title}: opened on another model (a stopped switch before)")
         for problem in self.on_open(self.page, title) if self.on_open is not None else []:
             self.report.failures.append(f"{title}: open: {problem}")
         self._press_all(title)
         self.report.seconds[title] = time.monotonic() - t0
+
+    def _back_to_the_model(self, title: str, why: str) -> None:
+        """Open the start link again (a new session on this pass's model), then ``title``; noted with ``why``."""
+        self.report.notes.append(f"{why}; switched back")
+        self.start()
+        self.open(title)
 
     def _press_all(self, title: str) -> None:
         path = self.page.url.split("?")[0]
@@ -300,9 +304,7 @@ class Presser:
             self.check(where)
             self.progress(f"{time.monotonic() - t:5.1f} s  {where}")
             if self.model_changed():  # the press switched the model: back to the one this pass is about
-                self.report.notes.append(f"{where}: switched the model; switched back")
-                self.start()
-                self.open(title)
+                self._back_to_the_model(title, f"{where}: switched the model")
             elif self.page.url.split("?")[0] != path:  # the press opened another page: back, as a user would go
                 self.report.notes.append(f"{where}: opened {self.page.url.split('?')[0].rsplit('/', 1)[-1]}")
                 self.open(title)
