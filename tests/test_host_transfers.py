@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +208,64 @@ def test_head_roles_copy_their_probe_batch_once_however_many_sequences(tiny_llam
         seen.append((sum(counts.values()), counts))
         assert np.isfinite(scores.scores["induction"]).all()
     assert seen[0][0] == seen[1][0] and 0 < seen[0][0] <= 10, seen
+
+
+# -- the other passes, as the CLI runs them ---------------------------------------------------------------------------
+SHORT_TEXT = "The cat sat on the mat."
+LONG_TEXT = "The cat sat on the mat and watched the flies near the window. The dog slept by the door. " * 3
+VERB_BUDGET = 40
+"""A verb's copies with its JSON written: the arrays it keeps, once each."""
+VERBS = {  # verb -> its arguments after the model's (the text goes in as {text}, the output folder as {out})
+    "export": ["--text", "{text}", "--out", "{out}/trace.json"],
+    "compact": ["--text", "{text}", "--compact", "--out", "{out}/trace.npz"],
+    "qk": ["--text", "{text}", "--layer", "1", "--head", "0"],
+    "attribute": ["--text", "{text}"],
+    "kv": ["--text", "{text}", "--press", "snapkv", "--compression-ratio", "0.5"],
+}
+
+
+def _verb_copies(folder, argv: list[str]) -> tuple[int, collections.Counter]:
+    from model_core.cli.main import main
+
+    with counting() as counts, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 0
+    return sum(counts.values()), counts
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    return build_tiny_decoder("llama", tmp_path_factory.mktemp("verbs") / "llama")
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_a_verbs_copies_do_not_grow_with_the_text(llama_folder, tmp_path, verb):
+    """A trace (full and compact), a QK split, a logit attribution and a KV press: 7 tokens and 70 copy the same
+    number of times, so nothing in the pass copies a position, head or layer at a time."""
+    command = "export" if verb == "compact" else verb
+    seen = []
+    for i, text in enumerate((SHORT_TEXT, SHORT_TEXT, LONG_TEXT)):  # the first warms the model's cache
+        out = tmp_path / str(i)
+        out.mkdir()
+        argv = [command, "--model", "pretrained", "--model-id", str(llama_folder),
+                *(a.format(text=text, out=out) for a in VERBS[verb])]
+        seen.append(_verb_copies(llama_folder, argv))
+    assert seen[1][0] == seen[2][0], (seen[1][1], seen[2][1])
+    assert 0 < seen[2][0] <= VERB_BUDGET, seen[2][1]
+
+
+@pytest.mark.parametrize("verb", ["corpus", "atlas"])
+def test_a_corpus_scan_copies_a_fixed_number_of_times_a_batch(llama_folder, tmp_path, verb):
+    """A corpus scan and an atlas write each batch's numbers as it ends, so they copy once a batch: 2, 4 and 6 texts
+    two at a time cost the same increment a batch, however many texts came before."""
+    counts = []
+    for n in (2, 2, 4, 6):  # the first warms the model's cache
+        corpus = tmp_path / f"corpus{n}.txt"
+        corpus.write_text("".join(f"{SHORT_TEXT} Text number {i}.\n" for i in range(n)), encoding="utf-8")
+        out = tmp_path / f"{verb}{len(counts)}"
+        source = ["--input", str(corpus)] if verb == "corpus" else ["--corpus", str(corpus), "--qk-contexts", "2"]
+        argv = [verb, "--model", "pretrained", "--model-id", str(llama_folder), *source, "--out", str(out),
+                "--batch-size", "2"]
+        counts.append(_verb_copies(llama_folder, argv))
+    one, two, three = (c[0] for c in counts[1:])
+    assert two - one == three - two, [c[1] for c in counts[1:]]
+    assert 0 < two - one <= 30, (counts[1][1], counts[2][1])
