@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,19 +254,31 @@ def test_a_verbs_copies_do_not_grow_with_the_text(llama_folder, tmp_path, verb):
     assert 0 < seen[2][0] <= VERB_BUDGET, seen[2][1]
 
 
-@pytest.mark.parametrize("verb", ["corpus", "atlas"])
-def test_a_corpus_scan_copies_a_fixed_number_of_times_a_batch(llama_folder, tmp_path, verb):
-    """A corpus scan and an atlas write each batch's numbers as it ends, so they copy once a batch: 2, 4 and 6 texts
-    two at a time cost the same increment a batch, however many texts came before."""
-    counts = []
-    for n in (2, 2, 4, 6):  # the first warms the model's cache
-        corpus = tmp_path / f"corpus{n}.txt"
-        corpus.write_text("".join(f"{SHORT_TEXT} Text number {i}.\n" for i in range(n)), encoding="utf-8")
-        out = tmp_path / f"{verb}{len(counts)}"
-        source = ["--input", str(corpus)] if verb == "corpus" else ["--corpus", str(corpus), "--qk-contexts", "2"]
-        argv = [verb, "--model", "pretrained", "--model-id", str(llama_folder), *source, "--out", str(out),
-                "--batch-size", "2"]
-        counts.append(_verb_copies(llama_folder, argv))
+MEAN_PAIR = {"clean": "The cat sat on the mat and the", "corrupt": "The bank sat on the mat and the", "answer": " cat",
+             "foil": " bank"}
+
+
+def _unit_argv(verb: str, folder: Path, tmp_path: Path, n: int, at: int) -> list[str]:
+    """``verb`` over n texts two a batch (corpus, atlas) or n pairs (mean patching)."""
+    model = ["--model", "pretrained", "--model-id", str(folder)]
+    if verb == "patch":
+        data = tmp_path / f"pairs{n}.jsonl"
+        data.write_text("".join(json.dumps(MEAN_PAIR) + "\n" for _ in range(n)), encoding="utf-8")
+        return ["patch", *model, "--dataset", str(data), "--no-table", "--json"]
+    corpus = tmp_path / f"corpus{n}.txt"
+    corpus.write_text("".join(f"{SHORT_TEXT} Text number {i}.\n" for i in range(n)), encoding="utf-8")
+    source = ["--input", str(corpus)] if verb == "corpus" else ["--corpus", str(corpus), "--qk-contexts", "2"]
+    return [verb, *model, *source, "--out", str(tmp_path / f"{verb}{at}"), "--batch-size", "2"]
+
+
+@pytest.mark.parametrize("verb", ["corpus", "atlas", "patch"])
+def test_a_run_over_many_inputs_copies_a_fixed_number_of_times_a_unit(llama_folder, tmp_path, verb):
+    """A corpus scan and an atlas write each batch's numbers as it ends, and mean patching keeps each pair's grids as
+    it ends (so a stopped run keeps them): they copy a fixed number of times a batch or a pair, however many came
+    before. Texts two a batch: 2, 4 and 6 texts; pairs: 1, 2 and 3."""
+    per = 1 if verb == "patch" else 2
+    counts = [_verb_copies(llama_folder, _unit_argv(verb, llama_folder, tmp_path, n * per, at))
+              for at, n in enumerate((1, 1, 2, 3))]  # the first warms the model's cache
     one, two, three = (c[0] for c in counts[1:])
     assert two - one == three - two, [c[1] for c in counts[1:]]
     assert 0 < two - one <= 30, (counts[1][1], counts[2][1])
