@@ -14,6 +14,7 @@ from ui import (
 _FIRST_RUN_NOTE = starting.first_run_note()
 with starting.heavy_imports():  # a fresh server's sessions import in turn (ui/starting.py says why)
     from model_core import InputError, ModelLoadError
+    from model_core.gate import stopping_with
     from model_core.settings import BUNDLED_MODEL_ID, load_settings
     from model_core.trace.resolve import model_id_of
     from ui.compact import trace_compact
@@ -28,7 +29,7 @@ with starting.heavy_imports():  # a fresh server's sessions import in turn (ui/s
         prepare_bundled_decoder,
     )
     from ui.run_traces import release_run
-    from ui.st_private import drop_stale_widget_callbacks
+    from ui.st_private import drop_stale_widget_callbacks, stop_if_asked
     from ui.state import (
         choose_model,
         init_state,
@@ -173,5 +174,5 @@ def main() -> None:
         collect_after_run(force=dropped > 0)
 
 
-with starting.first_run():  # a fresh server's first visitors load in turn (ui/starting.py)
-    main()
+with starting.first_run(), stopping_with(stop_if_asked):  # a fresh server's first visitors load in turn
+    main()  # (ui/starting.py); Streamlit's Stop, or a closed tab, ends a pass at its next layer (model_core.gate)

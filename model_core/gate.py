@@ -4,7 +4,9 @@ Every model pass (a full trace, a compact one, a corpus batch, a masked run, bot
 its forward pass until its tensors are numpy arrays, so memory holds one pass per turn in flight (about 0.9 GB for
 SmolLM2 at 400 tokens) and a user waits for the passes ahead of them, not beside them. A waiting thread is told its
 place through the callback it set with ``waiting_with``; an exception the callback raises (the user left the
-page) takes its ticket out of the queue, so a pass nobody waits for never runs.
+page) takes its ticket out of the queue, so a pass nobody waits for never runs. A running pass meets
+``checkpoint`` at every layer, where the stop check its thread set with ``stopping_with`` (the app's: Streamlit's
+Stop, or a closed tab) may end it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ RECENT_TURNS = 8
 Waiting = Callable[[int, int], None]
 """Called while waiting with (place, running): place 1 means next; running is how many passes hold a turn."""
 
-_LOCAL = threading.local()  # this thread's waiting callback
+_LOCAL = threading.local()  # this thread's waiting callback and stop check
 
 
 class Gate:
@@ -154,6 +156,28 @@ def waiting_with(callback: Callable[[int, int], None]) -> Iterator[None]:
         yield
     finally:
         _LOCAL.callback = previous
+
+
+@contextlib.contextmanager
+def stopping_with(check: Callable[[], None]) -> Iterator[None]:
+    """Set this thread's stop check for the work run inside the block: ``checkpoint`` calls it, and an exception it
+    raises (the user stopped the run, or left) ends that work where it stands. The app sets one for each script
+    run; elsewhere (the CLI, a notebook, a worker thread) there is none and ``checkpoint`` does nothing."""
+    previous = getattr(_LOCAL, "stop", None)
+    _LOCAL.stop = check
+    try:
+        yield
+    finally:
+        _LOCAL.stop = previous
+
+
+def checkpoint() -> None:
+    """A point where long work that draws nothing may be stopped: every layer of a model pass, every step of a
+    computation from the weights. Calls this thread's stop check (``stopping_with``), if it has one; costs a
+    thread-local read otherwise (nothing copied, nothing synchronised on a GPU)."""
+    check = getattr(_LOCAL, "stop", None)
+    if check is not None:
+        check()
 
 
 def _settings_max_runs() -> int:

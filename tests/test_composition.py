@@ -274,3 +274,26 @@ def test_notebook_composition_returns_the_scores_and_the_q_k_v_figure(tiny_decod
     np.testing.assert_array_equal(np.asarray(result.figure.data[1].z, dtype=float),
                                   result.scores.k.astype(np.float32))
     assert len(result.table(2)) == 6 and result.to_json()["baseline"] == result.scores.to_json()["baseline"]
+
+
+def test_a_stop_check_ends_the_scores_at_a_step_and_keeps_nothing():
+    """The app's Stop (``model_core.gate.stopping_with``) ends the scores between two layers' products; without a
+    check they run whole, and a stopped run leaves the next one's numbers unchanged."""
+    from model_core.gate import stopping_with
+
+    class Stopped(Exception):
+        pass
+
+    weights = _random_layers(n_layers=4)
+    calls = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise Stopped
+
+    with pytest.raises(Stopped), stopping_with(check):
+        composition_scores(weights, samples=50)
+    assert len(calls) == 2
+    whole = [composition_scores(weights, samples=50) for _ in range(2)]
+    np.testing.assert_array_equal(whole[0].k, whole[1].k)

@@ -337,3 +337,54 @@ def test_the_encoder_walk_and_a_corpus_batch_run_gated_passes_of_the_route(monke
     loaded.forward(ids, torch.zeros_like(ids), torch.ones_like(ids))
     assert [c["gate"]["running"] for c in calls] == [1, 1]
     assert calls[0]["after"] == 1  # the walk held its turn around the pass
+
+
+# -- the stop check: a running pass ends at its next layer ------------------------------------------------------------
+class Stopped(Exception):
+    """The user pressed Stop."""
+
+
+def _counting_check(stop_after: int):
+    """A stop check that raises on its ``stop_after``-th call; ``calls`` counts them."""
+    calls = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) >= stop_after:
+            raise Stopped
+    return check, calls
+
+
+def test_a_stop_check_is_this_threads_alone_and_set_for_its_block():
+    from model_core.gate import checkpoint, stopping_with
+
+    check, calls = _counting_check(10**6)
+    checkpoint()  # none set: nothing
+    with stopping_with(check):
+        checkpoint()
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(checkpoint()))  # another thread has none
+        other.start()
+        other.join(5)
+        with stopping_with(lambda: None):  # a nested one replaces it for its block only
+            checkpoint()
+        checkpoint()
+    checkpoint()
+    assert len(calls) == 2 and seen == [None]
+
+
+def test_a_stop_check_ends_a_model_pass_at_a_layer_and_frees_the_gate(tiny_decoders):
+    """The check raises at the second layer's attention: the pass ends there (the exception reaches the caller),
+    its turn at the gate is given back, and the same request then runs whole."""
+    from model_core.gate import stopping_with
+
+    request = TraceRequest("pretrained", "The cat sat on the mat and watched the flies.",
+                           model_id=str(tiny_decoders["llama"]))
+    build_trace(request)  # loaded and warm
+    check, calls = _counting_check(2)
+    with pytest.raises(Stopped), stopping_with(check):
+        build_trace(request)
+    assert len(calls) == 2  # the first layer's attention ran; the second's stopped the pass
+    assert GATE.snapshot()["running"] == 0 and not GATE.held_here
+    trace = build_trace(request)
+    assert trace.weights.shape[0] == trace.n_layers

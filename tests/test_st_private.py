@@ -93,3 +93,55 @@ def test_a_page_run_alone_reruns_through_app_py():
     assert not at.exception, [e.value for e in at.exception]
     assert at.sidebar.radio(key="ctl_model").value == "custom"  # app.py's sidebar was drawn
     assert at.title[0].value == "bertviz views"
+
+
+def test_the_script_requests_stop_requested_reads_are_there():
+    from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequests, ScriptRequestType
+    from streamlit.runtime.scriptrunner_utils.script_run_context import ScriptRunContext
+
+    assert "script_requests" in _fields(ScriptRunContext)
+    requests = ScriptRequests()
+    assert requests._state == ScriptRequestType.CONTINUE
+    requests.request_stop()
+    assert requests._state == ScriptRequestType.STOP
+
+
+def _stopping_script() -> None:
+    import streamlit as st
+    from streamlit.runtime.scriptrunner_utils.exceptions import StopException
+    from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    from model_core.gate import checkpoint, stopping_with
+    from ui.st_private import stop_if_asked, stop_requested
+
+    requests = get_script_run_ctx().script_requests
+    with stopping_with(stop_if_asked):
+        checkpoint()  # nothing asked: goes on
+        st.session_state["before"] = stop_requested()
+        if st.session_state.get("ask") == "rerun":  # a click meanwhile: not a stop, the work goes on
+            requests.request_rerun(requests._rerun_data)
+            rerun_is_stop = stop_requested()
+            checkpoint()  # no exception
+            requests._state = ScriptRequestType.CONTINUE  # this test's reset: else the next write reruns the script
+            st.session_state["rerun_is_stop"], st.session_state["after_rerun"] = rerun_is_stop, True
+        if st.session_state.get("ask") == "stop":  # Streamlit's Stop, or the tab closed
+            requests.request_stop()
+            try:
+                checkpoint()  # raises StopException: nothing below runs
+                st.session_state["after_stop"] = True
+            except StopException:
+                requests._state = ScriptRequestType.CONTINUE  # this test's reset: AppTest waits for a run's end
+                st.session_state["stopped"] = True
+
+
+def test_a_stop_request_ends_the_run_at_the_next_checkpoint_and_a_rerun_request_does_not():
+    at = AppTest.from_function(_stopping_script, default_timeout=30).run()
+    assert not at.exception and at.session_state["before"] is False
+    at.session_state["ask"] = "stop"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["stopped"] is True and "after_stop" not in at.session_state
+    at.session_state["ask"] = "rerun"
+    at.run()
+    assert at.session_state["rerun_is_stop"] is False and at.session_state["after_rerun"] is True

@@ -71,3 +71,34 @@ def drop_stale_widget_callbacks(at_end: bool = False) -> int:
             _log.warning("Streamlit's private widget state changed (%s): stale widget callbacks, and the traces "
                          "they hold, are kept for the session's life. Update ui/st_private.py.", exc)
         return 0
+
+
+def stop_requested() -> bool:
+    """Whether Streamlit was asked to stop this script run: its own Stop (the status widget's, while a script runs)
+    or the session ending (the tab closed). Read without taking the request, and a rerun request is not a stop: a
+    click meanwhile lets a cached computation finish and be kept, and the rerun then finds it. False outside a
+    Streamlit run, or (with a warning, once) where Streamlit's private state is not as expected."""
+    try:
+        from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
+        from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+        run = get_script_run_ctx(suppress_warning=True)
+        requests = None if run is None else run.script_requests
+        return requests is not None and requests._state == ScriptRequestType.STOP
+    except (AttributeError, ImportError) as exc:
+        if not _warned:
+            _warned.append(str(exc))
+            _log.warning("Streamlit's private script requests changed (%s): a Stop no longer ends a computation "
+                         "that draws nothing. Update ui/st_private.py.", exc)
+        return False
+
+
+def stop_if_asked() -> None:
+    """Stop this script run now if Streamlit was asked to (``stop_requested``): the check the app gives
+    ``model_core.gate.stopping_with``, so a model pass ends at its next layer and a computation from the weights at its
+    next step. Streamlit takes the request and raises its StopException at the session-state read."""
+    if stop_requested():
+        from streamlit.runtime.scriptrunner_utils.exceptions import StopException  # only on a stop: rare
+
+        _ = "_" in st.session_state  # Streamlit's own yield point: it raises StopException here
+        raise StopException()  # where that read is no yield point (no script is executing): stop all the same

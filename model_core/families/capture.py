@@ -24,6 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from model_core.families.hook_attention import float32_attention, hooked_attention
 from model_core.families.hooks import current_run
+from model_core.gate import checkpoint
 from model_core.kernel import allowed_from_mask
 
 CAPTURE = "attention_explorer"
@@ -68,7 +69,9 @@ def _eager(module: torch.nn.Module):
 
 def capture_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' attention-function signature: records, gates, and runs the family's eager attention."""
+    """transformers' attention-function signature: records, gates, and runs the family's eager attention. Each layer
+    is a point where the app's Stop ends the pass (``model_core.gate.checkpoint``)."""
+    checkpoint()
     rec = _RECORDER.get()
     run = current_run()
     hooked = run is not None and run.attention_wanted(int(module.layer_idx))

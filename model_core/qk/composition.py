@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from model_core.families.weights import LayerWeights, layer_weights
+from model_core.gate import checkpoint
 from model_core.trace.resolve import resolve
 
 KINDS = ("q", "k", "v")
@@ -255,6 +256,7 @@ def _numerators(left: torch.Tensor, dest: torch.Tensor, gram: torch.Tensor | Non
     # At most PRODUCT_FLOATS a product: the blocks of destination layers in chunks of whole layers.
     layers_a_chunk = max(1, PRODUCT_FLOATS // (n_heads * d_head * per_layer * d_head))
     for l1 in range(n_layers - 1):
+        checkpoint()  # the app's Stop ends the scores here (no partial grid is kept)
         rows = left[l1 * n_heads:(l1 + 1) * n_heads].reshape(n_heads * d_head, -1)  # (head * d_head, d_model)
         h1 = slice(l1 * n_heads, (l1 + 1) * n_heads)
         for l2 in range(l1 + 1, n_layers, layers_a_chunk):
@@ -331,6 +333,7 @@ def random_baseline(d_model: int, d_head: int, *, samples: int = BASELINE_SAMPLE
     scores = []
     gram = lambda m: m.transpose(1, 2) @ m  # (n, d_model, d_head) -> (n, d_head, d_head)
     for start in range(0, samples, chunk):
+        checkpoint()
         n = min(chunk, samples - start)
         a_l, a_r, b_l, b_r = (torch.rand(n, d_model, d_head, generator=gen, dtype=torch.float64) * 2 - 1
                               for _ in range(4))
