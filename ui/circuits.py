@@ -23,7 +23,7 @@ from model_core.circuits.budget import (
     run_seconds,
 )
 from model_core.circuits.datasets import Dataset, Validated
-from model_core.circuits.eap import DEFAULT_BATCH, CircuitModel, circuit_model
+from model_core.circuits.eap import CircuitModel, circuit_model, default_batch
 from model_core.circuits.result import CircuitResult
 from model_core.circuits.run import run_circuit
 from model_core.models.run_memory import RunMemoryError, run_memory_limit_mb
@@ -83,7 +83,7 @@ def fitted_or_refused(cm: CircuitModel, checked: Validated) -> FittedBatches | N
     """The run's batches within ``AE_RUN_MEMORY_MB`` (long pairs fewer to a batch); None, with the refusal shown
     (the estimate and the limit), when not one pair fits."""
     try:
-        return fitted_batches(cm, checked.pairs, DEFAULT_BATCH, limit_mb=run_memory_limit_mb(), curve=True)
+        return fitted_batches(cm, checked.pairs, default_batch(cm.model), limit_mb=run_memory_limit_mb(), curve=True)
     except RunMemoryError as exc:
         st.error(str(exc), icon=":material/memory:")
         return None

@@ -22,12 +22,12 @@ from model_core.circuits.datasets import (
     validate,
 )
 from model_core.circuits.eap import (
-    DEFAULT_BATCH,
     DEFAULT_STEPS,
     BatchScores,
     CircuitModel,
     DeviceScores,
     PairBatch,
+    default_batch,
     score_batch_on_device,
 )
 from model_core.circuits.evaluate import Stop, faithfulness_curve
@@ -101,7 +101,7 @@ def _passes(steps: int, curve: bool, n_fractions: int) -> tuple[float, float]:
 
 
 def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: str = "eap-ig",
-                steps: int | None = None, batch_size: int = DEFAULT_BATCH, curve: bool = True,
+                steps: int | None = None, batch_size: int | None = None, curve: bool = True,
                 engine: str = "local", model_id: str | None = None, num_cpus: int | None = None,
                 ray_address: str | None = None, progress: Progress | None = None, stop: Stop | None = None,
                 keep: Callable[[CircuitResult], None] | None = None,
@@ -110,7 +110,8 @@ def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: 
 
     Args:
         method: "eap" (one gradient, on the clean run) or "eap-ig" (``steps`` points along the path, default 5).
-        batch_size: pairs a pass (pairs of one token count only).
+        batch_size: pairs a pass (pairs of one token count only); default ``default_batch``: 16 on a CPU, 64 on a
+            GPU.
         curve: also compute the faithfulness curve at ``FRACTIONS`` (always locally).
         engine: "local", or "ray": the batches go to Ray workers that load ``model_id`` themselves, and their
             per-pair sums are combined into the same mean.
@@ -127,6 +128,7 @@ def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: 
         raise ValueError(f"The engine is one of {', '.join(ENGINES)}, not {engine!r}.")
     steps = method_steps(method, steps)
     checked: Validated = validate(dataset, cm.tokenizer).require()
+    batch_size = default_batch(cm.model) if batch_size is None else batch_size
     fitted = fitted_batches(cm, checked.pairs, batch_size, limit_mb=run_memory_limit_mb(override_mb=run_memory_mb),
                             curve=curve)
     problems = sorted([*checked.messages, *fitted.problems], key=_row_of)
@@ -207,7 +209,7 @@ def _done(batches: list[PairBatch], n: int) -> list[PairBatch]:
 
 
 def circuit(source: str | Dataset | Sequence[Pair], *, model_id: str | None = None, method: str = "eap-ig",
-            steps: int | None = None, batch_size: int = DEFAULT_BATCH, curve: bool = True, engine: str = "local",
+            steps: int | None = None, batch_size: int | None = None, curve: bool = True, engine: str = "local",
             device: str | torch.device | None = None, num_cpus: int | None = None, ray_address: str | None = None,
             progress: Progress | None = None, stop: Stop | None = None,
             run_memory_mb: float | None = None) -> CircuitResult:

@@ -36,7 +36,8 @@ def add_circuit_parser(sub: Any) -> None:
     p.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="ray: split the pairs' batches across Ray workers (pip install 'ray[default]')")
     p.add_argument("--ray-address", default=None, help="a Ray cluster to join (default: a local instance)")
-    p.add_argument("--batch-size", type=int, default=16, help="pairs a pass (pairs of one token count only)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="pairs a pass (pairs of one token count only; default 16 on a CPU, 64 on a GPU)")
     p.add_argument("--no-curve", action="store_true", help="skip the faithfulness curve (\"faithfulness\": null)")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
     add_run_memory_flag(p)
