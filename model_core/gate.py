@@ -148,27 +148,26 @@ class Gate:
 
 
 @contextlib.contextmanager
-def waiting_with(callback: Callable[[int, int], None]) -> Iterator[None]:
-    """Set this thread's waiting callback for the passes run inside the block."""
-    previous = getattr(_LOCAL, "callback", None)
-    _LOCAL.callback = callback
+def _for_this_thread(name: str, value: Callable[..., None]) -> Iterator[None]:
+    """Set one of this thread's callbacks (``_LOCAL.<name>``) for the block, and put the one before back after it."""
+    previous = getattr(_LOCAL, name, None)
+    setattr(_LOCAL, name, value)
     try:
         yield
     finally:
-        _LOCAL.callback = previous
+        setattr(_LOCAL, name, previous)
 
 
-@contextlib.contextmanager
-def stopping_with(check: Callable[[], None]) -> Iterator[None]:
+def waiting_with(callback: Callable[[int, int], None]) -> contextlib.AbstractContextManager[None]:
+    """Set this thread's waiting callback for the passes run inside the block."""
+    return _for_this_thread("callback", callback)
+
+
+def stopping_with(check: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
     """Set this thread's stop check for the work run inside the block: ``checkpoint`` calls it, and an exception it
     raises (the user stopped the run, or left) ends that work where it stands. The app sets one for each script
     run; elsewhere (the CLI, a notebook, a worker thread) there is none and ``checkpoint`` does nothing."""
-    previous = getattr(_LOCAL, "stop", None)
-    _LOCAL.stop = check
-    try:
-        yield
-    finally:
-        _LOCAL.stop = previous
+    return _for_this_thread("stop", check)
 
 
 def checkpoint() -> None:
