@@ -14,7 +14,7 @@ from ui import (
 _FIRST_RUN_NOTE = starting.first_run_note()
 with starting.heavy_imports():  # a fresh server's sessions import in turn (ui/starting.py says why)
     from model_core import InputError, ModelLoadError
-    from model_core.gate import stopping_with
+    from model_core.gate import set_stop_check
     from model_core.settings import BUNDLED_MODEL_ID, load_settings
     from model_core.trace.resolve import model_id_of
     from ui.compact import trace_compact
@@ -174,5 +174,6 @@ def main() -> None:
         collect_after_run(force=dropped > 0)
 
 
-with starting.first_run(), stopping_with(stop_if_asked):  # a fresh server's first visitors load in turn
-    main()  # (ui/starting.py); Streamlit's Stop, or a closed tab, ends a pass at its next layer (model_core.gate)
+set_stop_check(stop_if_asked)  # Streamlit's Stop, or a closed tab, ends a pass at its next layer (model_core.gate)
+with starting.first_run():  # a fresh server's first visitors load in turn (ui/starting.py)
+    main()

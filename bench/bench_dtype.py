@@ -5,8 +5,8 @@ are). Attention scores and weights are float32 in every run (``model_core.famili
 the residual stream and the matrix products that feed the queries and keys.
 
 Usage: .venv/bin/python bench/bench_dtype.py [--tokens 20 120 500]
-Prints, for each text length and precision: the largest |weight − float32's|, its 99.9th percentile, and the largest a
-layer, first and last layers.
+Prints, for each text length and precision: the largest |weight − float32's|, its 99.9th and 99th percentiles, the
+largest in each of the first two and last two layers, and the traced pass's time.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from model_core.models.bundled import bundled_decoder_dir
+from model_core.models.bundled import ensure_bundled_decoder
 from model_core.models.loading import load_pretrained_uncached
 from model_core.settings import Settings
 from model_core.trace.forward import trace_pretrained
@@ -39,7 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[20, 120, 500])
     args = parser.parse_args()
-    folder = str(bundled_decoder_dir())
+    folder = str(ensure_bundled_decoder())
     full = load_pretrained_uncached(folder, device="cpu", settings=Settings(dtype="float32"))
     others = {"bfloat16": load_pretrained_uncached(folder, device="cpu", settings=Settings(dtype="bfloat16")),
               "float16": load_pretrained_uncached(folder, device="cpu", settings=Settings(dtype="float16")),

@@ -4,9 +4,9 @@ Every model pass (a full trace, a compact one, a corpus batch, a masked run, bot
 its forward pass until its tensors are numpy arrays, so memory holds one pass per turn in flight (about 0.9 GB for
 SmolLM2 at 400 tokens) and a user waits for the passes ahead of them, not beside them. A waiting thread is told its
 place through the callback it set with ``waiting_with``; an exception the callback raises (the user left the
-page) takes its ticket out of the queue, so a pass nobody waits for never runs. A running pass meets
-``checkpoint`` at every layer, where the stop check its thread set with ``stopping_with`` (the app's: Streamlit's
-Stop, or a closed tab) may end it.
+page) takes its ticket out of the queue, so a pass nobody waits for never runs. A running pretrained model's pass
+meets ``checkpoint`` at every layer, where the stop check (the process's, ``set_stop_check``: the app's ends a run
+that Streamlit was asked to stop; or its thread's own, ``stopping_with``) may end it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ Waiting = Callable[[int, int], None]
 """Called while waiting with (place, running): place 1 means next; running is how many passes hold a turn."""
 
 _LOCAL = threading.local()  # this thread's waiting callback and stop check
+_PROCESS_CHECK: Callable[[], None] | None = None  # the stop check of a thread that has none (set_stop_check)
 
 
 class Gate:
@@ -164,17 +165,31 @@ def waiting_with(callback: Callable[[int, int], None]) -> contextlib.AbstractCon
 
 
 def stopping_with(check: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
-    """Set this thread's stop check for the work run inside the block: ``checkpoint`` calls it, and an exception it
-    raises (the user stopped the run, or left) ends that work where it stands. The app sets one for each script
-    run; elsewhere (the CLI, a notebook, a worker thread) there is none and ``checkpoint`` does nothing."""
+    """Set this thread's stop check for the work run inside the block, in place of the process's
+    (``set_stop_check``)."""
     return _for_this_thread("stop", check)
 
 
-def checkpoint() -> None:
-    """A point where long work that draws nothing may be stopped: every layer of a model pass, every step of a
-    computation from the weights. Calls this thread's stop check (``stopping_with``), if it has one; costs a
-    thread-local read otherwise (nothing copied, nothing synchronised on a GPU)."""
+def set_stop_check(check: Callable[[], None] | None) -> None:
+    """The process's stop check, for every thread that has not set its own with ``stopping_with``: ``checkpoint``
+    calls it, and an exception it raises (the user stopped the run, or left) ends that work where it stands. The app
+    sets Streamlit's (``ui.st_private.stop_if_asked``), which acts in a script thread only, so a fragment's rerun is
+    stopped as a whole run is; the CLI and a notebook set none, and ``checkpoint`` does nothing there."""
+    global _PROCESS_CHECK
+    _PROCESS_CHECK = check
+
+
+def current_stop_check() -> Callable[[], None] | None:
+    """The check ``checkpoint`` calls in this thread now: its own (``stopping_with``), else the process's."""
     check = getattr(_LOCAL, "stop", None)
+    return _PROCESS_CHECK if check is None else check
+
+
+def checkpoint() -> None:
+    """A point where long work that draws nothing may be stopped: every layer of a pretrained model's pass, every
+    step of the composition scores. Calls ``current_stop_check()``, if there is one (nothing copied, nothing
+    synchronised on a GPU)."""
+    check = current_stop_check()
     if check is not None:
         check()
 

@@ -266,12 +266,14 @@ def test_an_mlp_receivers_gradient_is_its_own_inputs(tiny_decoders):
 
 def test_a_batch_holds_16_pairs_on_a_cpu_and_64_elsewhere(tiny_decoders):
     """A GPU's pass is mostly its kernel launches, so it takes 64 pairs a pass; a CPU's is its arithmetic (16). A
-    model on the meta device stands in for one off the CPU. 20 pairs of one token count make batches of 16 and 4 by
+    model on the meta device stands in for one off the CPU; Ray's workers load theirs on the CPU. 20 pairs of one token count make batches of 16 and 4 by
     default on the CPU, as with ``batch_size=16``."""
     from model_core.circuits.eap import DEFAULT_BATCH, GPU_BATCH, default_batch
 
     cm = _tiny(tiny_decoders, "llama")
-    assert (default_batch(cm.model), default_batch(torch.nn.Linear(2, 2, device="meta"))) == (DEFAULT_BATCH, GPU_BATCH)
+    elsewhere = torch.nn.Linear(2, 2, device="meta")
+    assert (default_batch(cm.model), default_batch(elsewhere)) == (DEFAULT_BATCH, GPU_BATCH)
+    assert default_batch(elsewhere, engine="ray") == DEFAULT_BATCH  # Ray's workers run on CPUs
     sizes = []
     twenty = Dataset.of([TINY_PAIRS[i % 3] for i in range(20)])
     run_circuit(cm, twenty, method="eap", curve=False, keep=lambda r: sizes.append(r.n))

@@ -388,3 +388,24 @@ def test_a_stop_check_ends_a_model_pass_at_a_layer_and_frees_the_gate(tiny_decod
     assert GATE.snapshot()["running"] == 0 and not GATE.held_here
     trace = build_trace(request)
     assert trace.weights.shape[0] == trace.n_layers
+
+
+def test_the_process_stop_check_serves_every_thread_without_its_own():
+    """The app sets one check for the process (a fragment's rerun runs in a thread app.py never ran in); a thread's
+    own check (``stopping_with``) replaces it for its block."""
+    from model_core.gate import checkpoint, current_stop_check, set_stop_check, stopping_with
+
+    check, calls = _counting_check(10**6)
+    set_stop_check(check)
+    try:
+        checkpoint()
+        other = threading.Thread(target=checkpoint)
+        other.start()
+        other.join(5)
+        with stopping_with(lambda: None):
+            checkpoint()
+        assert current_stop_check() is check
+    finally:
+        set_stop_check(None)
+    checkpoint()
+    assert len(calls) == 2 and current_stop_check() is None

@@ -225,7 +225,7 @@ VERBS = {  # verb -> its arguments after the model's (the text goes in as {text}
 }
 
 
-def _verb_copies(folder, argv: list[str]) -> tuple[int, collections.Counter]:
+def _verb_copies(argv: list[str]) -> tuple[int, collections.Counter]:
     from model_core.cli.main import main
 
     with counting() as counts, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -249,7 +249,7 @@ def test_a_verbs_copies_do_not_grow_with_the_text(llama_folder, tmp_path, verb):
         out.mkdir()
         argv = [command, "--model", "pretrained", "--model-id", str(llama_folder),
                 *(a.format(text=text, out=out) for a in VERBS[verb])]
-        seen.append(_verb_copies(llama_folder, argv))
+        seen.append(_verb_copies(argv))
     assert seen[1][0] == seen[2][0], (seen[1][1], seen[2][1])
     assert 0 < seen[2][0] <= VERB_BUDGET, seen[2][1]
 
@@ -277,7 +277,7 @@ def test_a_run_over_many_inputs_copies_a_fixed_number_of_times_a_unit(llama_fold
     it ends (so a stopped run keeps them): they copy a fixed number of times a batch or a pair, however many came
     before. Texts two a batch: 2, 4 and 6 texts; pairs: 1, 2 and 3."""
     per = 1 if verb == "patch" else 2
-    counts = [_verb_copies(llama_folder, _unit_argv(verb, llama_folder, tmp_path, n * per, at))
+    counts = [_verb_copies(_unit_argv(verb, llama_folder, tmp_path, n * per, at))
               for at, n in enumerate((1, 1, 2, 3))]  # the first warms the model's cache
     one, two, three = (c[0] for c in counts[1:])
     assert two - one == three - two, [c[1] for c in counts[1:]]

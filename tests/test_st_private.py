@@ -107,18 +107,22 @@ def test_the_script_requests_stop_requested_reads_are_there():
 
 
 def _stopping_script() -> None:
+    import threading
+
     import streamlit as st
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
     from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
-    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+    from streamlit.runtime.scriptrunner_utils.script_run_context import add_script_run_ctx, get_script_run_ctx
 
-    from model_core.gate import checkpoint, stopping_with
-    from ui.st_private import stop_if_asked, stop_requested
+    from model_core.gate import checkpoint, set_stop_check
+    from ui.st_private import SCRIPT_THREAD, stop_if_asked, stop_requested
 
     requests = get_script_run_ctx().script_requests
-    with stopping_with(stop_if_asked):
+    set_stop_check(stop_if_asked)  # as app.py does
+    try:
         checkpoint()  # nothing asked: goes on
         st.session_state["before"] = stop_requested()
+        st.session_state["thread"] = threading.current_thread().name == SCRIPT_THREAD
         if st.session_state.get("ask") == "rerun":  # a click meanwhile: not a stop, the work goes on
             requests.request_rerun(requests._rerun_data)
             rerun_is_stop = stop_requested()
@@ -127,21 +131,31 @@ def _stopping_script() -> None:
             st.session_state["rerun_is_stop"], st.session_state["after_rerun"] = rerun_is_stop, True
         if st.session_state.get("ask") == "stop":  # Streamlit's Stop, or the tab closed
             requests.request_stop()
+            in_worker = []  # a thread the page started, with the run's context: the stop is not its to raise
+            worker = threading.Thread(target=lambda: in_worker.append((stop_requested(), checkpoint())))
+            add_script_run_ctx(worker)
+            worker.start()
+            worker.join(10)
             try:
                 checkpoint()  # raises StopException: nothing below runs
                 st.session_state["after_stop"] = True
             except StopException:
                 requests._state = ScriptRequestType.CONTINUE  # this test's reset: AppTest waits for a run's end
-                st.session_state["stopped"] = True
+                st.session_state["stopped"], st.session_state["in_worker"] = True, in_worker
+    finally:
+        set_stop_check(None)
 
 
 def test_a_stop_request_ends_the_run_at_the_next_checkpoint_and_a_rerun_request_does_not():
+    """In the script's thread a stop request ends the run at the next checkpoint, and a rerun request does not; in a
+    worker thread that carries the run's context, the stop is seen but not raised (the worker's work goes on)."""
     at = AppTest.from_function(_stopping_script, default_timeout=30).run()
-    assert not at.exception and at.session_state["before"] is False
+    assert not at.exception and at.session_state["before"] is False and at.session_state["thread"] is True
     at.session_state["ask"] = "stop"
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.session_state["stopped"] is True and "after_stop" not in at.session_state
+    assert at.session_state["in_worker"] == [(True, None)]
     at.session_state["ask"] = "rerun"
     at.run()
     assert at.session_state["rerun_is_stop"] is False and at.session_state["after_rerun"] is True

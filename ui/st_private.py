@@ -7,11 +7,16 @@ of Streamlit that changes them fails the tests instead of bringing back a leak o
 from __future__ import annotations
 
 import logging
+import threading
 
 import streamlit as st
+from streamlit.runtime.scriptrunner_utils.exceptions import StopException
+from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
+from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
 
 _log = logging.getLogger(__name__)
-_warned: list[str] = []
+_warned: list[str] = []  # the widget-state warning, given once
+_stop_warned: list[str] = []  # the script-requests warning, given once
 
 
 def leave_legacy_pages_mode() -> None:
@@ -46,7 +51,6 @@ def drop_stale_widget_callbacks(at_end: bool = False) -> int:
     after the script returns; the app has none, and one would need the end-of-run call skipped.)
     """
     try:
-        from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
         from streamlit.runtime.state.session_state_proxy import get_session_state
 
         run = get_script_run_ctx()
@@ -73,32 +77,33 @@ def drop_stale_widget_callbacks(at_end: bool = False) -> int:
         return 0
 
 
+SCRIPT_THREAD = "ScriptRunner.scriptThread"
+"""The name Streamlit gives the thread that runs a session's script (a whole run or a fragment's)."""
+
+
 def stop_requested() -> bool:
     """Whether Streamlit was asked to stop this script run: its own Stop (the status widget's, while a script runs)
     or the session ending (the tab closed). Read without taking the request, and a rerun request is not a stop: a
     click meanwhile lets a cached computation finish and be kept, and the rerun then finds it. False outside a
     Streamlit run, or (with a warning, once) where Streamlit's private state is not as expected."""
     try:
-        from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
-        from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
-
         run = get_script_run_ctx(suppress_warning=True)
         requests = None if run is None else run.script_requests
         return requests is not None and requests._state == ScriptRequestType.STOP
-    except (AttributeError, ImportError) as exc:
-        if not _warned:
-            _warned.append(str(exc))
+    except AttributeError as exc:
+        if not _stop_warned:
+            _stop_warned.append(str(exc))
             _log.warning("Streamlit's private script requests changed (%s): a Stop no longer ends a computation "
                          "that draws nothing. Update ui/st_private.py.", exc)
         return False
 
 
 def stop_if_asked() -> None:
-    """Stop this script run now if Streamlit was asked to (``stop_requested``): the check the app gives
-    ``model_core.gate.stopping_with``, so a model pass ends at its next layer and a computation from the weights at its
-    next step. Streamlit takes the request and raises its StopException at the session-state read."""
-    if stop_requested():
-        from streamlit.runtime.scriptrunner_utils.exceptions import StopException  # only on a stop: rare
-
-        _ = "_" in st.session_state  # Streamlit's own yield point: it raises StopException here
-        raise StopException()  # where that read is no yield point (no script is executing): stop all the same
+    """In a script thread, stop the run now if Streamlit was asked to (``stop_requested``); elsewhere (a worker
+    thread a page started) nothing. The app's stop check (``model_core.gate.set_stop_check``): a pretrained model's
+    pass ends at its next layer, the composition scores at their next step. Streamlit keeps a stop request until
+    the run ends, so the session-state read below, a yield point of Streamlit's, raises its StopException."""
+    if threading.current_thread().name != SCRIPT_THREAD or not stop_requested():
+        return
+    _ = "_" in st.session_state
+    raise StopException()  # where that read is no yield point (no script is executing): stop all the same

@@ -40,9 +40,11 @@ GPU_BATCH = 64
 estimate does not fit the run's memory."""
 
 
-def default_batch(model: Any) -> int:
-    """Pairs a pass on ``model``'s device: ``GPU_BATCH`` on a GPU, ``DEFAULT_BATCH`` on a CPU."""
-    return DEFAULT_BATCH if next(model.parameters()).device.type == "cpu" else GPU_BATCH
+def default_batch(model: Any, engine: str = "local") -> int:
+    """Pairs a pass: ``GPU_BATCH`` where ``model`` is on a GPU, ``DEFAULT_BATCH`` on a CPU, and with the Ray engine,
+    whose workers load their own model on the CPU (``circuits.ray_engine``)."""
+    on_cpu = engine == "ray" or next(model.parameters()).device.type == "cpu"
+    return DEFAULT_BATCH if on_cpu else GPU_BATCH
 
 
 class CircuitModelError(ValueError):

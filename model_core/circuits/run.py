@@ -111,7 +111,7 @@ def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: 
     Args:
         method: "eap" (one gradient, on the clean run) or "eap-ig" (``steps`` points along the path, default 5).
         batch_size: pairs a pass (pairs of one token count only); default ``default_batch``: 16 on a CPU, 64 on a
-            GPU.
+            GPU (16 with the Ray engine, whose workers run on CPUs).
         curve: also compute the faithfulness curve at ``FRACTIONS`` (always locally).
         engine: "local", or "ray": the batches go to Ray workers that load ``model_id`` themselves, and their
             per-pair sums are combined into the same mean.
@@ -128,7 +128,7 @@ def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: 
         raise ValueError(f"The engine is one of {', '.join(ENGINES)}, not {engine!r}.")
     steps = method_steps(method, steps)
     checked: Validated = validate(dataset, cm.tokenizer).require()
-    batch_size = default_batch(cm.model) if batch_size is None else batch_size
+    batch_size = default_batch(cm.model, engine) if batch_size is None else batch_size
     fitted = fitted_batches(cm, checked.pairs, batch_size, limit_mb=run_memory_limit_mb(override_mb=run_memory_mb),
                             curve=curve)
     problems = sorted([*checked.messages, *fitted.problems], key=_row_of)

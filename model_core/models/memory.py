@@ -10,6 +10,8 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Generic, TypeVar
 
+from model_core.gate import current_stop_check, stopping_with
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -56,6 +58,21 @@ class _Building:
         self.lock = threading.Lock()
         self.users = 0
 
+    def build(self, build: Callable[[], V]) -> V:
+        """``build()``, which the stop check (``model_core.gate.checkpoint``) ends only while no other thread waits
+        for it: one session's Stop, or closed tab, does not throw away a result others wait for (the next of them
+        would start it again from nothing); once they have left, it may."""
+        outer = current_stop_check()
+        if outer is None:
+            return build()
+
+        def check() -> None:
+            if self.users <= 1:
+                outer()
+
+        with stopping_with(check):
+            return build()
+
 
 class BoundedCache(Generic[K, V]):
     """A thread-safe least-recently-used cache of immutable results, bounded by the bytes they hold.
@@ -66,7 +83,7 @@ class BoundedCache(Generic[K, V]):
     remembered weakly and comes back on its next request instead of being built again, so a second copy never
     sits beside it. Two threads asking for the same missing key build it once: the second waits, calling its
     ``wait`` hook every ``WAIT_POLL_S`` (where Streamlit can stop it). A build that raises (or that Streamlit stops)
-    stores nothing. ``on_evict`` is called when entries go, so the caller can collect what they leave behind, and
+    stores nothing; Streamlit's Stop ends a build only while nobody else waits for it (``_Building.build``). ``on_evict`` is called when entries go, so the caller can collect what they leave behind, and
     ``release_freed_memory`` hands freed memory back to the system after each build.
     """
 
@@ -132,7 +149,7 @@ class BoundedCache(Generic[K, V]):
                 with self._lock:
                     found, value = self._hit(key)
                 if not found:
-                    value = build()
+                    value = building.build(build)
                     built = True
                     with self._lock:
                         self._notify(self._put(key, value, self._size(value), self._clock()))
