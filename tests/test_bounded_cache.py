@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -184,16 +183,16 @@ def test_a_waiter_is_stopped_by_its_hook_while_the_build_goes_on():
 def test_a_stop_ends_a_build_only_while_nobody_else_waits_for_it():
     """The builder's stop check (Streamlit's Stop, its tab closed) is asked at every checkpoint of the build. While a
     second thread waits for the same key, the build goes on and both get its result; alone, or once the waiter has
-    left, the build stops and stores nothing."""
+    left, the build stops at its next checkpoint and stores nothing."""
     from model_core.gate import checkpoint, stopping_with
 
     class Stopped(Exception):
         pass
 
     cache = BoundedCache(lambda: 1e9)
-    pressed, started, waiter_in, waiter_leaves = (threading.Event() for _ in range(4))
-    steps = []
-    last = 300  # steps of 10 ms: the build's whole length, 3 s
+    pressed, started, waiter_in, waiter_leaves, waiter_gone = (threading.Event() for _ in range(5))
+    steps, last = [], 300
+    leave_at: list[int | None] = [None]
 
     def check() -> None:
         if pressed.is_set():
@@ -204,10 +203,12 @@ def test_a_stop_ends_a_build_only_while_nobody_else_waits_for_it():
         for step in range(1, last + 1):
             steps.append(step)
             checkpoint()
-            if step == 50:  # the builder's user presses Stop, once the waiter (if any) is in
+            if step == 50:  # the builder's user presses Stop, once the waiter (if any) waits
                 assert waiter_in.wait(30)
                 pressed.set()
-            threading.Event().wait(0.01)
+            if step == leave_at[0]:  # the waiter leaves (its own Stop); the build goes on once it has gone
+                waiter_leaves.set()
+                assert waiter_gone.wait(30)
         return _Result(7)
 
     def hook() -> None:
@@ -222,41 +223,38 @@ def test_a_stop_ends_a_build_only_while_nobody_else_waits_for_it():
             except Stopped as exc:
                 out.append(exc)
 
-    def run(key: str, waiter: bool, leave_at: int | None = None) -> tuple[list, list]:
-        for event in (pressed, started, waiter_in, waiter_leaves):
+    def waiter(key: str, out: list) -> None:
+        try:
+            out.append(cache.get(key, lambda: _Result(0), wait=hook))
+        except Stopped as exc:
+            out.append(exc)
+
+    def run(key: str, with_waiter: bool, leave: int | None = None) -> tuple[list, list]:
+        for event in (pressed, started, waiter_in, waiter_leaves, waiter_gone):
             event.clear()
         steps.clear()
+        leave_at[0] = leave
         got, waited = [], []
         first = threading.Thread(target=builder, args=(key, got))
         first.start()
         assert started.wait(30)
-        if waiter:
-            def wait_for_it() -> None:
-                try:
-                    waited.append(cache.get(key, lambda: _Result(0), wait=hook))
-                except Stopped as exc:
-                    waited.append(exc)
-            second = threading.Thread(target=wait_for_it)
+        if with_waiter:
+            second = threading.Thread(target=waiter, args=(key, waited))
             second.start()
+            second.join(30)  # it returns with the result, or leaves when told to
+            waiter_gone.set()
         else:
             waiter_in.set()
-        if leave_at is not None:
-            deadline = time.monotonic() + 30
-            while len(steps) < leave_at and time.monotonic() < deadline:
-                time.sleep(0.01)
-            waiter_leaves.set()
         first.join(30)
-        if waiter:
-            second.join(30)
         return got, waited
 
     # Someone waits: the Stop at step 50 does not end the shared build, and both get its result.
-    got, waited = run("a", waiter=True)
+    got, waited = run("a", with_waiter=True)
     assert steps[-1] == last and got[0] is waited[0] and "a" in cache
     # Alone: the same Stop ends the build at its next checkpoint, and nothing is stored.
-    got, _ = run("b", waiter=False)
+    got, _ = run("b", with_waiter=False)
     assert isinstance(got[0], Stopped) and steps[-1] == 51 and "b" not in cache
-    # The waiter leaves at step 100 (its own Stop): the build, asked to stop at step 50, stops then.
-    got, waited = run("c", waiter=True, leave_at=100)
+    # The waiter leaves at step 100: the build, asked to stop at step 50, stops at its next checkpoint.
+    got, waited = run("c", with_waiter=True, leave=100)
     assert isinstance(got[0], Stopped) and isinstance(waited[0], Stopped)
-    assert 100 <= steps[-1] < last and "c" not in cache
+    assert steps[-1] == 101 and "c" not in cache
