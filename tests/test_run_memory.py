@@ -95,6 +95,29 @@ def test_the_refusal_names_the_run_the_estimate_and_the_limit():
     check_run_memory("A small run", 5_999e6, 6_000, "")  # within the limit: nothing raised
 
 
+def test_on_a_gpu_the_limit_is_at_most_nine_tenths_of_its_free_memory(monkeypatch):
+    """A run's tensors live on the GPU, and AE_RUN_MEMORY_MB is a share of the host's memory: where the GPU has less
+    free, its free memory is the limit and the refusal says so. No GPU here: ``mem_get_info`` answers as one with
+    2 GB free would (the device need not exist to be named)."""
+    import torch
+
+    from model_core.models.run_memory import GpuLimit, device_of, run_memory_limit_mb
+    from model_core.settings import Settings
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2_000e6, 16_000e6))
+    cuda, settings = torch.device("cuda:0"), Settings(run_memory_mb=6_000)
+    limit = run_memory_limit_mb(settings, device=cuda)
+    assert isinstance(limit, GpuLimit) and limit == pytest.approx(1_800)
+    assert run_memory_limit_mb(Settings(run_memory_mb=1_000), device=cuda) == 1_000  # the host's is smaller
+    assert run_memory_limit_mb(settings, device=device_of(torch.nn.Linear(2, 2))) == 6_000  # a CPU: as before
+    with pytest.raises(RunMemoryError) as info:
+        check_run_memory("Edge attribution of a batch", 5_000e6, limit, "Take fewer pairs.")
+    message = str(info.value)
+    assert "5,000 MB" in message and "1,800 MB" in message and "2,000 MB free on cuda:0" in message
+    assert "AE_RUN_MEMORY_MB" not in message.split("Take fewer pairs.")[0]  # the GPU, not the setting, set it
+    check_run_memory("A small run", 1_700e6, limit, "")
+
+
 def test_longest_fitting_is_the_last_size_within_the_limit():
     assert longest_fitting(lambda n: n * 1e6, 100) == 100
     assert longest_fitting(lambda n: 1e12, 100) == 0

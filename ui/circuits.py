@@ -26,7 +26,7 @@ from model_core.circuits.datasets import Dataset, Validated
 from model_core.circuits.eap import CircuitModel, circuit_model, default_batch
 from model_core.circuits.result import CircuitResult
 from model_core.circuits.run import run_circuit
-from model_core.models.run_memory import RunMemoryError, run_memory_limit_mb
+from model_core.models.run_memory import RunMemoryError, device_of, run_memory_limit_mb
 from ui.kept_run import KeptRun
 from ui.roles import heatmaps_url
 
@@ -83,7 +83,8 @@ def fitted_or_refused(cm: CircuitModel, checked: Validated) -> FittedBatches | N
     """The run's batches within ``AE_RUN_MEMORY_MB`` (long pairs fewer to a batch); None, with the refusal shown
     (the estimate and the limit), when not one pair fits."""
     try:
-        return fitted_batches(cm, checked.pairs, default_batch(cm.model), limit_mb=run_memory_limit_mb(), curve=True)
+        return fitted_batches(cm, checked.pairs, default_batch(cm.model),
+                              limit_mb=run_memory_limit_mb(device=device_of(cm.model)), curve=True)
     except RunMemoryError as exc:
         st.error(str(exc), icon=":material/memory:")
         return None

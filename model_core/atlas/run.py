@@ -33,7 +33,13 @@ from model_core.corpus.batches import EncodedText, encode_texts, largest_batch
 from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.corpus.sources import Corpus
 from model_core.models.memory import release_freed_memory
-from model_core.models.run_memory import atlas_bytes, check_run_memory, model_shape, run_memory_limit_mb
+from model_core.models.run_memory import (
+    atlas_bytes,
+    check_run_memory,
+    device_of,
+    model_shape,
+    run_memory_limit_mb,
+)
 from model_core.qk.composition import KINDS, composition_scores
 from model_core.roles.probes import SEQ_LEN, probe_inputs, probe_texts, usable_words, word_pool
 from model_core.roles.scores import PROBE_ROLES, role_scores
@@ -213,7 +219,8 @@ def check_atlas_memory(loaded: LoadedCorpusModel, options: AtlasOptions) -> None
     estimate = atlas_bytes(model_shape(loaded.module), tokens, largest_batch(options.batch_size, short, heads),
                            largest_batch(CARD_BATCH, short, heads, CARD_CELL_BUDGET), long_from=LONG_FROM,
                            block=QUERY_BLOCK, chunk=TextSplit.CHUNK_BYTES)
-    check_run_memory(f"An atlas of texts up to {tokens:,} tokens", estimate, run_memory_limit_mb(),
+    check_run_memory(f"An atlas of texts up to {tokens:,} tokens", estimate,
+                     run_memory_limit_mb(device=device_of(loaded.module)),
                      "Lower --max-tokens (the page's texts are cut at 128) or --batch-size.")
 
 

@@ -35,7 +35,7 @@ from model_core.circuits.faithfulness import FRACTIONS
 from model_core.circuits.graph import EdgeScores
 from model_core.circuits.loading import load_circuit_model
 from model_core.circuits.result import METHODS, CircuitResult
-from model_core.models.run_memory import run_memory_limit_mb
+from model_core.models.run_memory import device_of, run_memory_limit_mb
 
 Progress = Callable[[float, str], None]
 """Called with (share of the whole run done, 0..1; what is running)."""
@@ -129,7 +129,8 @@ def run_circuit(cm: CircuitModel, dataset: Dataset | Sequence[Pair], *, method: 
     steps = method_steps(method, steps)
     checked: Validated = validate(dataset, cm.tokenizer).require()
     batch_size = default_batch(cm.model, engine) if batch_size is None else batch_size
-    fitted = fitted_batches(cm, checked.pairs, batch_size, limit_mb=run_memory_limit_mb(override_mb=run_memory_mb),
+    limit_mb = run_memory_limit_mb(override_mb=run_memory_mb, device=device_of(cm.model))
+    fitted = fitted_batches(cm, checked.pairs, batch_size, limit_mb=limit_mb,
                             curve=curve)
     problems = sorted([*checked.messages, *fitted.problems], key=_row_of)
     batches = fitted.batches

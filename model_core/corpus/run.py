@@ -15,7 +15,13 @@ from model_core.families import Family
 from model_core.corpus.sample import array_path, create_arrays, plan_sample, write_rows
 from model_core.corpus.sources import Corpus
 from model_core.corpus.stats import PatternRules, StatSums
-from model_core.models.run_memory import check_run_memory, model_shape, run_memory_limit_mb, trace_pass_bytes
+from model_core.models.run_memory import (
+    check_run_memory,
+    device_of,
+    model_shape,
+    run_memory_limit_mb,
+    trace_pass_bytes,
+)
 import model_core.corpus.store as store
 from model_core.corpus.index import build_indexes
 from model_core.corpus.ray_engine import describe_remote, run_shards_on_ray
@@ -138,7 +144,7 @@ def check_batch_memory(model: object, batch_size: int, tokens: int) -> None:
     shape = model_shape(model)
     batch = largest_batch(batch_size, tokens, shape.n_layers * shape.n_heads)
     check_run_memory(f"A corpus batch of {batch} texts of {tokens:,} tokens", trace_pass_bytes(shape, batch, tokens),
-                     run_memory_limit_mb(), "Lower --max-tokens or --batch-size.")
+                     run_memory_limit_mb(device=device_of(model)), "Lower --max-tokens or --batch-size.")
 
 
 def run_corpus(

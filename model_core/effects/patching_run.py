@@ -35,6 +35,7 @@ from model_core.effects.patching_table import (
 )
 from model_core.models.run_memory import (
     check_run_memory,
+    device_of,
     longest_fitting,
     model_shape,
     patching_bytes,
@@ -159,7 +160,7 @@ def check_patching_memory(resolved: Any, n_tokens: int, *, attribution: bool = T
         RunMemoryError: the estimate, the limit and the longest prompts that fit.
     """
     shape = model_shape(resolved.model)
-    limit = run_memory_limit_mb(getattr(resolved, "settings", None))
+    limit = run_memory_limit_mb(getattr(resolved, "settings", None), device=device_of(resolved.model))
 
     def estimate(t: int) -> float:
         return patching_bytes(shape, max(t, 1), attribution=attribution, copies=batch_size(max(t, 1)))

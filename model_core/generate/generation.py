@@ -24,7 +24,13 @@ from transformers import DynamicCache
 from model_core.families.checks import require_decoder
 from model_core.gate import GATE
 from model_core.generate.prompting import DecodingOptions, check_room, eos_ids, has_chat_template, prompt_ids
-from model_core.models.run_memory import check_run_memory, generation_bytes, model_shape, run_memory_limit_mb
+from model_core.models.run_memory import (
+    check_run_memory,
+    device_of,
+    generation_bytes,
+    model_shape,
+    run_memory_limit_mb,
+)
 from model_core.settings import Settings, load_settings
 from model_core.trace.forward import decode_top, to_host
 from model_core.trace.request import TraceRequest
@@ -178,7 +184,8 @@ class GenerationStream:
         check_room(len(self.prompt), options.max_new_tokens, limit, limit_hint)
         check_run_memory(f"Generating {options.max_new_tokens:,} tokens after a prompt of {len(self.prompt):,}",
                          generation_bytes(model_shape(model), len(self.prompt), options.max_new_tokens),
-                         run_memory_limit_mb(), "Shorten the prompt or ask for fewer new tokens.")
+                         run_memory_limit_mb(device=device_of(model)),
+                         "Shorten the prompt or ask for fewer new tokens.")
         self.steps: list[Step] = []
         self._clock = clock  # a test passes a fake one: the step times are then exact
         self._started = clock()

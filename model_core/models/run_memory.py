@@ -207,14 +207,46 @@ def qk_bytes(shape: ModelShape, tokens: int, n_components: int) -> float:
 
 
 # -- the limit and the check -----------------------------------------------------------------------------------------
-def run_memory_limit_mb(settings: Settings | None = None, override_mb: float | None = None) -> float:
+GPU_SHARE = 0.9
+"""On a GPU a run may take at most this share of the memory free there when it is checked (the rest: the allocator's
+blocks and what other passes hold meanwhile)."""
+
+
+class GpuLimit(float):
+    """A run's limit in MB set by a GPU's free memory, not by AE_RUN_MEMORY_MB: ``refusal`` says so."""
+
+    device: str
+    free_mb: float
+
+    def __new__(cls, device: str, free_mb: float) -> GpuLimit:
+        limit = super().__new__(cls, GPU_SHARE * free_mb)
+        limit.device, limit.free_mb = device, free_mb
+        return limit
+
+
+def device_of(model: Any) -> Any:
+    """The device a model's parameters are on."""
+    return next(model.parameters()).device
+
+
+def run_memory_limit_mb(settings: Settings | None = None, override_mb: float | None = None,
+                        device: Any = None) -> float:
     """The limit a run is checked against: ``override_mb`` (the command line's --run-memory-mb) when given, else
-    ``AE_RUN_MEMORY_MB`` of ``settings`` (default: read from the environment)."""
+    ``AE_RUN_MEMORY_MB`` of ``settings`` (default: read from the environment). On a CUDA ``device`` (where the
+    run's tensors live) it is at most ``GPU_SHARE`` of the memory free there now (a ``GpuLimit``): AE_RUN_MEMORY_MB
+    is a share of the host's memory, which a GPU may have less of."""
     if override_mb is not None:
         if not override_mb > 0:
             raise ValueError(f"--run-memory-mb is a number of MB above 0, not {override_mb!r}.")
-        return float(override_mb)
-    return float((settings or load_settings()).run_memory_mb)
+        limit = float(override_mb)
+    else:
+        limit = float((settings or load_settings()).run_memory_mb)
+    if device is None or getattr(device, "type", str(device).split(":")[0]) != "cuda":
+        return limit
+    import torch  # only for a GPU's free memory: `--help` reads this module without torch
+
+    free_mb = torch.cuda.mem_get_info(device)[0] / MB
+    return GpuLimit(str(device), free_mb) if GPU_SHARE * free_mb < limit else limit
 
 
 def fits(estimate_bytes: float, limit_mb: float) -> bool:
@@ -223,7 +255,13 @@ def fits(estimate_bytes: float, limit_mb: float) -> bool:
 
 
 def refusal(what: str, estimate_bytes: float, limit_mb: float, advice: str) -> str:
-    """The message of a refused run: what it is, the estimate, the limit, and what to change."""
+    """The message of a refused run: what it is, the estimate, the limit (a GPU's free memory, for a ``GpuLimit``),
+    and what to change."""
+    if isinstance(limit_mb, GpuLimit):
+        return (f"{what} would need about {estimate_bytes / MB:,.0f} MB of memory on the GPU, over the "
+                f"{float(limit_mb):,.0f} MB one run may take there now ({GPU_SHARE:.0%} of the {limit_mb.free_mb:,.0f} "
+                f"MB free on {limit_mb.device}). {advice} A smaller model, a lower precision (AE_DTYPE=bfloat16) or a "
+                "GPU with more memory leaves more room.")
     return (f"{what} would need about {estimate_bytes / MB:,.0f} MB of memory, over this server's limit of "
             f"{limit_mb:,.0f} MB for one run (AE_RUN_MEMORY_MB). {advice} On a machine with more memory, raise "
             "AE_RUN_MEMORY_MB (on the command line: --run-memory-mb).")

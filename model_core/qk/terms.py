@@ -27,6 +27,7 @@ from model_core.families import family_of
 from model_core.families.weights import layer_weights
 from model_core.models.run_memory import (
     check_run_memory,
+    device_of,
     model_shape,
     qk_bytes,
     run_memory_limit_mb,
@@ -155,7 +156,8 @@ def check_qk_memory(model: Any, layer: int, n_tokens: int) -> None:
     n_components = len(component_names(model, layer))
     check_run_memory(f"Why this key on layer {layer} at {n_tokens:,} tokens ({n_components} components of the "
                      "query and the key at every position)", qk_bytes(model_shape(model), n_tokens, n_components),
-                     run_memory_limit_mb(), "Shorten the text, or pick an earlier layer (fewer components).")
+                     run_memory_limit_mb(device=device_of(model)),
+                     "Shorten the text, or pick an earlier layer (fewer components).")
 
 
 def qk_pass_for_trace(model: Any, trace: Any, layer: int, head: int) -> PartsPass:

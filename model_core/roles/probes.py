@@ -33,13 +33,14 @@ from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.gate import GATE
 from model_core.models.run_memory import (
     check_run_memory,
+    device_of,
     model_shape,
     run_memory_limit_mb,
     trace_pass_bytes,
 )
 from model_core.roles.scores import PROBE_ROLES, RoleInput, role_scores
-from model_core.trace.request import Models, TraceRequest
 from model_core.trace.forward import to_host
+from model_core.trace.request import Models, TraceRequest
 
 N_SEQUENCES = 4
 SEQ_LEN = 50
@@ -232,7 +233,7 @@ def check_probe_memory(model: Any, n_sequences: int, tokens: int) -> None:
     shape = model_shape(model)
     weights = 4.0 * (n_sequences - 1) * shape.n_layers * shape.n_heads * tokens * tokens
     check_run_memory(f"Head roles' probe of {n_sequences} sequences of about {tokens:,} tokens",
-                     trace_pass_bytes(shape, 1, tokens) + weights, run_memory_limit_mb(),
+                     trace_pass_bytes(shape, 1, tokens) + weights, run_memory_limit_mb(device=device_of(model)),
                      "Use fewer or shorter sequences.")
 
 

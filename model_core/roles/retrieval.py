@@ -31,6 +31,7 @@ from model_core.corpus.model import CorpusModel, LoadedCorpusModel
 from model_core.gate import GATE
 from model_core.models.run_memory import (
     check_run_memory,
+    device_of,
     model_shape,
     run_memory_limit_mb,
     trace_pass_bytes,
@@ -166,7 +167,8 @@ def retrieval_scores(request: TraceRequest, seed: int = 0, *, depths: tuple[floa
     prompts = [haystack_prompt(secret, d, n_sentences) for d in depths]
     tokens = max(len(loaded.tokenizer(p).input_ids) for p, _ in prompts)
     check_run_memory(f"Retrieval heads on a haystack of {tokens:,} tokens", trace_pass_bytes(
-        model_shape(loaded.module), 1, tokens), run_memory_limit_mb(), "Use a model with fewer positions.")
+        model_shape(loaded.module), 1, tokens), run_memory_limit_mb(device=device_of(loaded.module)),
+        "Use a model with fewer positions.")
     answer_len = len(password_positions(loaded.tokenizer, *prompts[0], secret)[1])
     total, done = len(depths) * (answer_len + EXTRA_STEPS + 1), [0]
 
