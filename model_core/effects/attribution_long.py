@@ -56,11 +56,11 @@ def last_position_pass(family: Any, model: Any, token_ids: np.ndarray, k: int = 
     require_decoder_family(family)
     device = next(model.parameters()).device
     ids = torch.as_tensor(np.array(token_ids), dtype=torch.long, device=device)[None]  # (1, pos)
-    kept: dict[int, np.ndarray] = {}
+    kept: dict[int, torch.Tensor] = {}
 
     def keep(layer: int):
-        def read(z: torch.Tensor, _point: Any) -> None:  # (batch, pos, head, d_head): the last position only
-            kept[layer] = z[0, -1].detach().to("cpu", torch.float64).numpy()
+        def read(z: torch.Tensor, _point: Any) -> None:  # (batch, pos, head, d_head): the last position only,
+            kept[layer] = z[0, -1].detach().clone()  # left on the model's device (one copy to the host below)
         return read
     n_layers = family.n_layers(model.config)
     reads = HookRun(hooks=[(f"blocks.{i}.attn.hook_z", keep(i)) for i in range(n_layers)])
@@ -69,7 +69,7 @@ def last_position_pass(family: Any, model: Any, token_ids: np.ndarray, k: int = 
         last = torch.stack([h[0, -1] for h in out.hidden])  # (layer + 1, d_model)
         top = top_predictions(family, model, last[-1:], k)[0][0]
         hidden = last.detach().to("cpu", torch.float32).numpy()
-    z = np.stack([kept[i] for i in range(n_layers)])  # (layer, head, d_head)
+        z = torch.stack([kept[i] for i in range(n_layers)]).to("cpu", torch.float64).numpy()  # (layer, head, d_head)
     return LastPosition(z=z, hidden=hidden, top_ids=top)
 
 
