@@ -266,8 +266,8 @@ def test_an_mlp_receivers_gradient_is_its_own_inputs(tiny_decoders):
 
 def test_a_batch_holds_16_pairs_on_a_cpu_and_64_elsewhere(tiny_decoders):
     """A GPU's pass is mostly its kernel launches, so it takes 64 pairs a pass; a CPU's is its arithmetic (16). A
-    model on the meta device stands in for one off the CPU; Ray's workers load theirs on the CPU. 20 pairs of one token count make batches of 16 and 4 by
-    default on the CPU, as with ``batch_size=16``."""
+    model on the meta device stands in for one off the CPU; Ray's workers load theirs on the CPU. 20 pairs of one
+    token count make batches of 16 and 4 by default on the CPU, as with ``batch_size=16``."""
     from model_core.circuits.eap import DEFAULT_BATCH, GPU_BATCH, default_batch
 
     cm = _tiny(tiny_decoders, "llama")

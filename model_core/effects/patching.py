@@ -31,6 +31,7 @@ from model_core.families import Family
 from model_core.families.hook_install import open_run
 from model_core.families.hooks import HookFn, HookRun
 from model_core.gate import GATE
+from model_core.models.run_memory import device_of
 from model_core.trace.shape import LayerHeadGrid
 
 EQUAL_METRICS = 1e-4
@@ -125,10 +126,6 @@ def point_hooks(family: Family, model: Any, hooks: Iterable[tuple[str, HookFn]])
         yield
 
 
-def _device(model: Any) -> torch.device:
-    return next(model.parameters()).device
-
-
 def metric_of(family: Family, model: Any, last_hidden: torch.Tensor, inputs: PatchInputs) -> torch.Tensor:
     """logit(answer) − logit(foil) from the last layer's output at the last position, through the final norm, the
     unembedding and any final softcap (``DecoderFamily.unembed``).
@@ -146,7 +143,7 @@ def run_metric(family: Family, model: Any, ids: np.ndarray, inputs: PatchInputs,
 
     Returns the metric (copies,) and the route's ``ForwardOutput``.
     """
-    dev = _device(model)
+    dev = device_of(model)
     batch = torch.as_tensor(ids, dtype=torch.long, device=dev)[None].expand(copies, -1).contiguous()
     out = family.forward(model, batch, torch.zeros_like(batch), None, vectors=False, hidden=hidden)
     with torch.inference_mode():
@@ -224,7 +221,7 @@ def _patched_pass(family: Family, model: Any, runs: PatchRuns, patches: list[Pat
         rows, cols = by_layer.setdefault((kind, layer), ([], []))
         rows.append(copy)
         cols.append(index)
-    dev = _device(model)
+    dev = device_of(model)
     index = {key: (torch.tensor(r, device=dev), torch.tensor(c, device=dev)) for key, (r, c) in by_layer.items()}
     first = min(layer for _, layer in by_layer)
     copies = len(patches)
@@ -347,7 +344,7 @@ def exact_patching(family: Family, model: Any, runs: PatchRuns, *, heads: bool =
     todo = np.flatnonzero(np.isnan(effects))
     already = int((~same & ~np.isnan(effects)).sum())  # patched passes the resumed run had done
     n_heads = runs.n_layers * runs.n_heads if heads else 0
-    metrics = torch.full((len(todo),), float("nan"), device=_device(model))  # the patched metrics, on the device
+    metrics = torch.full((len(todo),), float("nan"), device=device_of(model))  # patched metrics, on the device
     copied = 0  # how many of ``metrics`` are in ``effects`` already
 
     def to_effects(upto: int) -> None:  # the metrics not copied yet, in one copy

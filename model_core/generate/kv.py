@@ -29,7 +29,6 @@ import torch
 from transformers import DynamicCache
 
 from model_core.generate.kv_sources import QKSource, _check_decoder
-from model_core.kernel import allowed_from_mask
 from model_core.generate.presses import (
     PRESSES,
     WINDOW,
@@ -42,6 +41,8 @@ from model_core.generate.presses import (
     press_scores,
     snapkv_window,
 )
+from model_core.kernel import allowed_from_mask
+from model_core.models.run_memory import device_of
 
 RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """The budget sweep's compression ratios."""
@@ -78,10 +79,6 @@ class Prefill:
         return int(tensors + self.full_log_probs.nbytes + self.last_row.nbytes)
 
 
-def _device(model: Any) -> torch.device:
-    return next(model.parameters()).device
-
-
 def gather_rows(positions: np.ndarray, n: int, device: torch.device) -> torch.Tensor:
     """Row indices into a key/value head-major (kv_head * n, d_head) view of one layer's cache: one contiguous row
     copy per kept key (``index_select``), 15x faster on a CPU than advanced indexing by (head, position).
@@ -110,7 +107,7 @@ def _last_token(family: Any, model: Any, token_ids: np.ndarray, cache: Any) -> t
 
     Returns its next-token log-probabilities (vocab,) float64 and its attention (layer, head, cache + 1) float64.
     """
-    dev = _device(model)
+    dev = device_of(model)
     n = len(token_ids)
     ids = torch.tensor([[int(token_ids[-1])]], device=dev)
     out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=False, hidden=False, logits=True,
@@ -131,7 +128,7 @@ def prefill(family: Any, model: Any, token_ids: np.ndarray, *,
     """
     ids_np = np.asarray(token_ids, dtype=np.int64)
     _check_decoder(bool(family.is_decoder), len(ids_np))
-    dev = _device(model)
+    dev = device_of(model)
     ids = torch.tensor(ids_np[:-1], device=dev)[None]
     out = family.forward(model, ids, torch.zeros_like(ids), None, vectors=True, hidden=False, compact=True,
                          past=DynamicCache(), on_layer=on_layer)

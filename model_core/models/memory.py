@@ -83,7 +83,8 @@ class BoundedCache(Generic[K, V]):
     remembered weakly and comes back on its next request instead of being built again, so a second copy never
     sits beside it. Two threads asking for the same missing key build it once: the second waits, calling its
     ``wait`` hook every ``WAIT_POLL_S`` (where Streamlit can stop it). A build that raises (or that Streamlit stops)
-    stores nothing; Streamlit's Stop ends a build only while nobody else waits for it (``_Building.build``). ``on_evict`` is called when entries go, so the caller can collect what they leave behind, and
+    stores nothing; Streamlit's Stop ends a build only while nobody else waits for it (``_Building.build``).
+    ``on_evict`` is called when entries go, so the caller can collect what they leave behind, and
     ``release_freed_memory`` hands freed memory back to the system after each build.
     """
 
