@@ -34,6 +34,11 @@ def as_tensor(x: Array) -> torch.Tensor:
         return torch.from_numpy(np.asarray(x))
 
 
+def on_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``, moved only when it is elsewhere (a host-to-device copy, never a call on the same device)."""
+    return t if t.device == torch.device(device) else t.to(device)
+
+
 # -- scores --------------------------------------------------------------------------------------
 def cap_scores(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """Gemma 2's cap on its scores, ``cap·tanh(scores / cap)``, in the eager model's order; None leaves them.

@@ -29,6 +29,7 @@ from model_core.circuits.graph import Graph
 from model_core.families import family_of
 from model_core.families.hooked import run_with_hooks
 from model_core.gate import GATE
+from model_core.kernel import on_device
 
 DEFAULT_STEPS = 5
 DEFAULT_BATCH = 16
@@ -134,11 +135,6 @@ class PairBatch:
             return self
         return PairBatch(self.clean.to(device), self.corrupt.to(device), self.answer.to(device),
                          self.foil.to(device), self.rows)
-
-
-def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device``, moved only when it is elsewhere (a host-to-device copy, never back)."""
-    return t if t.device == torch.device(device) else t.to(device)
 
 
 def make_batches(pairs: Sequence[TokenizedPair], batch_size: int = DEFAULT_BATCH) -> list[PairBatch]:

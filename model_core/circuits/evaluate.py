@@ -22,7 +22,6 @@ from model_core.circuits.eap import (
     as_rows,
     from_rows,
     metric,
-    on_device,
     receiver_hooks,
     receiver_points,
     receiver_rows,
@@ -36,6 +35,7 @@ from model_core.circuits.graph import EdgeScores
 from model_core.circuits.result import FaithfulnessCurve
 from model_core.families.hooked import run_with_hooks
 from model_core.gate import GATE
+from model_core.kernel import on_device
 
 Stop = Callable[[], bool]
 

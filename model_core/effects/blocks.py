@@ -28,6 +28,7 @@ import torch
 from model_core.effects.norms import freeze
 from model_core.families.parts import BlockParts
 from model_core.gate import GATE
+from model_core.models.run_memory import device_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,9 +94,10 @@ class BlockMap:
 
     def __init__(self, family: Any, model: Any) -> None:
         self.family, self.model = family, model
+        self.device = device_of(model)  # where the graph computes: every tensor handed in is moved here
         config = model.config
         self.n_layers, self.n_heads = family.n_layers(config), family.n_heads(config)
-        self.kv_heads = torch.as_tensor(family.kv_heads(config))
+        self.kv_heads = torch.as_tensor(family.kv_heads(config), device=self.device)
         weights = family.output_weights(model)
         self.d_head = int(weights[0].shape[1]) // self.n_heads
         self._layers = [_layer_of(family.parts(model, i), weights[i]) for i in range(self.n_layers)]
@@ -133,7 +135,7 @@ class BlockMap:
         resid_pre = resid_pre.float()
         out = self.heads_out(layer, z)
         bias = torch.zeros_like(out) if spec.o_bias is None else spec.o_bias.float().expand_as(out)
-        ones = torch.ones(len(out), dtype=out.dtype)
+        ones = torch.ones(len(out), dtype=out.dtype, device=out.device)
         if spec.post_ln1 is not None:  # post-LN: every part through the LayerNorm frozen at its input
             norm = freeze(spec.post_ln1, resid_pre + out)
             whole = spec.post_ln1(resid_pre + out).float()

@@ -68,7 +68,7 @@ def term_proximity(weights: torch.Tensor, directions: torch.Tensor, whole: torch
         fragile = _cheapest_fragile(weights, largest, whole)
     if fragile >= d:  # every dimension is summed exactly
         small, idx = whole.abs().sort(dim=-1)
-        tau = torch.full((rows,), float("inf"), dtype=whole.dtype)
+        tau = torch.full((rows,), float("inf"), dtype=whole.dtype, device=whole.device)
     else:
         small, idx = whole.abs().topk(fragile, dim=-1, largest=False)  # (rows, f), ascending
         tau = small[:, -1]  # every other dimension has |w_d| >= tau
@@ -105,8 +105,8 @@ def _cheapest_fragile(weights: torch.Tensor, largest: torch.Tensor, whole: torch
         return d
     small = whole.abs().topk(max(options), dim=-1, largest=False).values  # (rows, f), ascending
     reach = weights * largest  # (rows, head, key)
-    cost = {f: f * reach.numel() + BIG_TERM_COST * d * int((reach > small[:, f - 1, None, None]).sum())
-            for f in options}
+    big = torch.stack([(reach > small[:, f - 1, None, None]).sum() for f in options]).tolist()  # one copy
+    cost = {f: f * reach.numel() + BIG_TERM_COST * d * n for f, n in zip(options, big)}
     return min(cost, key=cost.get)
 
 

@@ -25,6 +25,7 @@ from model_core.effects.contributions import (
     attention_shares,
     shares,
 )
+from model_core.trace.forward import to_host
 
 ROW_CHUNK = 64
 """Query rows computed at once when every node of a layer is asked for (a progress step)."""
@@ -151,6 +152,8 @@ class ContributionFlow:
 
     @torch.no_grad()
     def _fill(self, layer: int, positions: list[int]) -> None:
+        """Compute and keep some positions' contributions in one layer: on the model's device, one copy to the host
+        of the chunk's shares."""
         if not positions:
             return
         pos = np.asarray(sorted(positions), dtype=np.int64)
@@ -158,23 +161,23 @@ class ContributionFlow:
         values = self.source.values(layer)[:, :n_keys]
         rows = self.source.rows(layer, pos, n_keys)  # (rows, head, key)
         join, mlp = self._joins(layer, pos, rows, values)
-        mlp_shares = shares(torch.stack([mlp.mlp, mlp.residual]), mlp.whole).numpy()  # (2, rows)
-        self._mlp[layer, pos] = mlp_shares.T
         directions = join.directions(self.blocks.raw_directions(layer, values))  # (head, d, key)
         terms, res = attention_shares(rows * join.scale[:, None, None], directions, join.whole, join.residual)
+        mlp_shares = shares(torch.stack([mlp.mlp, mlp.residual]), mlp.whole)  # (2, rows)
+        terms, res, mlp_shares = to_host([terms, res, mlp_shares])
+        self._mlp[layer, pos] = mlp_shares.T
         for i, p in enumerate(pos.tolist()):
             keep = p + 1 if self.source.causal else n_keys
             old = self._attention.pop((layer, p), None)
             self._kept_bytes -= 0 if old is None else old[0].nbytes
-            heads = terms[i, :, :keep].numpy().copy()
+            heads = terms[i, :, :keep].copy()
             self._attention[layer, p] = (heads, float(res[i]))
             self._kept_bytes += heads.nbytes
 
     def _joins(self, layer: int, pos: np.ndarray, rows: torch.Tensor, values: torch.Tensor):
         z = torch.einsum("rhk,hkd->rhd", rows, values.float())  # each head's output at the rows
-        resid_pre = self.source.hidden[layer][pos].float()
-        join = self.blocks.attention(layer, z, resid_pre)
-        return join, self.blocks.mlp(layer, join.whole, self.source.hidden[layer + 1][pos].float())
+        join = self.blocks.attention(layer, z, self.source.resid(layer, pos).float())
+        return join, self.blocks.mlp(layer, join.whole, self.source.resid(layer + 1, pos).float())
 
     # -- what the pages read besides --------------------------------------------------------
     @torch.no_grad()
@@ -188,41 +191,42 @@ class ContributionFlow:
 
     @torch.no_grad()
     def vectors(self, layer: int, positions: list[int]) -> BlockVectors:
-        """The layer's residual stream and block outputs at some positions (the tokens a block promotes)."""
+        """The layer's residual stream and block outputs at some positions (the tokens a block promotes), on the
+        model's device."""
         pos = np.asarray(positions, dtype=np.int64)
         join, mlp = self.joins(layer, pos)
-        resid_pre = self.source.hidden[layer][pos].float()
+        resid_pre = self.source.resid(layer, pos).float()
         return BlockVectors(resid_pre, join.whole - resid_pre, join.whole, mlp.whole - join.whole, mlp.whole)
 
     def weights(self, layer: int, positions: list[int]) -> np.ndarray:
         """The attention weights of some query rows over every key. Shape: (rows, head, key)."""
-        return self.source.rows(layer, np.asarray(positions, dtype=np.int64), self.n_tokens).numpy()
+        return to_host([self.source.rows(layer, np.asarray(positions, dtype=np.int64), self.n_tokens)])[0]
 
     @torch.no_grad()
     def layer(self, layer: int, progress: Progress | None = None) -> LayerContributions:
-        """Every node's contributions in one layer, ``ROW_CHUNK`` query rows at a time (nothing kept).
+        """Every node's contributions in one layer, ``ROW_CHUNK`` query rows at a time (nothing kept), on the model's
+        device, with one copy to the host at the end.
 
         Shape: see ``LayerContributions``: attention_heads (q_pos, k_pos, head).
         """
-        n, causal = self.n_tokens, self.source.causal
-        heads = np.zeros((n, n, self.n_heads), dtype=np.float32)
-        res, ffn, ffn_res = (np.zeros(n, dtype=np.float32) for _ in range(3))
+        n, causal, device = self.n_tokens, self.source.causal, self.blocks.device
+        heads = torch.zeros((n, n, self.n_heads), dtype=torch.float32, device=device)
+        res, ffn, ffn_res = (torch.zeros(n, dtype=torch.float32, device=device) for _ in range(3))
         values = self.source.values(layer)
         raw = self.blocks.raw_directions(layer, values)  # (head, d, key), once per layer
         for r0 in range(0, n, ROW_CHUNK):
             pos = np.arange(r0, min(n, r0 + ROW_CHUNK))
-            n_keys = int(pos[-1]) + 1 if causal else n
+            r1, n_keys = r0 + len(pos), int(pos[-1]) + 1 if causal else n
             rows = self.source.rows(layer, pos, n_keys)
             join, mlp = self._joins(layer, pos, rows, values[:, :n_keys])
             terms, r = attention_shares(rows * join.scale[:, None, None],
                                         join.directions(raw[:, :, :n_keys]), join.whole, join.residual)
-            heads[pos, :n_keys] = terms.permute(0, 2, 1).numpy()
-            res[pos] = r.numpy()
-            s = shares(torch.stack([mlp.mlp, mlp.residual]), mlp.whole).numpy()
-            ffn[pos], ffn_res[pos] = s[0], s[1]
+            heads[r0:r1, :n_keys] = terms.permute(0, 2, 1)
+            res[r0:r1] = r
+            ffn[r0:r1], ffn_res[r0:r1] = shares(torch.stack([mlp.mlp, mlp.residual]), mlp.whole)
             if progress is not None:
-                progress(min(1.0, (r0 + len(pos)) / n))
-        return LayerContributions(layer, heads, res, ffn, ffn_res)
+                progress(min(1.0, r1 / n))
+        return LayerContributions(layer, *to_host([heads, res, ffn, ffn_res]))
 
     def every_layer(self, progress: Progress | None = None) -> list[LayerContributions]:
         """Every node's contributions in every layer (n × n × head floats a layer), with progress over them all."""

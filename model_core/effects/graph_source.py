@@ -20,7 +20,8 @@ import torch
 from model_core.effects.blocks import BlockMap
 from model_core.effects.graph_flow import ContributionFlow
 from model_core.gate import GATE
-from model_core.kernel import apply_mask, attention_scores, expand_kv, weights_from_scores
+from model_core.kernel import apply_mask, attention_scores, expand_kv, on_device, weights_from_scores
+from model_core.models.run_memory import device_of
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -31,7 +32,7 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 
 
 class TraceSource:
-    """A full trace's numbers, as the graph reads them.
+    """A full trace's numbers, as the graph reads them: kept on the host, each read moved to the model's device.
 
     Args:
         trace: the ``AttentionTrace``.
@@ -39,61 +40,89 @@ class TraceSource:
     """
 
     def __init__(self, trace: Any, blocks: BlockMap) -> None:
-        self.trace, self.blocks = trace, blocks
+        self.trace, self.blocks, self.device = trace, blocks, blocks.device
         self.tokens = tuple(trace.tokens)
         self.n_layers, self.n_heads, self.n_tokens = trace.n_layers, trace.n_heads, trace.n_tokens
         self.causal = bool(trace.causal)
-        self.hidden = _tensor(trace.hidden_states)  # (layer + 1, pos, d_model)
+        self.hidden = _tensor(trace.hidden_states)  # (layer + 1, pos, d_model), on the host
+        self._values: tuple[int, torch.Tensor] | None = None
+
+    def resid(self, stage: int, positions: np.ndarray) -> torch.Tensor:
+        """The residual stream entering layer ``stage`` (``n_layers``: after the last) at some positions, on the
+        model's device. Shape: -> (rows, d_model)."""
+        return on_device(_rows_of(self.hidden[stage], positions), self.device)
 
     def rows(self, layer: int, positions: np.ndarray, n_keys: int) -> torch.Tensor:
-        """The attention weights of some query rows over keys ``[0, n_keys)``. Shape: -> (rows, head, key)."""
+        """The attention weights of some query rows over keys ``[0, n_keys)``, on the model's device.
+
+        Shape: -> (rows, head, key).
+        """
         w = self.trace.weights[layer][:, positions, :n_keys]  # (head, rows, key)
-        return torch.from_numpy(np.ascontiguousarray(w.transpose(1, 0, 2)))
+        return on_device(torch.from_numpy(np.ascontiguousarray(w.transpose(1, 0, 2))), self.device)
 
     def values(self, layer: int) -> torch.Tensor:
-        """Each query head's values. Shape: -> (head, pos, d_head)."""
-        return _tensor(self.trace.values[layer])
+        """Each query head's values, on the model's device (the last layer's kept). Shape: -> (head, pos, d_head)."""
+        kept = self._values  # read once: a background prefetch may replace it meanwhile
+        if kept is None or kept[0] != layer:
+            kept = (layer, on_device(_tensor(self.trace.values[layer]), self.device))
+            self._values = kept
+        return kept[1]
+
+
+def _rows_of(stage: torch.Tensor, positions: np.ndarray) -> torch.Tensor:
+    """Some positions' rows of one stage of a host residual stream. Shape: (pos, d_model) -> (rows, d_model)."""
+    return stage[torch.from_numpy(np.asarray(positions, dtype=np.int64))]
 
 
 class CompactSource:
-    """A compact trace's exact rows, with values and residual stream from one compact pass.
+    """A compact trace's exact rows, with values and residual stream from one compact pass. The trace and the
+    residual stream stay on the host; each read is computed on the model's device.
 
     Args:
         compact: the ``CompactTrace``.
         blocks: the model's ``BlockMap``.
-        hidden: the residual stream of the compact pass. Shape: (layer + 1, pos, d_model).
+        hidden: the residual stream of the compact pass, on the host. Shape: (layer + 1, pos, d_model).
     """
 
     def __init__(self, compact: Any, blocks: BlockMap, hidden: torch.Tensor) -> None:
-        self.compact, self.blocks, self.hidden = compact, blocks, hidden
+        self.compact, self.blocks, self.hidden, self.device = compact, blocks, hidden, blocks.device
         self.tokens = tuple(compact.tokens)
         self.n_layers, self.n_heads, self.n_tokens = compact.n_layers, compact.n_heads, compact.n_tokens
         self.causal = bool(compact.causal)
         self._values: tuple[int, torch.Tensor] | None = None
         self.own_nbytes = hidden.numel() * hidden.element_size()
+        # the exact rows are float64 sums: on a device without float64 (Apple's MPS) they are made on the host
+        self._exact = self.device if self.device.type != "mps" else torch.device("cpu")
+        self._kv_heads = torch.as_tensor(np.asarray(compact.kv_heads), device=self._exact)
+
+    def resid(self, stage: int, positions: np.ndarray) -> torch.Tensor:
+        """As ``TraceSource.resid``."""
+        return on_device(_rows_of(self.hidden[stage], positions), self.device)
 
     def rows(self, layer: int, positions: np.ndarray, n_keys: int) -> torch.Tensor:
-        """Exact attention weights ``exp(score − lse)`` of some query rows over keys ``[0, n_keys)``, 0 where masked.
+        """Exact attention weights ``exp(score − lse)`` of some query rows over keys ``[0, n_keys)``, 0 where masked,
+        on the model's device.
 
         Shape: -> (rows, head, key).
         """
-        ct = self.compact
-        q = _tensor(ct.queries[layer][:, positions])  # (head, rows, d_head)
-        k = expand_kv(_tensor(ct.keys[layer][:, :n_keys]), ct.kv_heads)
+        ct, at = self.compact, self._exact
+        q = on_device(_tensor(ct.queries[layer][:, positions]), at)  # (head, rows, d_head)
+        k = expand_kv(on_device(_tensor(ct.keys[layer][:, :n_keys]), at), self._kv_heads)
         scores = attention_scores(q, k, scale=ct.score_scale, softcap=ct.score_softcap)  # (head, rows, key)
-        allowed = _tensor(np.ascontiguousarray(ct.masks[ct.mask_of_layer[layer]][positions, :n_keys]))
-        lse = _tensor(ct.lse[layer][:, positions])  # (head, rows) float64
+        mask = ct.masks[ct.mask_of_layer[layer]]
+        allowed = on_device(_tensor(np.ascontiguousarray(mask[positions, :n_keys])), at)
+        lse = on_device(_tensor(ct.lse[layer][:, positions]), at)  # (head, rows) float64
         # masked scores first: a masked key's score may be huge (exp -> inf, and inf * 0 is NaN)
         masked = apply_mask(scores.double(), allowed, inplace=True)
         weights = weights_from_scores(masked, lse, inplace=True).float()
-        return weights.transpose(0, 1).contiguous()
+        return on_device(weights.transpose(0, 1).contiguous(), self.device)
 
     def values(self, layer: int) -> torch.Tensor:
-        """Each query head's values, recomputed from the block's input (the last layer's kept). Shape: (head, pos,
-        d_head)."""
+        """Each query head's values, recomputed on the model's device from the block's input (the last layer's
+        kept). Shape: (head, pos, d_head)."""
         kept = self._values  # read once: a background prefetch may replace it meanwhile
         if kept is None or kept[0] != layer:
-            kept = (layer, self.blocks.values(layer, self.hidden[layer]))
+            kept = (layer, self.blocks.values(layer, on_device(self.hidden[layer], self.device)))
             self._values = kept
         return kept[1]
 
@@ -106,8 +135,8 @@ def residual_pass(compact: Any, model: Any, family: Any,
 
     Shape: -> (layer + 1, pos, d_model) float32.
     """
-    device = next(model.parameters()).device
-    ids = torch.as_tensor(np.asarray(compact.token_ids), dtype=torch.long)[None].to(device)
+    device = device_of(model)
+    ids = on_device(torch.as_tensor(np.asarray(compact.token_ids), dtype=torch.long)[None], device)
     with GATE.turn():
         out = family.forward(model, ids, torch.zeros_like(ids), None, compact=True, vectors=False, hidden=True,
                              on_layer=on_layer)

@@ -11,6 +11,7 @@ import torch
 from model_core.effects.norms import freeze
 from model_core.families.checks import require_decoder
 from model_core.gate import GATE
+from model_core.trace.forward import to_host
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,9 @@ def block_tokens(flow: Any, model: Any, family: Any, tokenizer: Any, layer: int,
             frozen = freeze(norm, residual.to(unembed.dtype))
             logits = (frozen.apply(part.to(unembed.dtype)) @ unembed.T)[0].float()
             top, bottom = logits.topk(k), (-logits).topk(k)
+        top_ids, top_logits, bottom_ids, bottom_logits = to_host(  # one copy
+            [top.indices, top.values, bottom.indices, -bottom.values])
         text = lambda ids: [tokenizer.decode([int(i)]) for i in ids]
-        out.append(BlockTokens(block, layer, position,
-                               tuple(zip(text(top.indices), top.values.tolist())),
-                               tuple(zip(text(bottom.indices), (-bottom.values).tolist()))))
+        out.append(BlockTokens(block, layer, position, tuple(zip(text(top_ids), top_logits.tolist())),
+                               tuple(zip(text(bottom_ids), bottom_logits.tolist()))))
     return out[0], out[1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -51,8 +51,9 @@ def _install_block(family: Any, model: Any, layer: int, parts: BlockParts) -> No
     parts.block.register_forward_pre_hook(_resid_pre(layer), with_kwargs=True)
     parts.block.register_forward_hook(_resid_post(layer))
     n_heads = family.n_heads(model.config)
-    w_o = family.output_weights(model)[layer]  # (d_model, head * d_head), held by the model
-    parts.o_proj.register_forward_pre_hook(_z_point(layer, n_heads, w_o))
+    # read at each pass, not kept: a view such as GPT-2's transposed Conv1D weight, taken here, would stay on the
+    # CPU when the model moves to a GPU after its hooks are installed (``model.to`` replaces each parameter's data)
+    parts.o_proj.register_forward_pre_hook(_z_point(layer, n_heads, lambda: family.output_weights(model)[layer]))
     if parts.post_norm:
         parts.o_proj.register_forward_hook(_output_point(f"{b}.hook_attn_out"))
         parts.post_ln1.register_forward_pre_hook(_input_point(f"{b}.hook_resid_mid"))
@@ -210,7 +211,7 @@ def _rope(layer: int):
     return hook
 
 
-def _z_point(layer: int, n_heads: int, w_o: torch.Tensor):
+def _z_point(layer: int, n_heads: int, w_o: Callable[[], torch.Tensor]):
     z_name, result_name = f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.attn.hook_result"
 
     def hook(_module: Any, args: tuple) -> Any:
@@ -222,7 +223,8 @@ def _z_point(layer: int, n_heads: int, w_o: torch.Tensor):
         if run.wants(z_name):
             z = run.visit(z_name, z)
         if run.wants(result_name):
-            w = w_o.view(w_o.shape[0], n_heads, -1)  # (d_model, head, d_head)
+            weight = w_o()  # (d_model, head * d_head)
+            w = weight.view(weight.shape[0], n_heads, -1)  # (d_model, head, d_head)
             run.visit(result_name, torch.einsum("bphd,mhd->bphm", z, w.to(z.dtype)))
         return (z.reshape(flat.shape), *args[1:])
     return hook

@@ -1,0 +1,199 @@
+"""Every CLI verb runs with its model on a (simulated) CUDA GPU, and prints the CPU's numbers.
+
+No GPU is lent to CI, and this project was measured on a real one once, on a subset of its verbs. ``gpu_sim`` stands
+in for one: the model's tensors say they are on ``cuda:0``, and any operation that mixes them with a CPU tensor
+raises PyTorch's own device error, as a GPU would. So a pass that reads a host array into a model's weights, or a
+view of a weight taken before the model moved, fails here as it would fail for a user with a GPU. Both were found
+this way: the contribution graph (its sources handed host arrays to the model's weights) and GPT-2's head outputs in
+circuits (a transposed weight taken before ``model.to``).
+
+Each verb runs in this process twice, on the CPU and on the simulated GPU, and its JSON (or written file) must be the
+same within float tolerance: the same numbers whatever the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gpu_sim import OnCuda, simulated_cuda
+from tiny_models import build_tiny_decoder
+
+TEXT = "The cat sat on the mat and watched the flies near the window. The dog slept by the door."
+PAIR = {"clean": "The cat sat on the mat and the", "corrupt": "The bank sat on the mat and the", "answer": " cat",
+        "foil": " bank"}
+
+
+# -- the simulator itself --------------------------------------------------------------------------------------------
+def test_the_simulator_raises_where_a_gpu_would():
+    """Mixing devices raises, a CPU scalar mixes, numpy needs a copy first, and a copy is counted."""
+    with simulated_cuda() as sim:
+        x = torch.ones(3, device="cuda")
+        assert isinstance(x, OnCuda) and x.device == torch.device("cuda", 0) and x.is_cuda
+        assert (x + 1).device.type == "cuda" and (x * torch.tensor(2.0)).device.type == "cuda"
+        with pytest.raises(RuntimeError, match="same device"):
+            x + torch.ones(3)
+        with pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
+            x.numpy()
+        with pytest.raises(TypeError, match="to numpy"):
+            np.asarray(x)
+        host = x.cpu()
+        assert type(host) is torch.Tensor and host.device.type == "cpu"
+        assert (host + torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
+        assert x[torch.tensor([0, 2])].device.type == "cuda"  # CPU indices index a CUDA tensor
+        x.sum().item()
+        assert sim.copies == {"cpu": 1, "item": 1}
+
+
+def test_a_weight_view_taken_before_the_move_stays_on_the_cpu():
+    """``model.to("cuda")`` keeps each parameter object (as PyTorch does), but a view of it taken before stays on the
+    CPU: the GPT-2 bug this file's docstring names."""
+    with simulated_cuda():
+        layer = torch.nn.Linear(4, 4)
+        weight = layer.weight
+        layer.to("cuda")
+        assert layer.weight is weight and layer.weight.device.type == "cuda"
+        x = torch.ones(2, 4, device="cuda")
+        assert layer(x).device.type == "cuda"
+        viewed = torch.nn.Linear(4, 4)
+        view = viewed.weight.T
+        viewed.to("cuda")
+        assert viewed(x).device.type == "cuda"
+        with pytest.raises(RuntimeError, match="same device"):
+            x @ view
+
+
+# -- every verb --------------------------------------------------------------------------------------------------------
+def _run(argv: list[str]) -> str:
+    from model_core.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 0, argv
+    return out.getvalue()
+
+
+def _verbs(model: list[str], tmp: Path, decoder: bool) -> dict[str, tuple[list[str], str | None]]:
+    """verb name -> (argv, the file it writes or None for its JSON on stdout); {out} is the run's own folder."""
+    corpus = tmp / "corpus.txt"
+    corpus.write_text("".join(f"{TEXT} Text number {i}.\n" for i in range(3)), encoding="utf-8")
+    pairs = tmp / "pairs.jsonl"
+    pairs.write_text(json.dumps(PAIR) + "\n", encoding="utf-8")
+    verbs = {
+        "export": (["export", *model, "--text", TEXT, "--out", "{out}/trace.json"], "trace.json"),
+        "graph": (["graph", *model, "--text", TEXT, "--json"], None),
+        "roles": (["roles", *model, "--json"], None),
+        "composition": (["composition", *model, "--json"], None),
+        "qk": (["qk", *model, "--text", TEXT, "--layer", "1", "--head", "0", "--json"], None),
+        "atlas": (["atlas", *model, "--corpus", str(corpus), "--out", "{out}/atlas", "--qk-contexts", "2"], "atlas"),
+        "corpus": (["corpus", *model, "--input", str(corpus), "--out", "{out}/corpus"], "corpus"),
+    }
+    if decoder:
+        verbs |= {
+            "compact": (["export", *model, "--text", TEXT, "--compact", "--out", "{out}/trace.npz"], "trace.npz"),
+            "graph-compact": (["graph", *model, "--text", TEXT, "--json"], None),  # AE_FULL_TRACE_MB below
+            "attribute": (["attribute", *model, "--text", TEXT, "--json"], None),
+            "patch": (["patch", *model, *(f"--{k}={v}" for k, v in PAIR.items()), "--json"], None),
+            "patch-dataset": (["patch", *model, "--dataset", str(pairs), "--json"], None),
+            "generate": (["generate", *model, "--prompt", "The cat", "--max-new-tokens", "4", "--json"], None),
+            "kv": (["kv", *model, "--text", TEXT, "--press", "snapkv", "--compression-ratio", "0.5", "--json"],
+                   None),
+            "circuit": (["circuit", *model, "--dataset", str(pairs), "--method", "eap-ig", "--steps", "2",
+                         "--batch-size", "16", "--json"], None),
+        }
+    return verbs
+
+
+def _read(path: Path) -> object:
+    """A written file's numbers, or every JSON and NPZ file of a written folder by its relative path."""
+    if path.is_dir():
+        return {str(f.relative_to(path)): _read(f) for f in sorted(path.rglob("*")) if f.suffix in (".json", ".npz")}
+    if path.suffix == ".npz":
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+UNTIMED = {"device", "seconds", "elapsed_s", "created", "started", "finished", "updated", "wall_s", "timings"}
+"""Keys whose values differ between runs of the same numbers."""
+
+
+def _numeric(a: object) -> bool:
+    return all(isinstance(v, (int, float, bool)) or v is None for v in np.asarray(a, dtype=object).ravel())
+
+
+def _same(a: object, b: object, where: str = "") -> None:
+    """The same structure and strings (a device's name aside); numbers within float tolerance."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            if k not in UNTIMED:
+                _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, np.ndarray) and a.dtype.kind in "fiub":
+        np.testing.assert_allclose(a.astype(float), np.asarray(b, dtype=float), rtol=1e-4, atol=1e-6, err_msg=where)
+    elif isinstance(a, np.ndarray) and a.ndim == 0:  # a string or an object array of an npz
+        _same(a.item(), np.asarray(b).item(), where)
+    elif isinstance(a, (list, tuple, np.ndarray)):
+        assert len(a) == len(b), where
+        if len(a) and _numeric(a) and _numeric(b):
+            np.testing.assert_allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rtol=1e-4, atol=1e-6,
+                                       err_msg=where)
+        else:
+            for i, (u, v) in enumerate(zip(a, b)):
+                _same(u, v, f"{where}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        np.testing.assert_allclose(float(a), float(b), rtol=1e-4, atol=1e-6, err_msg=where)
+    elif isinstance(a, str) and isinstance(b, str):
+        assert a == b.replace("cuda", "cpu"), where  # "... on cuda" in a description
+    else:
+        assert a == b, where
+
+
+def _cpu_and_gpu(model: list[str], tmp: Path, decoder: bool, names: list[str], monkeypatch) -> None:
+    for name in names:
+        argv, written = _verbs(model, tmp, decoder)[name]
+        if name == "graph-compact":
+            monkeypatch.setenv("AE_FULL_TRACE_MB", "0.01")  # past a full trace's size: the compact route
+        seen = []
+        for device in ("cpu", "cuda"):
+            out = tmp / f"{name}-{device}"
+            out.mkdir()
+            run = [a.replace("{out}", str(out)) for a in argv] + ["--device", device]
+            with simulated_cuda() if device == "cuda" else contextlib.nullcontext():
+                printed = _run(run)
+            seen.append(_read(out / written) if written else json.loads(printed) if printed.strip() else None)
+        monkeypatch.delenv("AE_FULL_TRACE_MB", raising=False)
+        _same(seen[0], seen[1], name)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("simulated")
+    return {family: build_tiny_decoder(family, root / family) for family in ("llama", "gpt2")}
+
+
+DECODER_VERBS = ["export", "compact", "graph", "graph-compact", "attribute", "patch", "patch-dataset", "generate",
+                 "kv", "composition", "qk", "circuit", "roles", "corpus", "atlas"]
+
+
+@pytest.mark.parametrize("verb", DECODER_VERBS)
+def test_a_llama_verb_runs_on_a_gpu_with_the_cpus_numbers(folders, tmp_path, monkeypatch, verb):
+    _cpu_and_gpu(["--model", "pretrained", "--model-id", str(folders["llama"])], tmp_path, True, [verb],
+                 monkeypatch)
+
+
+@pytest.mark.parametrize("verb", ["graph", "circuit", "patch", "attribute", "qk"])
+def test_a_gpt2_verb_runs_on_a_gpu_with_the_cpus_numbers(folders, tmp_path, monkeypatch, verb):
+    """GPT-2's Conv1D weights are read transposed: the views must follow the model to its device."""
+    _cpu_and_gpu(["--model", "pretrained", "--model-id", str(folders["gpt2"])], tmp_path, True, [verb], monkeypatch)
+
+
+@pytest.mark.parametrize("model", ["bert", "custom"])
+def test_an_encoders_verbs_run_on_a_gpu_with_the_cpus_numbers(tmp_path, monkeypatch, model):
+    """The bundled MiniLM and the chapter-3 encoder (seeded random weights)."""
+    _cpu_and_gpu(["--model", model], tmp_path, False, ["export", "graph", "qk", "roles"], monkeypatch)
