@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,12 @@ class _Mode(TorchFunctionMode):
 
 
 _MODULE_TO = torch.nn.Module.to
+_THREAD_RUN = threading.Thread.run
+
+
+def _run_simulated(thread: threading.Thread) -> None:
+    with _Mode():
+        _THREAD_RUN(thread)
 
 
 def _module_to(module: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
@@ -229,6 +236,9 @@ def simulated_cuda() -> Iterator[SimulatedCuda]:
         stack.enter_context(mock.patch.object(torch.nn.Module, "to", _module_to))
         stack.enter_context(mock.patch.object(torch.nn.Module, "cuda", lambda self, device=None: _module_to(self, CUDA)))
         stack.enter_context(_Mode())
+        # torch's function modes are per thread: a thread started inside (a Streamlit script run, a page's worker)
+        # runs under its own
+        stack.enter_context(mock.patch.object(threading.Thread, "run", _run_simulated))
         yield SIM
 
 
