@@ -32,7 +32,7 @@ import torch
 from model_core.atlas.qk_fast import constants
 from model_core.families.hooked import run_with_hooks
 from model_core.families.weights import layer_weights
-from model_core.qk.frozen import on_cpu, window
+from model_core.qk.frozen import CPU, on_cpu, window
 from model_core.qk.gather import PartsPass
 
 F64 = torch.float64
@@ -69,7 +69,7 @@ class TextPass(PartsPass):
         n = int(np.asarray(trace.token_ids).shape[0])
         weights = layer_weights(model)
         top = max(layer for layer, *_ in items)
-        self._setup(model, family, weights[top], top, 0, n)
+        self._setup(model, family, weights[top], top, 0, n, at=CPU)  # the atlas's splits run on the host
         self.whole = True
         self.trace, self.on_split = trace, on_split
         self._by_layer: dict[int, list[Item]] = {}

@@ -73,7 +73,7 @@ def split_above_mean(pass_: Any, query: int, key: int) -> tuple[np.ndarray, np.n
     query_side = Q @ (k_whole[at] - k_whole.mean(0)) * pass_.scale
     key_part = torch.einsum("d,ckd->ck", Q.sum(0), K) * pass_.scale  # (C, keys)
     key_side = key_part[:, at] - key_part.mean(1)
-    return query_side.numpy(), key_side.numpy()
+    return query_side.cpu().numpy(), key_side.cpu().numpy()
 
 
 @dataclass(frozen=True, eq=False)

@@ -27,9 +27,21 @@ def tensor(array: Any) -> torch.Tensor:
 
 def on_cpu(lw: LayerWeights) -> LayerWeights:
     """A layer's weights on the CPU (the same object where they are there already)."""
-    moved = {f.name: v.cpu() for f in dataclasses.fields(lw)
-             if isinstance(v := getattr(lw, f.name), torch.Tensor) and v.device.type != "cpu"}
+    return on(lw, CPU)
+
+
+def on(lw: LayerWeights, device: torch.device) -> LayerWeights:
+    """A layer's weights on ``device`` (the same object where they are there already)."""
+    moved = {f.name: v.to(device) for f in dataclasses.fields(lw)
+             if isinstance(v := getattr(lw, f.name), torch.Tensor) and v.device != torch.device(device)}
     return dataclasses.replace(lw, **moved) if moved else lw
+
+
+def split_device(model: Any) -> torch.device:
+    """Where the QK split computes: the model's device, in float64 there; the CPU for a device without float64
+    (Apple's MPS), whose weights are then copied over once a pass."""
+    device = next(model.parameters()).device
+    return CPU if device.type == "mps" else device
 
 
 def inv_scale(lw: LayerWeights, resid: torch.Tensor) -> torch.Tensor:
@@ -42,9 +54,9 @@ def inv_scale(lw: LayerWeights, resid: torch.Tensor) -> torch.Tensor:
 def frozen_ln(ln: Any, x: torch.Tensor, parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """A LayerNorm frozen at ``x`` applied to each part (centre, divide by σ(x), scale); and its β."""
     inv = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + norm_eps(ln))
-    gain = ln.weight.detach().to(CPU, torch.float64) if getattr(ln, "weight", None) is not None else 1.0
+    gain = ln.weight.detach().to(x.device, torch.float64) if getattr(ln, "weight", None) is not None else 1.0
     out = [(p - p.mean(-1, keepdim=True)) * inv * gain for p in parts]
-    beta = ln.bias.detach().to(CPU, torch.float64) if getattr(ln, "bias", None) is not None else None
+    beta = ln.bias.detach().to(x.device, torch.float64) if getattr(ln, "bias", None) is not None else None
     return out, beta
 
 

@@ -17,11 +17,11 @@ from model_core.families.weights import LayerWeights, layer_weights
 from model_core.gate import GATE
 from model_core.kernel import apply_mask, attention_scores, weights_from_scores
 from model_core.qk.frozen import (
-    CPU,
     frozen_ln,
     inv_scale,
     model_softcap,
-    on_cpu,
+    on,
+    split_device,
     tensor,
     window,
 )
@@ -48,17 +48,20 @@ class PartsPass:
                                  compact=compact, keep_rope=True, token_type_ids=token_type_ids)
         self.rope = (out.rope or {}).get(layer)
         b = f"blocks.{layer}.attn"
-        self.q_model = out.cache[f"{b}.hook_q"][0, :, head].to(CPU, torch.float64)  # (n, d_head) after rope
-        k_all = out.cache[f"{b}.hook_k"][0].to(CPU, torch.float64)
+        self.q_model = out.cache[f"{b}.hook_q"][0, :, head].to(self.at, torch.float64)  # (n, d_head) after rope
+        k_all = out.cache[f"{b}.hook_k"][0].to(self.at, torch.float64)
         self.k_model = k_all[:, self.kv] if k_all.shape[1] == lw.n_kv_heads else k_all[:, head]
         self.scale = lw.scale  # the model's own (tests check the weights it gives against the model's pattern)
         self.softcap = model_softcap(out.output, layer)
         self.window = window(model, layer)
         self._finish()
 
-    def _setup(self, model: Any, family: Any, lw: LayerWeights, layer: int, head: int, n: int) -> None:
-        # The split runs on the CPU in float64 whatever the model's device: its weights are copied there once a pass.
-        self.model, self.family, self.lw, self.layer, self.head = model, family, on_cpu(lw), layer, head
+    def _setup(self, model: Any, family: Any, lw: LayerWeights, layer: int, head: int, n: int,
+               at: torch.device | None = None) -> None:
+        # The split runs in float64 on the model's device (the CPU for one without float64: ``split_device``), or on
+        # ``at``; a trace's host arrays are copied there, and the weights too where the split runs elsewhere.
+        self.at = split_device(model) if at is None else at
+        self.model, self.family, self.lw, self.layer, self.head = model, family, on(lw, self.at), layer, head
         self.query = n - 1  # the position ``Q`` and the answers read; callers set it
         self.n = n
         # the projections' precision: float64 on short texts (the exactness tests); float32 from 256 tokens, where
@@ -77,7 +80,7 @@ class PartsPass:
         self.q_bias = None
         self.k_bias = None
         self.embed_stage: dict[str, torch.Tensor] = {}
-        self._weights = [on_cpu(w) for w in layer_weights(model)[:layer]]  # the earlier layers'
+        self._weights = [on(w, self.at) for w in layer_weights(model)[:layer]]  # the earlier layers'
 
     # -- from a full trace, without a pass ----------------------------------------------------------------
     @classmethod
@@ -101,29 +104,33 @@ class PartsPass:
             self.rope = family.position_embeddings(model, layer, n)
         with torch.no_grad():
             self._parts_from_trace(trace)
-        self.q_model = tensor(trace.queries[layer, head]).double()  # (n, d_head) after rope
-        self.k_model = tensor(trace.keys[layer, head]).double()  # this query head's key
+        self.q_model = self._host(trace.queries[layer, head])  # (n, d_head) after rope
+        self.k_model = self._host(trace.keys[layer, head])  # this query head's key
         self.scale = lw.scale
         self.softcap = getattr(trace, "score_softcap", None)
         self.window = window(model, layer)
         self._finish()
         return self
 
+    def _host(self, array: Any) -> torch.Tensor:
+        """A trace's host array in float64 where the split computes."""
+        return tensor(array).to(self.at, torch.float64)
+
     def _parts_from_trace(self, trace: Any) -> None:
         device = next(self.model.parameters()).device
         hidden = trace.hidden_states
-        first = tok = tensor(hidden[0]).double()
+        first = tok = self._host(hidden[0])
         if self.embed.pos_embed is not None:  # absolute positions: the token embedding, the rest is ``pos``
             ids = torch.as_tensor(np.array(trace.token_ids), dtype=torch.long, device=device)
             with GATE.turn():
-                tok = self.embed.embed(ids).to(CPU, torch.float64)
+                tok = self.embed.embed(ids).to(self.at, torch.float64)
             self._add_part(tok)
         self._add_part(first if tok is first else first - tok)
         for l in range(self.layer):
-            z = torch.matmul(tensor(trace.weights[l]), tensor(trace.values[l]))  # (head, n, d_head): each head's z
+            z = torch.matmul(*(tensor(a).to(self.at) for a in (trace.weights[l], trace.values[l])))  # (head, n, d_head)
             attn_out = self._heads_from_z(l, z)
-            self._add_part(tensor(hidden[l + 1]).double() - tensor(hidden[l]).double() - attn_out)  # the MLP
-        self.resid = tensor(hidden[self.layer]).double()
+            self._add_part(self._host(hidden[l + 1]) - self._host(hidden[l]) - attn_out)  # the MLP
+        self.resid = self._host(hidden[self.layer])
 
     def _heads_from_z(self, layer: int, z: torch.Tensor) -> torch.Tensor:
         """Layer ``layer``'s heads as components from their outputs ``z`` (head, n, d_head), pre-norm models: each
@@ -185,7 +192,7 @@ class PartsPass:
 
     def _reader(self, name: str):
         def read(t: torch.Tensor, _point: Any) -> None:
-            self._take(name, t[0].detach().to(CPU, torch.float64))
+            self._take(name, t[0].detach().to(self.at, torch.float64))
         return read
 
     def _take(self, name: str, t: torch.Tensor) -> None:
@@ -286,7 +293,7 @@ class PartsPass:
             kb = None if self.bias_full is None else self.bias_full @ wk
             check = sum(parts) + (0 if self.bias_full is None else self.bias_full)
             self._check_sum(check)
-            inv_q = inv_k = torch.ones(self.n, 1, dtype=torch.float64)
+            inv_q = inv_k = torch.ones(self.n, 1, dtype=torch.float64, device=self.at)
         else:
             q, k, qb, kb = self.q_parts, self.k_parts, self.q_bias, self.k_bias
             inv = inv_scale(lw, self.resid)  # (n, 1): 1/rms or 1/σ of the whole residual at each position
@@ -314,7 +321,7 @@ class PartsPass:
             Q = Q * torch.rsqrt(Q.sum(0).pow(2).mean(-1, keepdim=True) + eps) * lw.q_norm_w[self.head].double()
             K = K * torch.rsqrt(K.sum(0).pow(2).mean(-1, keepdim=True) + eps) * lw.k_norm_w[self.kv].double()
         if self.rope is not None:
-            cos, sin = (t[0].detach().to(CPU, torch.float64) for t in self.rope)  # (n, d_head)
+            cos, sin = (t[0].detach().to(self.at, torch.float64) for t in self.rope)  # (n, d_head)
             attn = self.family.parts(self.model, self.layer).attn
             Q, K = (r[0] for r in apply_rotary(attn, Q[None], K[None], (cos[None], sin[None])))
         # A long text keeps them in float32 (2 x C x n x d_head numbers); the terms are summed in float64.
@@ -334,7 +341,7 @@ class PartsPass:
 
     # -- answers -----------------------------------------------------------------------------------------
     def terms(self, key: int) -> np.ndarray:
-        return ((self.Q @ self.K[:, key].double().T) * self.scale).numpy()  # (C, C)
+        return ((self.Q @ self.K[:, key].double().T) * self.scale).cpu().numpy()  # (C, C)
 
     def score(self, key: int) -> float:
         return float(self.q_model[self.query] @ self.k_model[key] * self.scale)
@@ -351,11 +358,11 @@ class PartsPass:
         """The query's weights over every key, with the model's scale, softcap and mask (the one score kernel).
         Shape: (n,)."""
         s = attention_scores(self.q_model[self.query][None], self.k_model, scale=self.scale, softcap=self.softcap)
-        allowed = torch.tensor([[self.visible(j) for j in range(self.n)]])
-        return weights_from_scores(apply_mask(s, allowed))[0].numpy()
+        allowed = torch.tensor([[self.visible(j) for j in range(self.n)]], device=s.device)
+        return weights_from_scores(apply_mask(s, allowed))[0].cpu().numpy()
 
     def row_view(self, keys: Sequence[int]) -> np.ndarray:
         """Each key component's share of the score at each visible key (the query whole). Shape: (C, keys)."""
         q = self.Q.sum(0)  # (d_head,)
         idx = torch.as_tensor(list(keys))
-        return (torch.einsum("d,ckd->ck", q, self.K[:, idx].double()) * self.scale).numpy()
+        return (torch.einsum("d,ckd->ck", q, self.K[:, idx].double()) * self.scale).cpu().numpy()
