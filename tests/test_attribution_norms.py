@@ -38,3 +38,35 @@ def test_an_rms_norm_without_a_gain_is_frozen():
 def test_a_module_that_is_no_norm_gets_a_value_error(module):
     with pytest.raises(ValueError, match="not a LayerNorm or an RMSNorm|not a norm this tool can freeze"):
         freeze(module, _x())
+
+
+class _HalfRmsNorm(torch.nn.Module):
+    """Llama's RMSNorm as transformers writes it: the statistics in float32, the gain applied in the input's dtype."""
+
+    def __init__(self, d: int, eps: float = 1e-6, offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.variance_epsilon, self.offset = eps, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype) + self.offset
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_rms_norm_is_frozen_within_its_rounding(dtype):
+    """A model in bfloat16 (a GPU's default over 1B parameters) rounds the module and the frozen map differently;
+    that is not an unsupported norm. Before, the 1e-4 check refused every Llama-family model in bfloat16."""
+    norm = _HalfRmsNorm(64).to(dtype)
+    x = (torch.randn(5, 64, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    frozen = freeze(norm, x)
+    torch.testing.assert_close(frozen.apply(x).float(), norm(x).float(), rtol=0.05, atol=0.05)
+
+
+def test_a_half_precision_module_of_another_form_is_still_refused():
+    """A norm that adds a constant the map does not know is off by far more than bfloat16's rounding."""
+    norm = _HalfRmsNorm(64, offset=0.5).to(torch.bfloat16)
+    x = (torch.randn(5, 64, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="not a norm this tool can freeze"):
+        freeze(norm, x)

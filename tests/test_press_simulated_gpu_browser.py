@@ -1,6 +1,7 @@
 """Every press on every page with the bundled SmolLM2, as ``test_press_everything_decoder_browser`` does, with the app
-server's model on a simulated CUDA GPU (``tests/gpu_sim.py``): no page and no press may mix the model's device with the
-host's, or hand a GPU tensor to numpy, where a user with a GPU would get an error."""
+server's model on a simulated CUDA GPU (``tests/gpu_sim.py``) in bfloat16, the precision a GPU gives a model over 1B
+parameters: no page and no press may mix the model's device with the host's, hand a GPU tensor to numpy, or mix a
+half-precision model with float32 inputs, where a user with a GPU would get an error."""
 
 from __future__ import annotations
 
@@ -31,16 +32,19 @@ def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("press-gpu")
     path = os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])])
     server = AppServer(folder / "server.log", extra_env={**PRESS_ENV, "AE_CORPUS_DIR": str(folder / "runs"),
-                                                         "AE_TEST_SIMULATED_CUDA": "1", "PYTHONPATH": path})
+                                                         "AE_TEST_SIMULATED_CUDA": "1", "PYTHONPATH": path,
+                                                         "AE_DTYPE": "bfloat16"})
     yield server
     server.stop()
 
 
 def on_the_gpu(page, title: str) -> list[str]:
-    """Each page opens with its figure or note, and the sidebar's trace caption says the model is on cuda."""
+    """Each page opens with its figure or note, and the sidebar's trace caption says the model is on cuda, in
+    bfloat16."""
     problems = drew_or_said(page, title)
-    if "on cuda" not in page.locator('section[data-testid="stSidebar"]').inner_text():
-        problems.append("the sidebar does not say the model is on cuda")
+    sidebar = page.locator('section[data-testid="stSidebar"]').inner_text()
+    if "on cuda" not in sidebar or "bfloat16" not in sidebar:
+        problems.append("the sidebar does not say the model is on cuda in bfloat16")
     return problems
 
 

@@ -32,7 +32,7 @@ import torch
 from model_core.atlas.qk_fast import constants
 from model_core.families.hooked import run_with_hooks
 from model_core.families.weights import layer_weights
-from model_core.qk.frozen import CPU, on_cpu, window
+from model_core.qk.frozen import CPU, on_cpu, sum_tolerance, window
 from model_core.qk.gather import PartsPass
 
 F64 = torch.float64
@@ -95,7 +95,7 @@ class TextPass(PartsPass):
         lw = self._layer_weights[layer]
         parts = torch.stack(self.parts_full + ([self.bias_full] if self.bias_full is not None else []))
         err = float((parts.sum(0) - resid).abs().max())
-        if err > 1e-3 * max(1.0, float(resid.abs().max())):
+        if err > sum_tolerance(lw.W_Q.dtype) * max(1.0, float(resid.abs().max())):
             raise RuntimeError(f"The parts of layer {layer}'s input do not sum to it (off by {err:.2e}).")
         pre = lw.ln1_kind is not None and not self.post
         if pre:  # the norm before attention, frozen at the whole residual

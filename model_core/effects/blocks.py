@@ -137,15 +137,17 @@ class BlockMap:
         bias = torch.zeros_like(out) if spec.o_bias is None else spec.o_bias.float().expand_as(out)
         ones = torch.ones(len(out), dtype=out.dtype, device=out.device)
         if spec.post_ln1 is not None:  # post-LN: every part through the LayerNorm frozen at its input
-            norm = freeze(spec.post_ln1, resid_pre + out)
-            whole = spec.post_ln1(resid_pre + out).float()
+            x = (resid_pre + out).to(spec.o_weight.dtype)  # the model's precision: a half LayerNorm takes no float32
+            norm = freeze(spec.post_ln1, x)
+            whole = spec.post_ln1(x).float()
             rest = norm.apply(bias) + norm.bias.float()
             return AttentionJoin(norm.scale[:, 0].float(), norm.apply(resid_pre), whole, rest,
                                  norm.weight.float(), norm.centred)
         if spec.attn_norm is not None:  # Gemma 2/3: the attention output normed before the sum
-            norm = freeze(spec.attn_norm, out)
+            x = out.to(spec.o_weight.dtype)
+            norm = freeze(spec.attn_norm, x)
             rest = norm.apply(bias) + (0 if norm.bias is None else norm.bias.float())
-            whole = resid_pre + spec.attn_norm(out).float()
+            whole = resid_pre + spec.attn_norm(x).float()
             return AttentionJoin(norm.scale[:, 0].float(), resid_pre, whole, rest, norm.weight.float(),
                                  norm.centred)
         return AttentionJoin(ones, resid_pre, resid_pre + out, bias)
@@ -157,9 +159,10 @@ class BlockMap:
         resid_mid, resid_post = resid_mid.float(), resid_post.float()
         if spec.post_ln2 is None:  # the MLP output is what the block added
             return MlpJoin(resid_post - resid_mid, resid_mid, resid_post, torch.zeros_like(resid_mid))
-        with GATE.turn():  # the model's MLP and LayerNorm run here
-            ffn = spec.ffn(resid_mid).float()
-            norm = freeze(spec.post_ln2, resid_mid + ffn)
+        with GATE.turn():  # the model's MLP and LayerNorm run here, in its precision
+            dtype = spec.o_weight.dtype
+            ffn = spec.ffn(resid_mid.to(dtype)).float()
+            norm = freeze(spec.post_ln2, (resid_mid + ffn).to(dtype))
             return MlpJoin(norm.apply(ffn), norm.apply(resid_mid), resid_post,
                            norm.bias.float().expand_as(resid_mid).clone())
 
@@ -177,7 +180,9 @@ class BlockMap:
         if spec.v_of is None:
             raise ValueError("The chapter-3 encoder is traced in full; its contributions need no compact pass.")
         with GATE.turn():  # the model's norm and value projection over every position: one turn of the gate
-            v = spec.v_of(resid_pre).float().view(len(resid_pre), -1, self.d_head).transpose(0, 1)  # (kv, pos, d_h)
+            # in the model's precision: a half-precision norm or projection does not take float32 (GPT-2's LayerNorm)
+            x = resid_pre.to(spec.o_weight.dtype)
+            v = spec.v_of(x).float().view(len(resid_pre), -1, self.d_head).transpose(0, 1)  # (kv, pos, d_h)
         return v.index_select(0, self.kv_heads)
 
 

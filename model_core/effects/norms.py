@@ -16,7 +16,11 @@ import torch
 from model_core.families.parts import adds_one, norm_eps
 
 CHECK_TOLERANCE = 1e-4
-"""How far (relative) the frozen map may be from the module itself before the norm is called unsupported."""
+"""How far (relative) the frozen map may be from the module itself before the norm is called unsupported; in half
+precision, ``HALF_ROUNDINGS`` of the dtype's own rounding (a norm of another form is off by far more)."""
+HALF_ROUNDINGS = 8
+"""The frozen map and the module round differently (each product in bfloat16 or float16, in another order): up to
+a few of the dtype's epsilons apart (bfloat16: 7.8e-3 each)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,7 +112,10 @@ def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
         expected = module(x)
     got = frozen.apply(x) + (0 if frozen.bias is None else frozen.bias)
     scale = expected.abs().max().clamp_min(1e-6)
-    if float((got - expected).abs().max() / scale) > CHECK_TOLERANCE:
+    tolerance = CHECK_TOLERANCE
+    if expected.dtype in (torch.bfloat16, torch.float16):
+        tolerance = max(tolerance, HALF_ROUNDINGS * torch.finfo(expected.dtype).eps)
+    if float((got - expected).abs().max() / scale) > tolerance:
         raise ValueError(f"{type(module).__name__} is not a norm this tool can freeze (its frozen map differs from "
                          "the module); direct attribution and contributions need a LayerNorm or an RMSNorm.")
     return frozen

@@ -44,6 +44,19 @@ def split_device(model: Any) -> torch.device:
     return CPU if device.type == "mps" else device
 
 
+SUM_TOLERANCE = 1e-3
+"""How far (relative) the parts of a layer's input may sum from the input itself before the split is called wrong;
+in half precision, ``HALF_ROUNDINGS`` of the dtype's epsilon (each part was rounded to it by the model)."""
+HALF_ROUNDINGS = 8
+
+
+def sum_tolerance(dtype: torch.dtype) -> float:
+    """``SUM_TOLERANCE``, or a few roundings of a half-precision model's dtype (a missing part is off by far more)."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return max(SUM_TOLERANCE, HALF_ROUNDINGS * torch.finfo(dtype).eps)
+    return SUM_TOLERANCE
+
+
 def inv_scale(lw: LayerWeights, resid: torch.Tensor) -> torch.Tensor:
     """1/rms (RMSNorm) or 1/σ (LayerNorm) of the whole residual at each position, with the norm's epsilon."""
     if lw.ln1_kind == "layer":

@@ -22,6 +22,7 @@ from model_core.qk.frozen import (
     model_softcap,
     on,
     split_device,
+    sum_tolerance,
     tensor,
     window,
 )
@@ -335,7 +336,7 @@ class PartsPass:
 
     def _check_sum(self, whole: torch.Tensor) -> None:
         err = float((whole - self.resid).abs().max())
-        if err > 1e-3 * max(1.0, float(self.resid.abs().max())):
+        if err > sum_tolerance(self.lw.W_Q.dtype) * max(1.0, float(self.resid.abs().max())):
             raise RuntimeError(f"The parts of layer {self.layer}'s input do not sum to it (off by {err:.2e}); this "
                                "family's blocks are not split correctly.")
 
