@@ -15,6 +15,7 @@ _FIRST_RUN_NOTE = starting.first_run_note()
 with starting.heavy_imports():  # a fresh server's sessions import in turn (ui/starting.py says why)
     from model_core import InputError, ModelLoadError
     from model_core.gate import set_stop_check
+    from model_core.models.run_memory import after_out_of_memory, out_of_memory
     from model_core.settings import BUNDLED_MODEL_ID, load_settings
     from model_core.trace.resolve import model_id_of
     from ui.compact import trace_compact
@@ -166,6 +167,10 @@ def main() -> None:
     try:
         nav.run()
         completed = True
+    except (RuntimeError, MemoryError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+        if not out_of_memory(exc):
+            raise
+        st.error(after_out_of_memory(exc), icon=":material/memory:")  # and the server goes on for everyone
     finally:
         release_run()  # the trace out of the page's globals, which its fragments and callbacks keep alive
         # Earlier runs' page globals are held by callbacks of widgets that are gone: let them go, and collect them

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from model_core.cli._common import add_dtype_to_model_verbs, apply_dtype
 from model_core.cli.atlas import add_atlas_parser, atlas_main
@@ -43,4 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``) and run its verb; the exit code (0, 1 error, 2 usage, 130 Ctrl-C)."""
     args = build_parser().parse_args(argv)
     apply_dtype(args)
-    return VERBS[args.command](args)
+    try:
+        return VERBS[args.command](args)
+    except (RuntimeError, MemoryError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+        # start-up time: building the parser imports neither torch nor transformers (tests/test_lazy_exports.py)
+        from model_core.models.run_memory import after_out_of_memory, out_of_memory
+
+        if not out_of_memory(exc):
+            raise
+        print(f"error: {after_out_of_memory(exc)}", file=sys.stderr)
+        return 1

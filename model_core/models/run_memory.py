@@ -286,3 +286,33 @@ def longest_fitting(estimate: Any, limit_mb: float, hi: int = 1 << 17) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(estimate(mid), limit_mb) else (lo, mid)
     return lo
+
+
+# -- a run that ran out of memory anyway -----------------------------------------------------------------------------
+_ALLOCATOR_WORDS = ("out of memory", "can't allocate memory", "not enough memory")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation that failed: CUDA's ``OutOfMemoryError``, Python's ``MemoryError``, or the CPU
+    allocator's RuntimeError. Estimates are checked before every run, but other runs may take the memory meanwhile."""
+    import torch  # start-up time: this module is read without torch (the CLI's parser, the settings)
+
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _ALLOCATOR_WORDS)
+
+
+def after_out_of_memory(exc: BaseException) -> str:
+    """Give a GPU's cached blocks back (so the passes of other sessions have them) and say what happened and what to
+    try, in one paragraph without a traceback."""
+    import torch  # start-up time, as above
+
+    where = "the machine"
+    if isinstance(exc, torch.OutOfMemoryError) or "cuda" in str(exc).lower():
+        where = "the GPU"
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    return (f"This run ran out of memory on {where} and was stopped; nothing of it was kept. Its estimate fitted when "
+            "it started, so other runs probably took the memory meanwhile. Try again in a moment, or with a shorter "
+            f"text, fewer pairs or a smaller batch. ({detail})")
