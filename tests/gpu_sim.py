@@ -38,8 +38,11 @@ CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 _T = torch.Tensor
 # Operations that may mix devices on a GPU: copies between devices, and indexing a CUDA tensor with CPU indices.
-_MIXING = {_T.copy_, _T.__getitem__, _T.__setitem__, _T.to, _T.cpu, _T.cuda, torch._has_compatible_shallow_copy_type,
-           _T.set_, _T.data.__set__, torch.utils.swap_tensors}
+_MIXING = {_T.copy_, _T.to, _T.cpu, _T.cuda, torch._has_compatible_shallow_copy_type, _T.set_, _T.data.__set__,
+           torch.utils.swap_tensors}
+# Where a CUDA GPU refuses a CPU scalar (a 0-dim tensor) that element-wise operations take (checked on an H200).
+_NO_CPU_SCALAR = {"stack", "cat", "concat", "concatenate", "hstack", "vstack", "index_select", "gather", "take",
+                  "clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_max", "matmul", "mm", "bmm", "einsum"}
 # Reads of a GPU tensor through the host (allowed, counted).
 _READS = {_T.item: "item", _T.tolist: "tolist", _T.__float__: "__float__", _T.__int__: "__int__",
           _T.__bool__: "__bool__", _T.__index__: "__index__"}
@@ -107,13 +110,30 @@ def _target_cpu(args: tuple, kwargs: dict) -> bool:
 
 
 def _check_devices(func, args, kwargs) -> None:
+    """Raise as CUDA does where an operation mixes a CUDA tensor with a CPU one. A CPU scalar (0-dim) mixes in
+    element-wise operations only, never as the target of an in-place one; indexing takes CPU indices on a CUDA
+    tensor, not CUDA indices on a CPU one, and an indexed assignment copies no other device's values."""
+    name = getattr(func, "__name__", "")
     flat, _ = tree_flatten((args, kwargs))
     tensors = [t for t in flat if isinstance(t, torch.Tensor)]
-    if any(isinstance(t, OnCuda) for t in tensors) and any(
-            not isinstance(t, OnCuda) and t.dim() > 0 and t.device.type == "cpu" for t in tensors):
-        name = getattr(func, "__qualname__", getattr(func, "__name__", repr(func)))
+    if not any(isinstance(t, OnCuda) for t in tensors):
+        return
+    host = [t for t in tensors if not isinstance(t, OnCuda) and t.device.type == "cpu"]
+    first = args[0] if args else None
+    if func in (_T.__getitem__, _T.__setitem__):
+        index = tree_flatten(args[1])[0] if len(args) > 1 else []
+        value = args[2] if len(args) > 2 else None
+        advanced = any(isinstance(i, torch.Tensor) for i in index)
+        mixed = (not isinstance(first, OnCuda) and any(isinstance(i, OnCuda) for i in index)) or (
+            advanced and isinstance(value, torch.Tensor) and value.dim() > 0
+            and isinstance(value, OnCuda) != isinstance(first, OnCuda))
+    elif name.endswith("_") and isinstance(first, torch.Tensor) and not isinstance(first, OnCuda):
+        mixed = True  # an in-place operation on a CPU tensor with a CUDA operand
+    else:
+        mixed = any(t.dim() > 0 or name in _NO_CPU_SCALAR for t in host)
+    if mixed:
         raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, cuda:0 "
-                           f"and cpu! (simulated GPU: {name})")
+                           f"and cpu! (simulated GPU: {getattr(func, '__qualname__', name)})")
 
 
 def _on_cuda(value: Any) -> Any:

@@ -70,3 +70,23 @@ def test_a_page_that_runs_out_of_memory_says_so_and_the_next_run_draws():
     del at.session_state["_app_context"]
     at.run()
     assert not at.exception and not [e for e in at.error if "memory" in e.value]
+
+
+def test_a_view_that_runs_out_of_memory_says_so_not_that_it_failed():
+    """``view_guard`` meets most passes first: an out-of-memory there is said as such (not "the view failed"), and the
+    views after it still draw."""
+    def script() -> None:
+        import streamlit as st
+        import torch
+
+        from ui.guard import view_guard
+
+        with view_guard("graph"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        st.markdown("next view drawn")
+
+    at = AppTest.from_function(script, default_timeout=60)
+    at.run()
+    assert not at.exception
+    assert [e.value for e in at.error][0].startswith("This run ran out of memory on the GPU")
+    assert "next view drawn" in [m.value for m in at.markdown]

@@ -50,6 +50,24 @@ def test_the_simulator_raises_where_a_gpu_would():
         assert sim.copies == {"cpu": 1, "item": 1}
 
 
+@pytest.mark.parametrize("mix", [
+    lambda x, c: torch.ones(3)[torch.tensor([0, 1], device="cuda")],  # CUDA indices on a CPU tensor
+    lambda x, c: x.__setitem__(torch.tensor([0, 1]), torch.ones(2)),  # CPU values by an index
+    lambda x, c: c.__setitem__(torch.tensor([0, 1]), x[:2]),  # CUDA values into a CPU tensor by an index
+    lambda x, c: torch.stack([x.sum(), torch.tensor(1.0)]),  # a CPU scalar where only element-wise ops take one
+    lambda x, c: x.index_select(0, torch.tensor(0)),
+    lambda x, c: torch.tensor(1.0).add_(x.sum()),  # in place on a CPU scalar
+])
+def test_the_simulator_refuses_what_a_gpu_refuses(mix):
+    """Each raised on an H200 (29 Nov); a slice assignment and an element-wise CPU scalar did not."""
+    with simulated_cuda():
+        x, c = torch.ones(3, device="cuda"), torch.zeros(3)
+        x[:2] = torch.ones(2)  # a slice: a copy, allowed
+        assert (x * torch.tensor(2.0)).device.type == "cuda" and x[torch.tensor([0])].device.type == "cuda"
+        with pytest.raises(RuntimeError, match="same device"):
+            mix(x, c)
+
+
 def test_a_weight_view_taken_before_the_move_stays_on_the_cpu():
     """``model.to("cuda")`` keeps each parameter object (as PyTorch does), but a view of it taken before stays on the
     CPU: the GPT-2 bug this file's docstring names."""

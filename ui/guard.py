@@ -9,6 +9,8 @@ from typing import Iterator
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException
 
+from model_core.models.run_memory import after_out_of_memory, out_of_memory
+
 LOG = logging.getLogger("attention_explorer.views")
 
 # Streamlit's st.rerun/st.stop and st.switch_page are control flow, not failures: let them through.
@@ -38,5 +40,9 @@ def view_guard(name: str) -> Iterator[None]:
     except _CONTROL_FLOW:
         raise
     except Exception as exc:  # noqa: BLE001 - the point is that one view cannot take the page down
+        if out_of_memory(exc):  # not this view's fault: said as such, and a GPU's cached blocks given back
+            LOG.warning("view %r ran out of memory: %s", name, exc)
+            st.error(after_out_of_memory(exc), icon=":material/error:")
+            return
         LOG.exception("view %r failed", name)
         st.error(view_error_message(name, exc), icon=":material/error:")

@@ -13,6 +13,8 @@ T tokens stacks N = B·T positions of d_model numbers for each.
 
 from __future__ import annotations
 
+import gc
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,12 +309,15 @@ def after_out_of_memory(exc: BaseException) -> str:
     try, in one paragraph without a traceback."""
     import torch  # start-up time, as above
 
+    detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
     where = "the machine"
     if isinstance(exc, torch.OutOfMemoryError) or "cuda" in str(exc).lower():
         where = "the GPU"
         if torch.cuda.is_available():
+            # the traceback's frames still hold the failed pass's tensors: cleared first, else nothing is freed
+            traceback.clear_frames(exc.__traceback__)
+            gc.collect()
             torch.cuda.empty_cache()
-    detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
     return (f"This run ran out of memory on {where} and was stopped; nothing of it was kept. Its estimate fitted when "
             "it started, so other runs probably took the memory meanwhile. Try again in a moment, or with a shorter "
             f"text, fewer pairs or a smaller batch. ({detail})")
