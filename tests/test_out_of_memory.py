@@ -90,3 +90,21 @@ def test_a_view_that_runs_out_of_memory_says_so_not_that_it_failed():
     assert not at.exception
     assert [e.value for e in at.error][0].startswith("This run ran out of memory on the GPU")
     assert "next view drawn" in [m.value for m in at.markdown]
+
+
+def test_the_graphs_background_prefetch_logs_it_and_gives_the_blocks_back(caplog):
+    """The prefetch thread has no page to tell: it logs one line (no traceback) and gives a GPU's blocks back."""
+    from model_core.effects.graph import Prefetcher
+
+    class Flow:  # the walk's first read runs out of memory
+        n_tokens, n_layers, n_heads, tokens = 3, 1, 1, ("a", "b", "c")
+
+        def mlp(self, *args):
+            raise torch.OutOfMemoryError(CUDA_OOM)
+
+    prefetcher = Prefetcher(Flow())
+    with mock.patch("torch.cuda.is_available", return_value=True), mock.patch("torch.cuda.empty_cache") as empty:
+        prefetcher.request(2, 0.2)
+        prefetcher.join()
+    assert empty.called and not prefetcher.done
+    assert [r for r in caplog.records if "ran out of memory on the GPU" in r.getMessage() and not r.exc_info]

@@ -221,6 +221,31 @@ def test_a_gpt2_verb_runs_on_a_gpu_with_the_cpus_numbers(folders, tmp_path, monk
                  [verb], monkeypatch)
 
 
+OTHER_FAMILIES = ("gemma", "gemma2", "gemma3_text", "mistral", "phi", "phi3", "qwen2", "qwen3")
+"""The tiny decoders' other families: each brings its own norms, rotary or head norms to the graph and the splits."""
+
+
+@pytest.mark.parametrize("verb", ["graph", "graph-compact", "attribute", "qk"])
+@pytest.mark.parametrize("family", OTHER_FAMILIES)
+def test_every_familys_passes_run_on_a_gpu_in_bfloat16(family_folders, tmp_path, monkeypatch, family, verb):
+    """Gemma 2/3's normed attention output, Qwen 3's and Gemma 3's head norms, Phi's partial rotary: the passes
+    that read each family's own modules, in bfloat16 on the simulated GPU, against the CPU in bfloat16."""
+    _cpu_and_gpu(["--model", "pretrained", "--model-id", str(family_folders(family)), "--dtype", "bfloat16"], tmp_path,
+                 True, [verb], monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def family_folders(tmp_path_factory):
+    """Each family's tiny decoder, built once for the module when first asked for."""
+    root, built = tmp_path_factory.mktemp("simulated-families"), {}
+
+    def folder(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tiny_decoder(family, root / family)
+        return built[family]
+    return folder
+
+
 @pytest.mark.parametrize("model, dtype", [("bert", "float32"), ("custom", "float32"), ("bert", "bfloat16")])
 def test_an_encoders_verbs_run_on_a_gpu_with_the_cpus_numbers(tmp_path, monkeypatch, model, dtype):
     """The bundled MiniLM and the chapter-3 encoder (seeded random weights). In bfloat16 BERT's graph raised (its

@@ -25,6 +25,7 @@ import numpy as np
 
 from model_core.effects.contributions import renormalise
 from model_core.effects.graph_flow import ContributionFlow, Stop, Superseded
+from model_core.models.run_memory import after_out_of_memory, out_of_memory
 
 LOG = logging.getLogger(__name__)
 MIN_THRESHOLD = 0.01
@@ -257,5 +258,8 @@ class Prefetcher:
                     self.done.add(key)
             except Superseded:
                 continue
-            except Exception:  # a background thread has no caller to tell: log it
+            except Exception as exc:  # a background thread has no caller to tell: log it
+                if out_of_memory(exc):  # the page's own walk will say it, if it meets it; the GPU's blocks go back
+                    LOG.warning("prefetching the contribution graph: %s", after_out_of_memory(exc))
+                    continue
                 LOG.exception("prefetching the contribution graph failed")
