@@ -39,6 +39,16 @@ def on_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t if t.device == torch.device(device) else t.to(device)
 
 
+ROUNDINGS = 8
+"""How many of a dtype's epsilons two computations of the same numbers, in another order, may differ by."""
+
+
+def rounding_tolerance(base: float, dtype: torch.dtype | None) -> float:
+    """A relative check's tolerance: ``base``, or ``ROUNDINGS`` epsilons of ``dtype`` where that is larger (bfloat16:
+    0.0625, float16: 0.0078; float32 and float64 keep ``base``). A wrong formula is off by far more than either."""
+    return base if dtype is None else max(base, ROUNDINGS * torch.finfo(dtype).eps)
+
+
 # -- scores --------------------------------------------------------------------------------------
 def cap_scores(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """Gemma 2's cap on its scores, ``cap·tanh(scores / cap)``, in the eager model's order; None leaves them.

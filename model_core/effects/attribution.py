@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from model_core.effects.attribution_readout import (
     final_readout,
@@ -33,6 +32,7 @@ from model_core.effects.attribution_readout import (
 )
 from model_core.families import checks
 from model_core.families.checks import NotADecoder, NotOneToken, token_id_of  # noqa: F401 - this module's API too
+from model_core.kernel import rounding_tolerance
 from model_core.trace.shape import LayerHeadGrid, freeze_arrays
 
 CHECK_TOLERANCE = 1e-4
@@ -259,8 +259,7 @@ def _check_sum(result: Attribution, dtype: Any = None) -> None:
     again on one vector each, in the model's precision: ``dtype``)."""
     gap = abs(result.total - result.logit)
     size = abs(result.embed) + float(np.abs(result.heads).sum() + np.abs(result.mlps).sum()) + abs(result.rest)
-    relative = CHECK_TOLERANCE if dtype is None else max(CHECK_TOLERANCE, 8 * torch.finfo(dtype).eps)
-    if gap > relative * max(abs(result.logit), size, 1.0):
+    if gap > rounding_tolerance(CHECK_TOLERANCE, dtype) * max(abs(result.logit), size, 1.0):
         raise RuntimeError(f"Direct logit attribution does not add up: the parts sum to {result.total:.6f} but the "
                            f"model's logit is {result.logit:.6f} (gap {gap:.2e}). This model's blocks write into the "
                            "residual stream in a way the attribution does not know; please report it.")

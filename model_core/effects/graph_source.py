@@ -31,7 +31,33 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(array))
 
 
-class TraceSource:
+class _HostSource:
+    """What both sources share: the residual stream kept on the host (``hidden``), and one layer's values kept on the
+    model's device (the last asked for: the walk reads a layer at a time)."""
+
+    hidden: torch.Tensor  # (layer + 1, pos, d_model), on the host
+    device: torch.device
+    _values: tuple[int, torch.Tensor] | None = None
+
+    def resid(self, stage: int, positions: np.ndarray) -> torch.Tensor:
+        """The residual stream entering layer ``stage`` (``n_layers``: after the last) at some positions, on the
+        model's device. Shape: -> (rows, d_model)."""
+        rows = self.hidden[stage][torch.from_numpy(np.asarray(positions, dtype=np.int64))]
+        return on_device(rows, self.device)
+
+    def values(self, layer: int) -> torch.Tensor:
+        """Each query head's values at layer ``layer``, on the model's device. Shape: -> (head, pos, d_head)."""
+        kept = self._values  # read once: a background prefetch may replace it meanwhile
+        if kept is None or kept[0] != layer:
+            kept = (layer, self._layer_values(layer))
+            self._values = kept
+        return kept[1]
+
+    def _layer_values(self, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TraceSource(_HostSource):
     """A full trace's numbers, as the graph reads them: kept on the host, each read moved to the model's device.
 
     Args:
@@ -44,13 +70,7 @@ class TraceSource:
         self.tokens = tuple(trace.tokens)
         self.n_layers, self.n_heads, self.n_tokens = trace.n_layers, trace.n_heads, trace.n_tokens
         self.causal = bool(trace.causal)
-        self.hidden = _tensor(trace.hidden_states)  # (layer + 1, pos, d_model), on the host
-        self._values: tuple[int, torch.Tensor] | None = None
-
-    def resid(self, stage: int, positions: np.ndarray) -> torch.Tensor:
-        """The residual stream entering layer ``stage`` (``n_layers``: after the last) at some positions, on the
-        model's device. Shape: -> (rows, d_model)."""
-        return on_device(_rows_of(self.hidden[stage], positions), self.device)
+        self.hidden = _tensor(trace.hidden_states)
 
     def rows(self, layer: int, positions: np.ndarray, n_keys: int) -> torch.Tensor:
         """The attention weights of some query rows over keys ``[0, n_keys)``, on the model's device.
@@ -60,21 +80,11 @@ class TraceSource:
         w = self.trace.weights[layer][:, positions, :n_keys]  # (head, rows, key)
         return on_device(torch.from_numpy(np.ascontiguousarray(w.transpose(1, 0, 2))), self.device)
 
-    def values(self, layer: int) -> torch.Tensor:
-        """Each query head's values, on the model's device (the last layer's kept). Shape: -> (head, pos, d_head)."""
-        kept = self._values  # read once: a background prefetch may replace it meanwhile
-        if kept is None or kept[0] != layer:
-            kept = (layer, on_device(_tensor(self.trace.values[layer]), self.device))
-            self._values = kept
-        return kept[1]
+    def _layer_values(self, layer: int) -> torch.Tensor:
+        return on_device(_tensor(self.trace.values[layer]), self.device)
 
 
-def _rows_of(stage: torch.Tensor, positions: np.ndarray) -> torch.Tensor:
-    """Some positions' rows of one stage of a host residual stream. Shape: (pos, d_model) -> (rows, d_model)."""
-    return stage[torch.from_numpy(np.asarray(positions, dtype=np.int64))]
-
-
-class CompactSource:
+class CompactSource(_HostSource):
     """A compact trace's exact rows, with values and residual stream from one compact pass. The trace and the
     residual stream stay on the host; each read is computed on the model's device.
 
@@ -89,15 +99,10 @@ class CompactSource:
         self.tokens = tuple(compact.tokens)
         self.n_layers, self.n_heads, self.n_tokens = compact.n_layers, compact.n_heads, compact.n_tokens
         self.causal = bool(compact.causal)
-        self._values: tuple[int, torch.Tensor] | None = None
         self.own_nbytes = hidden.numel() * hidden.element_size()
         # the exact rows are float64 sums: on a device without float64 (Apple's MPS) they are made on the host
         self._exact = self.device if self.device.type != "mps" else torch.device("cpu")
         self._kv_heads = torch.as_tensor(np.asarray(compact.kv_heads), device=self._exact)
-
-    def resid(self, stage: int, positions: np.ndarray) -> torch.Tensor:
-        """As ``TraceSource.resid``."""
-        return on_device(_rows_of(self.hidden[stage], positions), self.device)
 
     def rows(self, layer: int, positions: np.ndarray, n_keys: int) -> torch.Tensor:
         """Exact attention weights ``exp(score − lse)`` of some query rows over keys ``[0, n_keys)``, 0 where masked,
@@ -117,14 +122,9 @@ class CompactSource:
         weights = weights_from_scores(masked, lse, inplace=True).float()
         return on_device(weights.transpose(0, 1).contiguous(), self.device)
 
-    def values(self, layer: int) -> torch.Tensor:
-        """Each query head's values, recomputed on the model's device from the block's input (the last layer's
-        kept). Shape: (head, pos, d_head)."""
-        kept = self._values  # read once: a background prefetch may replace it meanwhile
-        if kept is None or kept[0] != layer:
-            kept = (layer, self.blocks.values(layer, on_device(self.hidden[layer], self.device)))
-            self._values = kept
-        return kept[1]
+    def _layer_values(self, layer: int) -> torch.Tensor:
+        """Recomputed from the block's input (a compact pass keeps no values)."""
+        return self.blocks.values(layer, on_device(self.hidden[layer], self.device))
 
 
 @torch.inference_mode()

@@ -14,13 +14,12 @@ from typing import Any
 import torch
 
 from model_core.families.parts import adds_one, norm_eps
+from model_core.kernel import rounding_tolerance
 
 CHECK_TOLERANCE = 1e-4
 """How far (relative) the frozen map may be from the module itself before the norm is called unsupported; in half
-precision, ``HALF_ROUNDINGS`` of the dtype's own rounding (a norm of another form is off by far more)."""
-HALF_ROUNDINGS = 8
-"""The frozen map and the module round differently (each product in bfloat16 or float16, in another order): up to
-a few of the dtype's epsilons apart (bfloat16: 7.8e-3 each)."""
+precision, a few of the dtype's roundings (``model_core.kernel.rounding_tolerance``): the map and the module round
+each product in another order."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,10 +111,7 @@ def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
         expected = module(x)
     got = frozen.apply(x) + (0 if frozen.bias is None else frozen.bias)
     scale = expected.abs().max().clamp_min(1e-6)
-    tolerance = CHECK_TOLERANCE
-    if expected.dtype in (torch.bfloat16, torch.float16):
-        tolerance = max(tolerance, HALF_ROUNDINGS * torch.finfo(expected.dtype).eps)
-    if float((got - expected).abs().max() / scale) > tolerance:
+    if float((got - expected).abs().max() / scale) > rounding_tolerance(CHECK_TOLERANCE, expected.dtype):
         raise ValueError(f"{type(module).__name__} is not a norm this tool can freeze (its frozen map differs from "
                          "the module); direct attribution and contributions need a LayerNorm or an RMSNorm.")
     return frozen

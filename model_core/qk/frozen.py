@@ -12,6 +12,7 @@ import torch
 
 from model_core.families.parts import norm_eps
 from model_core.families.weights import LayerWeights
+from model_core.kernel import rounding_tolerance
 
 # A trace's arrays are read-only and only read here; a per-call ``catch_warnings`` would not be thread-safe.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
@@ -46,15 +47,13 @@ def split_device(model: Any) -> torch.device:
 
 SUM_TOLERANCE = 1e-3
 """How far (relative) the parts of a layer's input may sum from the input itself before the split is called wrong;
-in half precision, ``HALF_ROUNDINGS`` of the dtype's epsilon (each part was rounded to it by the model)."""
-HALF_ROUNDINGS = 8
+in half precision, a few of the dtype's roundings (``model_core.kernel.rounding_tolerance``): each part was rounded
+by the model."""
 
 
 def sum_tolerance(dtype: torch.dtype) -> float:
-    """``SUM_TOLERANCE``, or a few roundings of a half-precision model's dtype (a missing part is off by far more)."""
-    if dtype in (torch.bfloat16, torch.float16):
-        return max(SUM_TOLERANCE, HALF_ROUNDINGS * torch.finfo(dtype).eps)
-    return SUM_TOLERANCE
+    """``SUM_TOLERANCE`` for a model of ``dtype`` (a missing part is off by far more)."""
+    return rounding_tolerance(SUM_TOLERANCE, dtype)
 
 
 def inv_scale(lw: LayerWeights, resid: torch.Tensor) -> torch.Tensor:
