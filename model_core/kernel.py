@@ -39,6 +39,12 @@ def on_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t if t.device == torch.device(device) else t.to(device)
 
 
+def float64_device(device: torch.device | str) -> torch.device:
+    """Where a pass's float64 work runs: the model's own device, or the CPU for one without float64 (Apple's MPS)."""
+    device = torch.device(device)
+    return torch.device("cpu") if device.type == "mps" else device
+
+
 ROUNDINGS = 8
 """How many of a dtype's epsilons two computations of the same numbers, in another order, may differ by."""
 

@@ -14,7 +14,7 @@ import pytest
 from harness.cli import run_cli
 from model_core import TraceRequest, build_trace
 from model_core.analysis.per_head import head_stats
-from model_core.compact.trace import CompactFormatError, load_compact, parse_window
+from model_core.compact.trace import STAT_NAMES, CompactFormatError, load_compact, parse_window
 from model_core.compact.build import build_compact
 from model_core.compact.summary import largest_weights
 from tiny_models import build_tiny_decoder
@@ -218,3 +218,33 @@ def test_a_compact_traces_predictions_are_the_full_traces(tiny_decoders, family)
     full, compact = _pair(tiny_decoders[family])
     np.testing.assert_array_equal(compact.next_token_ids, full.next_token_ids)
     np.testing.assert_allclose(compact.next_token_probs, full.next_token_probs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("window", [None, 100])  # plain causal (one fused call), and a sliding window's mask
+def test_the_fused_and_the_streamed_summaries_agree_in_any_block_size(window):
+    """A model on the CPU is summarised by torch's fused kernel, one on a GPU in streamed blocks of many rows
+    (``block_rows``): the two routes give the same lse, overview and statistics, in any block size."""
+    import torch
+
+    from model_core.compact.summary import _summarise_blocks, _summarise_fused, block_rows, summarise_layer
+    from model_core.compact.trace import LayerMask
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(3, 600, 16, generator=gen) * 2, torch.randn(3, 600, 16, generator=gen) * 2
+    allowed = torch.ones(600, 600, dtype=torch.bool).tril()
+    if window:
+        allowed &= ~torch.ones(600, 600, dtype=torch.bool).tril(-window)
+    mask = LayerMask.of(allowed)
+    fused = _summarise_fused(q, k, mask, 0.25, pool=19)
+    for block in (256, 97, 600):
+        streamed = _summarise_blocks(q, k, mask, 0.25, None, pool=19, block=block)
+        np.testing.assert_allclose(streamed.lse.numpy(), fused.lse.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(streamed.overview.numpy(), fused.overview.numpy(), atol=1e-6)
+        for name in fused.stats:
+            np.testing.assert_allclose(streamed.stats[name].numpy(), fused.stats[name].numpy(), atol=2e-5,
+                                       err_msg=name)
+    assert list(summarise_layer(q, k, mask, 0.25, None, 19).stats) == list(STAT_NAMES)
+    assert list(summarise_layer(q, k, mask, 0.25, None, 19, largest=False).stats) == list(STAT_NAMES[:-1])
+    assert block_rows(9, 4096, torch.device("cpu")) == 256
+    assert block_rows(9, 4096, torch.device("cuda")) == 1792  # 2^26 scores a block on a GPU
+    assert block_rows(32, 8192, torch.device("cuda")) == 256

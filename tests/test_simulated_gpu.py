@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 from gpu_sim import OnCuda, simulated_cuda
-from tiny_models import build_tiny_decoder
+from tiny_models import NUM_LAYERS, build_tiny_decoder
 
 TEXT = "The cat sat on the mat and watched the flies near the window. The dog slept by the door."
 PAIR = {"clean": "The cat sat on the mat and the", "corrupt": "The bank sat on the mat and the", "answer": " cat",
@@ -253,3 +253,28 @@ def test_an_encoders_verbs_run_on_a_gpu_with_the_cpus_numbers(tmp_path, monkeypa
     rounding)."""
     _cpu_and_gpu(["--model", model, "--dtype", dtype], tmp_path, False, ["export", "graph", "qk", "roles"],
                  monkeypatch)
+
+
+def test_a_compact_traces_summary_runs_on_the_gpu_with_one_copy_a_layer(folders, tmp_path, monkeypatch):
+    """The compact trace summarises each layer where the model is (it read the host's copies before, so a GPU's
+    summary ran on the CPU beside it), and brings each layer home in two copies: its queries and keys, its summary."""
+    import model_core.compact.build as build
+
+    seen = []
+    real = build.summarise_layer
+
+    def spy(q, k, mask, *args, **kwargs):
+        seen.append((q.device.type, k.device.type, mask.allowed.device.type))
+        return real(q, k, mask, *args, **kwargs)
+
+    monkeypatch.setattr(build, "summarise_layer", spy)
+    copies = []
+    for repeats in (1, 3):  # about 33 and 100 tokens
+        text = " ".join([TEXT] * repeats)
+        with simulated_cuda() as sim:
+            _run(["export", "--model", "pretrained", "--model-id", str(folders["llama"]), "--text", text, "--compact",
+                  "--out", str(tmp_path / f"{repeats}.npz"), "--device", "cuda"])
+        copies.append(sum(n for (file, _), n in sim.where.items() if file in ("build.py", "summary.py", "forward.py")))
+    assert seen and all(where == ("cuda",) * 3 for where in seen), seen
+    # a layer's queries and keys, its summary; the predictions, the mask's check and one more: three times the text too
+    assert copies[0] == copies[1] <= 2 * NUM_LAYERS + 3, copies

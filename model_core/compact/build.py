@@ -13,10 +13,10 @@ from model_core.compact.summary import summarise_layer
 from model_core.compact.trace import OVERVIEW_CELLS, QUERY_BLOCK, CompactTrace, LayerMask, Progress
 from model_core.compact.views import TraceForm, choose_form
 from model_core.families.capture import current_recorder
-from model_core.kernel import allowed_from_mask
+from model_core.kernel import allowed_from_mask, float64_device, on_device
 from model_core.models.memory import release_freed_memory
 from model_core.settings import Settings
-from model_core.trace.forward import top_predictions
+from model_core.trace.forward import to_host, top_predictions
 from model_core.trace.sequence import with_reply
 from model_core.gate import GATE
 from model_core.trace.request import TraceRequest
@@ -97,12 +97,17 @@ class _LayerCopies:
     The pass then never holds two copies (the recorded tensors were freed only in the summary, after the whole
     pass), and a query that is a view of a fused projection's output does not keep that output alive. Each layer's
     freed blocks are given back at once (``malloc_trim``): glibc otherwise keeps the heap they fragment resident.
+
+    With ``keep`` (a model on an accelerator, where the summary runs), each layer's queries and keys also stay
+    there, in the model's dtype, as copies of their own (``held``): the summary reads them there, not the
+    host's arrays.
     """
 
-    def __init__(self, n_layers: int, report: Progress):
-        self.n_layers, self.report = n_layers, report
+    def __init__(self, n_layers: int, report: Progress, keep: bool = False):
+        self.n_layers, self.report, self.keep = n_layers, report, keep
         self.queries: np.ndarray | None = None  # (layer, head, pos, d_head)
         self.keys: np.ndarray | None = None  # (layer, kv_head, pos, d_head)
+        self.held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> q, k (head or kv_head, pos, d)
 
     def __call__(self, layer: int) -> None:
         rec = current_recorder()
@@ -110,8 +115,9 @@ class _LayerCopies:
         if self.queries is None:
             self.queries = np.empty((self.n_layers, *q.shape), dtype=np.float32)
             self.keys = np.empty((self.n_layers, *k.shape), dtype=np.float32)
-        self.queries[layer] = q.float().cpu().numpy()
-        self.keys[layer] = k.float().cpu().numpy()
+        if self.keep:  # clones: a view of a fused projection's output would keep all of it
+            self.held[layer] = q.clone(), k.clone()
+        self.queries[layer], self.keys[layer] = to_host([q, k])
         rec.queries[layer] = torch.from_numpy(self.queries[layer])[None]
         rec.keys[layer] = torch.from_numpy(self.keys[layer])[None]
         release_freed_memory()  # the recorded tensors' blocks, or glibc keeps the heap they fragment resident
@@ -145,7 +151,8 @@ def _summarise(resolved: Resolved, encoded: EncodedInput, report: Progress, top_
     family, model, dev = resolved.family, resolved.model, resolved.device
     n_layers = family.n_layers(model.config)
     want_predictions = family.is_decoder and top_k > 0
-    copies = _LayerCopies(n_layers, report)
+    at = float64_device(dev)  # where the summary runs: the model's device (an accelerator's, when it has float64)
+    copies = _LayerCopies(n_layers, report, keep=at.type != "cpu")
     out = family.forward(model, encoded.input_ids.to(dev), encoded.token_type_ids.to(dev), None, compact=True,
                          hidden="last" if want_predictions else False, on_layer=copies)
     n = encoded.input_ids.shape[1]
@@ -157,18 +164,29 @@ def _summarise(resolved: Resolved, encoded: EncodedInput, report: Progress, top_
     queries, keys = copies.queries, copies.keys
     lse = overview = None
     stats: dict[str, np.ndarray] = {}
+    masks_at = {}  # mask index -> that mask on the summary's device
+    kv_at = on_device(kv, at)
     for layer in range(n_layers):
         out.queries[layer] = out.keys[layer] = None  # views of ``queries`` and ``keys``
-        q = torch.from_numpy(queries[layer])  # (head, pos, d_head)
-        k = torch.from_numpy(keys[layer]).index_select(0, kv)  # each query head's key: (head, pos, d_head)
-        summary = summarise_layer(q, k, masks[mask_of_layer[layer]], out.layer_scales[layer],
-                                  out.layer_softcaps[layer], pool, largest=largest_weight)
+        if at.type == "cpu":
+            q, k = torch.from_numpy(queries[layer]), torch.from_numpy(keys[layer])  # (head or kv_head, pos, d)
+        else:
+            q, k = (t.float() for t in copies.held.pop(layer))
+        k = k.index_select(0, kv_at)  # each query head's key: (head, pos, d_head)
+        which = int(mask_of_layer[layer])
+        if which not in masks_at:
+            masks_at[which] = masks[which] if at.type == "cpu" else masks[which].to(at)
+        summary = summarise_layer(q, k, masks_at[which], out.layer_scales[layer], out.layer_softcaps[layer], pool,
+                                  largest=largest_weight)
+        names = list(summary.stats)
+        parts = to_host([summary.lse, summary.overview, *summary.stats.values()], pack=True)  # one copy a layer
+        del q, k, summary
         if lse is None:
-            lse = np.empty((n_layers, *summary.lse.shape), dtype=np.float64)
-            overview = np.empty((n_layers, *summary.overview.shape), dtype=np.float32)
-        lse[layer], overview[layer] = summary.lse.numpy(), summary.overview.numpy()
-        for name, value in summary.stats.items():
-            stats.setdefault(name, np.empty((n_layers, len(value))))[layer] = value.numpy()
+            lse = np.empty((n_layers, *parts[0].shape), dtype=np.float64)
+            overview = np.empty((n_layers, *parts[1].shape), dtype=np.float32)
+        lse[layer], overview[layer] = parts[0], parts[1]
+        for name, value in zip(names, parts[2:]):
+            stats.setdefault(name, np.empty((n_layers, len(value))))[layer] = value
         release_freed_memory()
         report("summary", (layer + 1) / n_layers)
     allowed = [m.allowed.numpy() for m in masks]

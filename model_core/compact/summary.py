@@ -24,6 +24,9 @@ from model_core.kernel import (additive_mask, apply_mask, attention_scores, expa
 
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """torch's fused CPU attention: (output, logsumexp) for given queries, keys and values."""
+DEVICE_BLOCK_NUMBERS = 1 << 26
+"""The most scores a streamed block holds on an accelerator (256 MB of float32; a block's pass makes about three
+such buffers): 1,792 rows of SmolLM2's 9 heads at 4,096 tokens, against ``QUERY_BLOCK``'s 256 on the CPU."""
 HOT = 2.0 ** 20
 """The inverse temperature that turns a row's log-sum-exp into its largest score: ``lse(HOT·s) / HOT`` lies
 between ``max(s)`` and ``max(s) + log(n) / HOT`` (8e-6 at 4,096 keys), so the largest weight is within 1e-5."""
@@ -38,23 +41,38 @@ class LayerSummary:
     stats: dict[str, torch.Tensor]  # name -> (head,)
 
 
+def block_rows(n_heads: int, n: int, device: torch.device) -> int:
+    """Query rows a streamed block scores at once: ``QUERY_BLOCK`` on the CPU (a block's scores stay in its
+    caches); on an accelerator as many multiples of it as keep a block's scores within ``DEVICE_BLOCK_NUMBERS``, so
+    a layer is a few large kernels and not n / 256 small ones."""
+    if device.type == "cpu":
+        return QUERY_BLOCK
+    return max(1, DEVICE_BLOCK_NUMBERS // (n_heads * max(n, 1) * QUERY_BLOCK)) * QUERY_BLOCK
+
+
 def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: float,
-                      softcap: float | None, pool: int, block: int = QUERY_BLOCK) -> LayerSummary:
+                      softcap: float | None, pool: int, block: int | None = None) -> LayerSummary:
     """Log-sum-exps, exact overview block means and head statistics of one layer, streamed over query blocks.
 
     A block of rows reads only the keys up to the last one any of its rows may see, so a causal layer costs
     about half the square. The weights are the model's own float32 softmax; ``lse`` comes from it as
     ``max(score) - log(max(weight))``, and the entropy as ``lse - Σ w·score`` (no logarithm of every weight).
 
+    On an accelerator everything stays there (the mask moved there too: ``LayerMask.to``), in blocks of
+    ``block_rows`` rows, with no copy to the host: the caller copies the summary once.
+
     Shape: q (head, pos, d_head) float32; k (head, pos, d_head), each query head's key.
     """
     allowed, future, causal = mask.allowed, mask.future, mask.causal
     n_heads, n, _ = q.shape
+    at = q.device
+    block = block_rows(n_heads, n, at) if block is None else block
     m = math.ceil(n / pool)
-    lse = torch.empty(n_heads, n, dtype=torch.float64)
-    cell_sums = torch.zeros(n_heads, m, m, dtype=torch.float64)
-    sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STAT_NAMES if name != "max_weight"}
-    max_weight = torch.zeros(n_heads, dtype=torch.float64)
+    f64 = dict(dtype=torch.float64, device=at)
+    lse = torch.empty(n_heads, n, **f64)
+    cell_sums = torch.zeros(n_heads, m, m, **f64)
+    sums = {name: torch.zeros(n_heads, **f64) for name in STAT_NAMES if name != "max_weight"}
+    max_weight = torch.zeros(n_heads, **f64)
     choosing = mask.choosing
     # Whether any query may see a later key (an encoder; a decoder's layer never): the mean distance then needs
     # the part past the diagonal too.
@@ -65,7 +83,7 @@ def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: 
         else:
             seen = torch.nonzero(allowed[r0:r1].any(0))
             width = int(seen[-1]) + 1 if len(seen) else 1
-        rows, cols = torch.arange(r0, r1), torch.arange(width)
+        rows, cols = torch.arange(r0, r1, device=at), torch.arange(width, device=at)
         q_blk, k_blk = q[:, r0:r1], k[:, :width]
         s = attention_scores(q_blk, k_blk, scale=scale, softcap=softcap)  # (head, rows, width), finite
         if causal:
@@ -94,15 +112,14 @@ def _summarise_blocks(q: torch.Tensor, k: torch.Tensor, mask: LayerMask, scale: 
             ahead = (cols[None, :] - rows[:, None]).clamp(min=0).float()
             distance += 2 * (w * ahead).sum(-1).double()
         sums["mean_distance"] += distance.sum(-1)
-        pick = choosing[r0:r1]
-        if pick.any():
-            max_weight = torch.maximum(max_weight, w_max[:, pick].amax(-1).double())
+        # The rows that choose (a causal model's first has one key); weights are >= 0, so the others count 0.
+        max_weight = torch.maximum(max_weight, w_max.masked_fill(~choosing[r0:r1], 0.0).amax(-1).double())
         whole = width // pool  # key cells wholly inside the block's width; the last may be cut short
         by_key = w[..., :whole * pool].reshape(n_heads, r1 - r0, whole, pool).sum(-1)  # (head, rows, key cell)
         if whole * pool < width:
             by_key = torch.cat([by_key, w[..., whole * pool:].sum(-1, keepdim=True)], dim=-1)
         cell_sums[:, :, :by_key.shape[-1]].index_add_(1, rows // pool, by_key.double())
-    row_count = torch.bincount(torch.arange(n) // pool, minlength=m).double()
+    row_count = torch.bincount(torch.arange(n, device=at) // pool, minlength=m).double()
     stats = {name: total / n for name, total in sums.items()}
     stats["to_prev"] = sums["to_prev"] / max(n - 1, 1)
     stats["to_next"] = sums["to_next"] / max(n - 1, 1)
@@ -129,10 +146,12 @@ def summarise_layer(q: torch.Tensor, k: torch.Tensor, mask: LayerMask | torch.Te
     """
     mask = mask if isinstance(mask, LayerMask) else LayerMask.of(mask)
     if _fusable(q, mask, softcap):
-        return _summarise_fused(q, k, mask, scale, pool, largest)
-    summary = _summarise_blocks(q, k, mask, scale, softcap, pool)
-    if not largest:
-        del summary.stats["max_weight"]
+        summary = _summarise_fused(q, k, mask, scale, pool, largest)
+    else:
+        summary = _summarise_blocks(q, k, mask, scale, softcap, pool)
+    # STAT_NAMES' order on either route (a trace's stat_names list them so)
+    summary.stats = {name: summary.stats[name] for name in STAT_NAMES if name in summary.stats
+                     and (largest or name != "max_weight")}
     return summary
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +68,10 @@ class LayerMask:
         if not choosing.any():
             choosing[:] = True
         return cls(allowed, future, not future and bool(torch.equal(allowed, tril)), choosing)
+
+    def to(self, device: torch.device | str) -> LayerMask:
+        """The same mask with its tensors on ``device`` (a summary computed on an accelerator)."""
+        return replace(self, allowed=self.allowed.to(device), choosing=self.choosing.to(device))
 
 
 class CompactFormatError(ValueError):

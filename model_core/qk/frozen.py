@@ -12,7 +12,7 @@ import torch
 
 from model_core.families.parts import norm_eps
 from model_core.families.weights import LayerWeights
-from model_core.kernel import rounding_tolerance
+from model_core.kernel import float64_device, rounding_tolerance
 
 # A trace's arrays are read-only and only read here; a per-call ``catch_warnings`` would not be thread-safe.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
@@ -41,8 +41,7 @@ def on(lw: LayerWeights, device: torch.device) -> LayerWeights:
 def split_device(model: Any) -> torch.device:
     """Where the QK split computes: the model's device, in float64 there; the CPU for a device without float64
     (Apple's MPS), whose weights are then copied over once a pass."""
-    device = next(model.parameters()).device
-    return CPU if device.type == "mps" else device
+    return float64_device(next(model.parameters()).device)
 
 
 SUM_TOLERANCE = 1e-3
