@@ -15,6 +15,7 @@ from ui.analysis_widgets import (
     show_figure,
 )
 from ui.context import require_trace
+from ui.guard import memory_guard
 from ui.derived import analysis_bundle, cached_head_stats
 from attention_explorer.figures import layer_head_figure
 from ui.focus import set_focus
@@ -84,6 +85,7 @@ stats = cached_head_stats(trace)
 
 
 @st.fragment
+@memory_guard()  # its own reruns are outside app.py's handler
 @with_page_traces  # a rerun of the fragment takes the trace from the cache (ui.run_traces)
 def stat_grid() -> None:
     """The statistic picker and its grid: choosing another statistic reruns only this part."""

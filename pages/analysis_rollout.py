@@ -17,6 +17,7 @@ from ui.analysis_widgets import (
     show_figure,
 )
 from ui.context import require_trace
+from ui.guard import memory_guard
 from ui.derived import analysis_bundle, rollout_and_flow
 from ui.run_traces import with_page_traces
 
@@ -56,6 +57,7 @@ if ctx.words:
 
 
 @st.fragment
+@memory_guard()  # its own reruns are outside app.py's handler
 @with_page_traces  # a rerun of the fragment takes the trace from the cache (ui.run_traces)
 def rollout_view() -> None:
     """The layer slider with the rollout it picks and its CSV: moving it reruns only this part."""

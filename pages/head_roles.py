@@ -26,6 +26,7 @@ from ui.analysis_widgets import (
     show_figure,
 )
 from ui.context import require_trace
+from ui.guard import memory_guard
 from ui.roles import (
     heatmaps_url,
     long_text_scores,
@@ -96,6 +97,7 @@ def _top_table(grid: np.ndarray, role: str) -> None:
 
 
 @st.fragment
+@memory_guard()  # its own reruns are outside app.py's handler
 @with_page_traces  # a rerun of the fragment takes the trace from the cache (ui.run_traces)
 def role_view() -> None:
     """The role picker, its grid and its top heads: another role reruns only this part."""

@@ -92,6 +92,34 @@ def test_a_view_that_runs_out_of_memory_says_so_not_that_it_failed():
     assert "next view drawn" in [m.value for m in at.markdown]
 
 
+def test_a_fragment_that_runs_out_of_memory_says_so_and_the_page_goes_on():
+    """A fragment (a head picker's, a statistic's) reruns alone when its widget changes, outside app.py's handler:
+    ``memory_guard`` says an out-of-memory there in one paragraph, and the page's other parts still draw."""
+    def script() -> None:
+        import streamlit as st
+        import torch
+
+        from ui.guard import memory_guard
+
+        @st.fragment
+        @memory_guard()
+        def picker() -> None:
+            if st.selectbox("statistic", ["entropy", "largest weight"], key="stat") == "largest weight":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            st.markdown("grid drawn")
+
+        picker()
+        st.markdown("rest of the page")
+
+    at = AppTest.from_function(script, default_timeout=60)
+    at.run()
+    assert "grid drawn" in [m.value for m in at.markdown] and not at.error
+    at.selectbox(key="stat").select("largest weight").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [e.value for e in at.error][0].startswith("This run ran out of memory on the GPU")
+    assert "rest of the page" in [m.value for m in at.markdown]
+
+
 def test_the_graphs_background_prefetch_logs_it_and_gives_the_blocks_back(caplog):
     """The prefetch thread has no page to tell: it logs one line (no traceback) and gives a GPU's blocks back."""
     from model_core.effects.graph import Prefetcher
@@ -108,3 +136,15 @@ def test_the_graphs_background_prefetch_logs_it_and_gives_the_blocks_back(caplog
         prefetcher.join()
     assert empty.called and not prefetcher.done
     assert [r for r in caplog.records if "ran out of memory on the GPU" in r.getMessage() and not r.exc_info]
+
+
+def test_every_fragment_of_the_app_is_guarded():
+    """Each ``@st.fragment`` in the app's pages and views has ``@memory_guard()`` right under it."""
+    root = Path(APP).parent
+    sites = []
+    for path in [*root.glob("pages/*.py"), *root.glob("ui/*.py"), root / "app.py"]:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if line.strip().startswith("@st.fragment"):
+                sites.append((path.name, i + 1, lines[i + 1].strip().startswith("@memory_guard()")))
+    assert len(sites) >= 5 and all(ok for *_, ok in sites), sites

@@ -29,7 +29,7 @@ from ui.compact_figures import (
 )
 from ui.context import AppContext
 from ui.downloads import figure_config
-from ui.guard import view_guard
+from ui.guard import memory_guard, view_guard
 from ui.focus import set_focus
 from ui.state import head_fragment
 from ui.trace_cache import per_trace
@@ -129,6 +129,7 @@ def _focused(ctx: AppContext, layer: int, head: int) -> None:
 
 
 @st.fragment
+@memory_guard()  # its own reruns are outside app.py's handler
 def _window(ctx: AppContext, layer: int, head: int, share: np.ndarray) -> None:
     """The exact window and its controls: a fragment of its own inside the head's, so moving a range redraws the
     window alone, not the pooled head and the sink line above it."""

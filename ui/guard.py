@@ -46,3 +46,18 @@ def view_guard(name: str) -> Iterator[None]:
             return
         LOG.exception("view %r failed", name)
         st.error(view_error_message(name, exc), icon=":material/error:")
+
+
+@contextmanager
+def memory_guard() -> Iterator[None]:
+    """A fragment's body (``@st.fragment`` on top, then ``@memory_guard()``): a fragment reruns alone when its own
+    widget changes, outside app.py's handler of a whole run, so an out-of-memory there would show Streamlit's
+    traceback. Here it is said in one paragraph and a GPU's cached blocks are given back; any other error goes on.
+    """
+    try:
+        yield
+    except (RuntimeError, MemoryError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+        if not out_of_memory(exc):
+            raise
+        LOG.warning("a fragment ran out of memory: %s", exc)
+        st.error(after_out_of_memory(exc), icon=":material/memory:")

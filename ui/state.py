@@ -22,6 +22,7 @@ from ui.fields import (
     request_state,
 )
 from ui.focus import HEAD_KEY, LAYER_KEY, focus_picker, get_focus, set_focus
+from ui.guard import memory_guard
 from ui.run_traces import page_traces
 
 WEIGHT_LABELS = {"random": "Random (seeded)", "pretrained": "Loaded from BERT"}
@@ -274,6 +275,7 @@ def head_fragment(key: str, draw: Callable[[int, int], None], *, slot: Any, n_la
     """
 
     @st.fragment(key=key)
+    @memory_guard()  # its own reruns are outside app.py's handler
     def fragment() -> None:
         with page_traces(draw.__globals__):
             with slot:

@@ -68,8 +68,9 @@ def build_compact(request: TraceRequest, *, device: str | torch.device | None = 
         progress: called with ("forward" | "summary", fraction done).
         predictions: keep a decoder's top ``top_k`` next tokens at every position (about 2 s at 4,096 tokens on
             a 2-core CPU: the unembedding is 49,152 x 576 per position for SmolLM2).
-        largest_weight: compute the ``max_weight`` statistic (a second pass over every layer; the app computes it
-            later, when a page shows it: ``model_core.compact.summary.largest_weights``).
+        largest_weight: compute the ``max_weight`` statistic (on the CPU a second pass over every layer; the app
+            computes it later, when a page shows it: ``model_core.compact.summary.largest_weights``). On an
+            accelerator the streamed summary has it for free, and keeps it either way.
 
     Raises:
         InputError: the text cannot be traced (empty, or over the limit: the message names it).
@@ -177,7 +178,7 @@ def _summarise(resolved: Resolved, encoded: EncodedInput, report: Progress, top_
         if which not in masks_at:
             masks_at[which] = masks[which] if at.type == "cpu" else masks[which].to(at)
         summary = summarise_layer(q, k, masks_at[which], out.layer_scales[layer], out.layer_softcaps[layer], pool,
-                                  largest=largest_weight)
+                                  largest=largest_weight or at.type != "cpu")  # free in the streamed blocks
         names = list(summary.stats)
         parts = to_host([summary.lse, summary.overview, *summary.stats.values()], pack=True)  # one copy a layer
         del q, k, summary
