@@ -1,7 +1,7 @@
 """The model core on a CUDA GPU and on the CPU beside it, in one process: a random-weight model of a real shape.
 
 Run: python bench/bench_gpu.py [--shape smollm2|llama-3.2-1b|qwen2.5-1.5b|llama-3.1-8b] [--quick]
-                               [--devices cuda,cpu] [--dtype auto] [--tokenizer DIR] [--json FILE]
+                               [--devices cuda,cpu] [--dtype auto] [--tokenizer DIR] [--json FILE] [--profile N]
 
 Prints, for each device (cuda is skipped with a message where there is none), warm (a first call untimed):
 - a full trace at 512 tokens (the issue's GPU target: ≤ 0.1 s), and a compact trace at 4,096 (≤ 1 s);
@@ -134,6 +134,25 @@ def timed(device: str, fn: Callable[[], Any], repeat: int = 1) -> tuple[list[flo
     return times, peak_mb(device), out
 
 
+def profiled(device: str, fn: Callable[[], Any], n: int) -> list[dict[str, Any]]:
+    """One call of ``fn`` under cProfile: its ``n`` costliest functions by own time, where each is and its calls."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    profile = cProfile.Profile()
+    profile.enable()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, primitive calls, own, cumulative, callers)
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:n]
+    return [dict(where=f"{Path(file).name}:{line}({name})", calls=calls, own_s=round(own, 4), cum_s=round(cum, 4))
+            for (file, line, name), (calls, _, own, cum, _) in rows]
+
+
 def steps(loaded: Any, quick: bool) -> dict[str, Callable[[], Any]]:
     from model_core.circuits.datasets import load_dataset
     from model_core.circuits.eap import circuit_model
@@ -189,6 +208,9 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=None, help="a folder with SmolLM2's tokenizer (default: the bundled)")
     parser.add_argument("--only", default="", help="comma-separated words: run only the steps whose name has one")
     parser.add_argument("--json", default=None, help="also write JSON lines here")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after each step's timing, one more call under cProfile: its N costliest functions "
+                             "by own time (set CUDA_LAUNCH_BLOCKING=1 so a GPU's kernels count where they start)")
     args = parser.parse_args()
 
     import torch
@@ -236,6 +258,11 @@ def main() -> None:
             print(f"  {label:<34} {best:8.3f} s   {memory} {peak:,.0f} MB")
             say(device=device, shape=args.shape, step=label, seconds=[round(t, 4) for t in times],
                 peak_mb=None if peak is None else round(peak), dtype=str(dtype), quick=args.quick)
+            if args.profile:
+                top = profiled(device, fn, args.profile)
+                for row in top:
+                    print(f"      {row['own_s']:7.3f} s own {row['cum_s']:7.3f} s cum {row['calls']:>7}  {row['where']}")
+                say(device=device, step=label, profile=top)
         del loaded
         if device == "cuda":
             torch.cuda.empty_cache()
