@@ -174,3 +174,34 @@ def test_the_head_roles_page_scores_a_long_text_from_its_compact_trace(compact_e
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Induction score on your text" in c.proto.spec for c in at.get("plotly_chart"))
+
+
+@pytest.fixture
+def on_a_gpu(compact_env):
+    """The app's model on a simulated CUDA GPU (``tests/gpu_sim.py``) for one test; its caches emptied after, so no
+    other test meets a model or trace made there."""
+    import streamlit as st
+    from gpu_sim import simulated_cuda
+
+    from ui.loaders import TRACES
+
+    with simulated_cuda() as sim:
+        try:
+            yield sim
+        finally:
+            st.cache_resource.clear()
+            TRACES.clear()
+
+
+@pytest.mark.parametrize("page", ["pages/heatmaps.py", "pages/analysis_head_stats.py", "pages/causal.py"])
+def test_a_long_input_on_a_gpu_is_summarised_there_and_drawn(on_a_gpu, tiny_decoders, page):
+    """On a GPU the compact trace's layers are summarised there (``model_core.compact.build``); its pages draw it as
+    on the CPU, and the largest weight, free in the GPU's streamed summary, is drawn without its toggle."""
+    at = _open(tiny_decoders["llama"], page)
+    ctx = _context(at)
+    assert ctx.compact is not None and "max_weight" in ctx.compact.stats, ctx.error
+    assert "on cuda" in ctx.compact.description
+    assert at.get("plotly_chart")
+    if page == "pages/analysis_head_stats.py":
+        assert "Largest weight" in " ".join(c.proto.spec for c in at.get("plotly_chart"))
+        assert not [t for t in at.toggle if t.key == "compact_largest"]
