@@ -178,19 +178,23 @@ def test_the_head_roles_page_scores_a_long_text_from_its_compact_trace(compact_e
 
 @pytest.fixture
 def on_a_gpu(compact_env):
-    """The app's model on a simulated CUDA GPU (``tests/gpu_sim.py``) for one test; its caches emptied after, so no
-    other test meets a model or trace made there."""
+    """The app's model on a simulated CUDA GPU (``tests/gpu_sim.py``) for one test; the caches emptied before and
+    after, so it meets no trace made on the CPU and no other test meets one made there."""
     import streamlit as st
     from gpu_sim import simulated_cuda
 
     from ui.loaders import TRACES
 
+    def clear() -> None:  # models are cached by device, traces by request alone (one device a process)
+        st.cache_resource.clear()
+        TRACES.clear()
+
+    clear()
     with simulated_cuda() as sim:
         try:
             yield sim
         finally:
-            st.cache_resource.clear()
-            TRACES.clear()
+            clear()
 
 
 @pytest.mark.parametrize("page", ["pages/heatmaps.py", "pages/analysis_head_stats.py", "pages/causal.py"])
