@@ -70,3 +70,23 @@ def test_a_half_precision_module_of_another_form_is_still_refused():
     x = (torch.randn(5, 64, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
     with pytest.raises(ValueError, match="not a norm this tool can freeze"):
         freeze(norm, x)
+
+
+class _NearlyRmsNorm(_HalfRmsNorm):
+    """An RMSNorm of another form by 0.8%: its mean square over all but one of the d_model numbers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) / (h.shape[-1] - 1) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_norm_is_checked_in_float32_so_a_near_form_is_refused(dtype):
+    """The form is checked on a float32 copy of the module: a norm 0.8% from an RMSNorm, under bfloat16's rounding
+    (which a check in bfloat16 must allow), is refused; the float32 model's map is refused alike."""
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0)) * 3
+    for norm, at in [(_NearlyRmsNorm(64).to(dtype), x.to(dtype)), (_NearlyRmsNorm(64), x)]:
+        with pytest.raises(ValueError, match="not a norm this tool can freeze"):
+            freeze(norm, at)
+    assert freeze(_HalfRmsNorm(64).to(dtype), x.to(dtype)).scale.dtype == dtype  # the map itself stays in it

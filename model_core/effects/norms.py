@@ -8,18 +8,17 @@ output) both apply ``A`` to each part, so the parts sum exactly to the normed wh
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from model_core.families.parts import adds_one, norm_eps
-from model_core.kernel import rounding_tolerance
 
 CHECK_TOLERANCE = 1e-4
-"""How far (relative) the frozen map may be from the module itself before the norm is called unsupported; in half
-precision, a few of the dtype's roundings (``model_core.kernel.rounding_tolerance``): the map and the module round
-each product in another order."""
+"""How far (relative) the frozen map may be from the module itself before the norm is called unsupported, both in
+float32 at least (``freeze``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,16 +79,12 @@ def _eps(module: Any) -> float | None:
         return None
 
 
-def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
-    """Freeze ``module`` (a LayerNorm or an RMSNorm, with or without a gain and a bias) at the residual ``x`` and
-    check the map against the module.
-
-    Shape: x (..., d_model).
+def _frozen_at(module: Any, x: torch.Tensor) -> FrozenNorm:
+    """The module's map frozen at ``x``: the statistics in float32 at least, the map in ``x``'s dtype.
 
     Raises:
-        ValueError: the module is neither norm, or the frozen map does not reproduce it (an unsupported norm).
+        ValueError: the module is neither norm.
     """
-    x = x.detach()
     xf = x.float()
     d_model = int(x.shape[-1])
     bias = getattr(module, "bias", None)
@@ -97,21 +92,53 @@ def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
         eps = _eps(module)
         eps = 1e-5 if eps is None else eps
         var = xf.var(dim=-1, keepdim=True, unbiased=False)
-        frozen = FrozenNorm(scale=torch.rsqrt(var + eps).to(x.dtype), weight=_gain(module, d_model, x),
-                            bias=None if bias is None else bias.detach(), centred=True)
-    elif _is_rms_norm(module):
+        return FrozenNorm(scale=torch.rsqrt(var + eps).to(x.dtype), weight=_gain(module, d_model, x),
+                          bias=None if bias is None else bias.detach(), centred=True)
+    if _is_rms_norm(module):
         eps = _eps(module)
         eps = float(torch.finfo(xf.dtype).eps if eps is None else eps)  # torch's RMSNorm(eps=None)
         rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-        frozen = FrozenNorm(scale=rms.to(x.dtype), weight=_gain(module, d_model, x), bias=None, centred=False)
+        return FrozenNorm(scale=rms.to(x.dtype), weight=_gain(module, d_model, x), bias=None, centred=False)
+    raise ValueError(f"{type(module).__name__} is not a LayerNorm or an RMSNorm, so its parts cannot be "
+                     "attributed: direct attribution and contributions need a model whose norms are one of them.")
+
+
+def _float_copy(module: Any) -> Any:
+    """The norm with its parameters and float buffers in float32, sharing nothing it holds with ``module``: a shallow
+    copy with dicts of its own (a deep copy would follow whatever a model's module refers to)."""
+    reference = copy.copy(module)
+    reference._parameters = {name: None if p is None else p.detach().float() for name, p in module._parameters.items()}
+    reference._buffers = {name: b.float() if b is not None and b.is_floating_point() else b
+                          for name, b in module._buffers.items()}
+    return reference
+
+
+def freeze(module: Any, x: torch.Tensor) -> FrozenNorm:
+    """Freeze ``module`` (a LayerNorm or an RMSNorm, with or without a gain and a bias) at the residual ``x`` and
+    check the map against the module.
+
+    The check is of the map's form, so it runs in float32 at least: a half-precision model's norm is checked as a
+    float32 copy of the module on ``x`` in float32 (a few kB), within ``CHECK_TOLERANCE``. In bfloat16 itself the two
+    would round each product in another order, which a check must allow (8 epsilons, 6% of the largest output) and
+    under which a norm of a slightly other form would pass.
+
+    Shape: x (..., d_model).
+
+    Raises:
+        ValueError: the module is neither norm, or the frozen map does not reproduce it (an unsupported norm).
+    """
+    x = x.detach()
+    frozen = _frozen_at(module, x)
+    if x.dtype in (torch.bfloat16, torch.float16):
+        reference, at = _float_copy(module), x.float()
+        checked = _frozen_at(reference, at)
     else:
-        raise ValueError(f"{type(module).__name__} is not a LayerNorm or an RMSNorm, so its parts cannot be "
-                         "attributed: direct attribution and contributions need a model whose norms are one of them.")
-    with torch.no_grad():
-        expected = module(x)
-    got = frozen.apply(x) + (0 if frozen.bias is None else frozen.bias)
+        reference, at, checked = module, x, frozen
+    with torch.no_grad():  # the copy's own forward: the model's hooks on its norm are not run twice
+        expected = reference(at) if reference is module else reference.forward(at)
+    got = checked.apply(at) + (0 if checked.bias is None else checked.bias)
     scale = expected.abs().max().clamp_min(1e-6)
-    if float((got - expected).abs().max() / scale) > rounding_tolerance(CHECK_TOLERANCE, expected.dtype):
+    if float((got - expected).abs().max() / scale) > CHECK_TOLERANCE:
         raise ValueError(f"{type(module).__name__} is not a norm this tool can freeze (its frozen map differs from "
                          "the module); direct attribution and contributions need a LayerNorm or an RMSNorm.")
     return frozen
