@@ -278,3 +278,16 @@ def test_a_compact_traces_summary_runs_on_the_gpu_with_one_copy_a_layer(folders,
     assert seen and all(where == ("cuda",) * 3 for where in seen), seen
     # a layer's queries and keys, its summary; the predictions, the mask's check and one more: three times the text too
     assert copies[0] == copies[1] <= 2 * NUM_LAYERS + 3, copies
+
+
+def test_an_atlas_run_copies_the_gpus_weights_to_the_host_once(folders, tmp_path):
+    """The atlas's QK splits read the attention weights on the host: a GPU's are copied once a run, shared by the
+    texts (each text's split copied every layer's before: 2.7 GB a text for an 8B model in bfloat16)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"{TEXT} Text number {i}.\n" for i in range(6)), encoding="utf-8")
+    with simulated_cuda() as sim:
+        _run(["atlas", "--model", "pretrained", "--model-id", str(folders["llama"]), "--corpus", str(corpus),
+              "--out", str(tmp_path / "atlas"), "--qk-contexts", "4", "--device", "cuda"])
+    weight_copies = sum(n for (file, _), n in sim.where.items() if file == "frozen.py")
+    tensors_a_layer = 5  # W_Q, W_K, W_V, W_O and the norm's gain of the tiny Llama
+    assert 0 < weight_copies <= NUM_LAYERS * tensors_a_layer, sim.where

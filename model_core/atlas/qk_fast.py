@@ -65,6 +65,27 @@ def constants(lw: Any, head: int, kv: int, pre_norm: bool = True) -> tuple[torch
     return q_const, k_const
 
 
+class HostWeights:
+    """A model's layer weights on the host (``on_cpu``), each layer copied the first time it is read: one copy a
+    layer for an atlas run, shared by its texts' ``TextSplit`` (on a GPU an 8B model's attention weights are 2.7 GB in
+    bfloat16; on the CPU these are the model's own tensors). Supports ``[layer]``, ``[:layer]`` and ``len``."""
+
+    def __init__(self, model: Any) -> None:
+        self._weights = layer_weights(model)  # views of the model's parameters, where the model is
+        self._host: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = range(len(self))[index]
+        if index not in self._host:
+            self._host[index] = on_cpu(self._weights[index])
+        return self._host[index]
+
+
 class TextSplit:
     """One text's trace, ready to split any head's score at any (query, key) above the row mean.
 
@@ -75,9 +96,9 @@ class TextSplit:
     CHUNK_BYTES = 768 * 2**20
     """The most the key-side maps of the contexts split together may take (float64 (keys, d_model) each)."""
 
-    def __init__(self, model: Any, family: Any, trace: Any) -> None:
+    def __init__(self, model: Any, family: Any, trace: Any, weights: HostWeights | None = None) -> None:
         self.model, self.family, self.trace = model, family, trace
-        self.weights = [on_cpu(lw) for lw in layer_weights(model)]
+        self.weights = HostWeights(model) if weights is None else weights  # an atlas run passes its one
         first = self.hidden(0)
         self.n = first.shape[0]
         self.n_heads = int(trace.queries.shape[1])

@@ -24,7 +24,7 @@ import torch
 
 from model_core.atlas import qk_hooked
 from model_core.atlas.long_arrays import LongArrays, long_text_arrays
-from model_core.atlas.qk_fast import TextSplit, supported
+from model_core.atlas.qk_fast import HostWeights, TextSplit, supported
 from model_core.corpus.batches import EncodedText, pad_batch, plan_batches
 from model_core.corpus.model import LoadedCorpusModel
 from model_core.effects.norms import freeze
@@ -233,6 +233,7 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
     quick = fast_qk and supported(loaded.module, loaded.family)
     hooked = fast_qk and not quick and qk_hooked.supported(loaded.module, loaded.family)
     names: dict[int, list[str]] = {}
+    host_weights = HostWeights(loaded.module)  # a GPU's attention weights copied to the host once a run, not a text
     traced = [_up_to_queries(texts[t], by_text[t], loaded.family.is_decoder) for t in sorted(by_text)]
     for done, (text_id, trace) in enumerate(text_arrays(loaded, traced, long_from)):
         items = by_text[text_id]
@@ -263,7 +264,7 @@ def explain(loaded: LoadedCorpusModel, texts: dict[int, EncodedText], wanted: di
                     except RunMemoryError:
                         continue
             elif quick:
-                fast = TextSplit(loaded.module, loaded.family, trace)
+                fast = TextSplit(loaded.module, loaded.family, trace, weights=host_weights)
                 for item, sides in fast.split_many(items, [names[la][-1] == "bias" for la, *_ in items]):
                     add(item, *sides)
             elif hooked and qk_hooked.fits(loaded.module, loaded.family, len(trace.token_ids),
