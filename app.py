@@ -151,7 +151,7 @@ def main() -> None:
         if trace.is_decoder:  # a decoder has no [SEP]: say how it read sentence B
             st.sidebar.caption(f"A {trace.family.label} reads a pair as {trace.family.pair_rule}.")
     elif compact is not None:
-        st.sidebar.caption(f"{compact.description} · {compact.n_tokens:,} tokens · compact form")
+        st.sidebar.caption(f"{compact.description} · {compact.n_tokens:,} tokens · compact form · {compact.dtype}")
     else:
         head_slot.error(error)  # right under the text, where the pickers would be
         uses_other_model = request is not None and request.model_id != BUNDLED_MODEL_ID and (

@@ -128,6 +128,16 @@ def test_a_saved_trace_reads_back_the_same(llama, tmp_path):
     np.testing.assert_array_equal(again.weights(1, 0), compact.weights(1, 0))
     np.testing.assert_array_equal(again.masks, compact.masks)
     np.testing.assert_array_equal(again.next_token_ids, compact.next_token_ids)
+    assert again.dtype == compact.dtype == "float32"
+
+
+def test_a_bfloat16_compact_trace_says_its_precision_and_keeps_it_in_its_file(llama, tmp_path):
+    from model_core.settings import Settings
+
+    compact = build_compact(TraceRequest("pretrained", TEXT, model_id=str(llama)), device="cpu",
+                            settings=Settings(dtype="bfloat16"))
+    assert compact.dtype == "bfloat16" and compact.queries.dtype == np.float32
+    assert load_compact(compact.save(tmp_path / "c.npz")).dtype == "bfloat16"
 
 
 def test_files_that_are_not_ours_or_are_truncated_are_refused(llama, tmp_path):

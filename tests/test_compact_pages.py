@@ -205,6 +205,7 @@ def test_a_long_input_on_a_gpu_is_summarised_there_and_drawn(on_a_gpu, tiny_deco
     ctx = _context(at)
     assert ctx.compact is not None and "max_weight" in ctx.compact.stats, ctx.error
     assert "on cuda" in ctx.compact.description
+    assert "compact form · float32" in " ".join(c.value for c in at.sidebar.caption)  # auto: float32 under 1B
     assert at.get("plotly_chart")
     if page == "pages/analysis_head_stats.py":
         assert "Largest weight" in " ".join(c.proto.spec for c in at.get("plotly_chart"))

@@ -203,6 +203,7 @@ def _summarise(resolved: Resolved, encoded: EncodedInput, report: Progress, top_
         overview=overview, stats=stats, pool=pool, model_kind=family.name, description=resolved.description,
         causal=family.is_decoder, score_scale=out.layer_scales[0], score_softcap=out.layer_softcaps[0],
         next_token_ids=predictions[0], next_token_probs=predictions[1],
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
     )
 
 

@@ -34,7 +34,8 @@ OVERVIEW_CELLS = 32
 STAT_NAMES = ("entropy", "to_first", "to_self", "to_prev", "to_next", "mean_distance", "max_weight")
 
 FIELDS = {
-    "meta": "JSON: format, version, model_kind, description, causal, score_scale, score_softcap, pool, stat_names",
+    "meta": "JSON: format, version, model_kind, description, causal, score_scale, score_softcap, pool, stat_names, "
+            "dtype (the model's precision)",
     "tokens": "(pos,) str: the tokens",
     "token_ids": "(pos,) int64",
     "queries": "(layer, head, pos, d_head) float32: after the rotary embedding where the model has one",
@@ -91,6 +92,8 @@ class CompactTrace(TraceShape):
         stats: name -> Shape: (layer, head).
         pool: positions per overview cell.
         reply_start: where a generated reply starts (its first token's position), or None for a typed-in text.
+        dtype: the precision the model ran in ("float32", "bfloat16", "float16"; AE_DTYPE); the arrays are float32
+            (``lse`` float64) either way.
     """
 
     tokens: tuple[str, ...]
@@ -113,6 +116,7 @@ class CompactTrace(TraceShape):
     next_token_probs: np.ndarray | None = None
     meta_extra: dict = field(default_factory=dict)
     reply_start: int | None = None
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         n_layers, n_heads, n, _ = self.queries.shape
@@ -180,7 +184,8 @@ class CompactTrace(TraceShape):
         path = Path(path)
         meta = dict(format=FORMAT, version=VERSION, model_kind=self.model_kind, description=self.description,
                     causal=self.causal, score_scale=self.score_scale, score_softcap=self.score_softcap,
-                    pool=self.pool, stat_names=list(self.stats), reply_start=self.reply_start, **self.meta_extra)
+                    pool=self.pool, stat_names=list(self.stats), reply_start=self.reply_start, dtype=self.dtype,
+                    **self.meta_extra)
         arrays = dict(meta=np.array(json.dumps(meta)), tokens=np.array(self.tokens, dtype=str),
                       token_ids=self.token_ids, queries=self.queries, keys=self.keys, kv_heads=self.kv_heads,
                       lse=self.lse, masks=np.packbits(self.masks, axis=-1), mask_of_layer=self.mask_of_layer,
@@ -258,6 +263,7 @@ def load_compact(path: str | Path) -> CompactTrace:
         score_scale=float(meta["score_scale"]), score_softcap=meta["score_softcap"],
         next_token_ids=arrays.get("next_token_ids"), next_token_probs=arrays.get("next_token_probs"),
         reply_start=meta.get("reply_start"),  # files written before generation have none
+        dtype=str(meta.get("dtype", "float32")),  # nor files written before the precision setting
     )
 
 
