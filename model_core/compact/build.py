@@ -15,6 +15,7 @@ from model_core.compact.views import TraceForm, choose_form
 from model_core.families.capture import current_recorder
 from model_core.kernel import allowed_from_mask, float64_device, on_device
 from model_core.models.memory import release_freed_memory
+from model_core.models.run_memory import check_run_memory, compact_trace_bytes, model_shape, run_memory_limit_mb
 from model_core.settings import Settings
 from model_core.trace.forward import to_host, top_predictions
 from model_core.trace.sequence import with_reply
@@ -75,6 +76,7 @@ def build_compact(request: TraceRequest, *, device: str | torch.device | None = 
     Raises:
         InputError: the text cannot be traced (empty, or over the limit: the message names it).
         ModelLoadError: the model cannot be loaded.
+        RunMemoryError: its estimate (``run_memory.compact_trace_bytes``) is over the run memory limit.
         ValueError: the custom encoder or a head mask was asked for.
     """
     if request.model != "pretrained":
@@ -84,6 +86,12 @@ def build_compact(request: TraceRequest, *, device: str | torch.device | None = 
         raise ValueError("A compact trace keeps every head on; trace the full form for head masking.")
     resolved = resolve(request, device=device, settings=settings, models=models)
     encoded = resolved.encode(request, max_tokens=max_tokens)
+    n = len(encoded.tokens)
+    check_run_memory(f"A compact trace of {n:,} tokens",
+                     compact_trace_bytes(model_shape(resolved.model), n,
+                                         on_device=float64_device(resolved.device).type != "cpu"),
+                     run_memory_limit_mb(resolved.settings, device=resolved.device),
+                     "A shorter text fits (AE_MAX_TOKENS sets the longest a user may trace).")
     report = progress or (lambda phase, done: None)
     report("forward", 0.0)
     with GATE.turn():  # the pass and its summary: the recorded queries and keys are freed layer by layer

@@ -4,7 +4,7 @@ refuses a run over ``AE_RUN_MEMORY_MB`` with the estimate and the limit in its m
 The estimates are pure functions of shapes (tokens, batch, layers, heads, d_model, d_ff, vocab, bytes a number),
 calibrated against the peak resident memory measured on SmolLM2-135M (``tests/test_run_memory.py`` and the README's
 settings section give the table); they count what a run holds above the loaded model, and lean high. Each entry
-point (``model_core.circuits.run``, ``effects.patching_run``, ``circuits.mean_patching``, ``qk.terms``,
+point (``model_core.circuits.run``, ``effects.patching_run``, ``circuits.mean_patching``, ``qk.terms``, ``compact.build``,
 ``generate.generation``, ``corpus.run``, ``roles``) calls ``check_run_memory`` before its first pass.
 
 The graph of edge attribution has S = 1 + L(H + 1) senders and R = L(3H + 1) + 1 receivers; a batch of B pairs of
@@ -155,6 +155,26 @@ def trace_pass_bytes(shape: ModelShape, batch: int, tokens: int, *, keep_weights
     ``keep_weights`` every layer's weights (batch·L·H·T² float32) as the trace keeps them."""
     weights = 4 * batch * shape.n_layers * shape.n_heads * tokens * tokens if keep_weights else 0.0
     return OVERHEAD_MB * MB + forward_bytes(shape, batch, tokens) + weights
+
+
+def compact_trace_bytes(shape: ModelShape, tokens: int, *, on_device: bool = False, block_numbers: int = 1 << 26) -> float:
+    """A compact trace (``model_core.compact.build``) of one text of ``tokens`` tokens.
+
+    On the host: what it keeps, every layer's queries and keys (4·L·(H + kv)·T·d_head), the rows' lse
+    (8·L·H·T) and the masks (two T² booleans while they are worked out), and one layer's activations of the sdpa
+    pass (no T² weights). With ``on_device`` (the summary on a GPU) it counts the device instead: every layer's
+    queries and keys held there in the model's dtype, one layer's activations, and a streamed block's scores
+    (three float32 buffers of at most ``block_numbers``; ``compact.summary.DEVICE_BLOCK_NUMBERS``). Measured on
+    SmolLM2 on the CPU, fresh process: 133, 256 and 594 MB above the model at 1,024, 2,048 and 4,096 tokens.
+    """
+    a, n = shape.act_bytes, tokens
+    per_position = shape.n_layers * (shape.n_heads + shape.n_kv_heads) * shape.d_head
+    layer = a * n * (8 * shape.d_model + 3 * shape.d_ff)
+    if on_device:
+        block = min(block_numbers, shape.n_heads * n * n)
+        return OVERHEAD_MB * MB + MARGIN * (a * per_position * n + layer + 3 * 4 * block)
+    kept = 4 * per_position * n + 8 * shape.n_layers * shape.n_heads * n + 2 * n * n
+    return OVERHEAD_MB * MB + MARGIN * (kept + layer)
 
 
 def atlas_bytes(shape: ModelShape, tokens: int, scan_batch: int, card_batch: int, *, long_from: int,
