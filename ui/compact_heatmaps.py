@@ -217,7 +217,7 @@ def draw(ctx: AppContext) -> None:
     """The whole page for ``ctx.compact``."""
     t = ctx.compact
     st.title("Attention heatmaps")
-    st.caption(f"{t.description} · {t.n_tokens:,} tokens · compact form")
+    st.caption(f"{t.description} · {t.n_tokens:,} tokens · compact form · {t.dtype}")
     gb = full_trace_bytes(t.n_layers, t.n_heads, t.n_tokens) / 1e9
     st.info(f"**Compact form.** A full trace would hold {gb:,.1f} GB of weights ({t.n_layers} × {t.n_heads} × "
             f"{t.n_tokens:,}²); this one keeps the queries, keys, each row's log-sum-exp and exact block means "

@@ -37,7 +37,7 @@ def _rollout_row(trace: CompactTrace, target: int) -> np.ndarray:
 def draw(ctx: AppContext) -> None:
     """The rollout page for ``ctx.compact``: pick the token, compute its row, then the line, top tokens and CSV."""
     t = ctx.compact
-    st.caption(f"{t.description} · {t.n_tokens:,} tokens · compact form")
+    st.caption(f"{t.description} · {t.n_tokens:,} tokens · compact form · {t.dtype}")
     st.info(f"**Compact form.** Rollout into one token is computed from each layer's head mean, recomputed in "
             f"blocks of rows from the queries, keys and log-sum-exps: no {t.n_tokens:,}² matrix is held. The "
             f"full rollout matrix and attention flow need every weight (flow solves a max-flow problem per token "
