@@ -163,16 +163,18 @@ def compact_trace_bytes(shape: ModelShape, tokens: int, *, on_device: bool = Fal
     On the host: what it keeps, every layer's queries and keys (4·L·(H + kv)·T·d_head), the rows' lse
     (8·L·H·T) and the masks (two T² booleans while they are worked out), and one layer's activations of the sdpa
     pass (no T² weights). With ``on_device`` (the summary on a GPU) it counts the device instead: every layer's
-    queries and keys held there in the model's dtype, one layer's activations, and a streamed block's scores
-    (three float32 buffers of at most ``block_numbers``; ``compact.summary.DEVICE_BLOCK_NUMBERS``). Measured on
-    SmolLM2 on the CPU, fresh process: 133, 256 and 594 MB above the model at 1,024, 2,048 and 4,096 tokens.
+    queries and keys held there in the model's dtype, one layer's activations, its mask (T² booleans) and a
+    streamed block's scores (three float32 buffers of ``block_numbers`` scores, or of 256 rows where those are
+    more: ``compact.summary.DEVICE_BLOCK_NUMBERS``). Measured on SmolLM2 on the CPU, fresh process: 133, 256 and
+    594 MB above the model at 1,024, 2,048 and 4,096 tokens.
     """
     a, n = shape.act_bytes, tokens
     per_position = shape.n_layers * (shape.n_heads + shape.n_kv_heads) * shape.d_head
     layer = a * n * (8 * shape.d_model + 3 * shape.d_ff)
-    if on_device:
-        block = min(block_numbers, shape.n_heads * n * n)
-        return OVERHEAD_MB * MB + MARGIN * (a * per_position * n + layer + 3 * 4 * block)
+    if on_device:  # ``compact.summary.block_rows``: 256 rows at least, however many scores they make
+        rows = max(1, block_numbers // (shape.n_heads * n * 256)) * 256
+        block = shape.n_heads * min(rows, n) * n
+        return OVERHEAD_MB * MB + MARGIN * (a * per_position * n + layer + 3 * 4 * block + n * n)  # and the mask
     kept = 4 * per_position * n + 8 * shape.n_layers * shape.n_heads * n + 2 * n * n
     return OVERHEAD_MB * MB + MARGIN * (kept + layer)
 
