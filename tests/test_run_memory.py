@@ -90,6 +90,11 @@ def test_the_compact_trace_estimate_is_above_its_measured_peaks(tokens, measured
     eight_b = ModelShape(32, 32, 8, 4096, 128, 14336, 128256, act_bytes=2)
     on_gpu = compact_trace_bytes(eight_b, 8192, on_device=True) / 1e6
     assert 2_700 < on_gpu < 6_000, on_gpu  # 2.7 GB of queries and keys, 0.8 GB of scores, 0.7 GB of MLP
+    assert compact_trace_bytes(eight_b, 8192) / 1e6 > on_gpu  # the host's float32 copies: checked apart
+    # Gemma 2's capped scores run eager attention: its T² scores, their cap and a float32 softmax count
+    gemma2 = ModelShape(42, 16, 8, 3584, 256, 14336, 256000, act_bytes=2)
+    capped = compact_trace_bytes(gemma2, 8192, on_device=True, softcap=True, masks=2)
+    assert capped - compact_trace_bytes(gemma2, 8192, on_device=True, masks=2) >= 8 * 16 * 8192 ** 2, capped
 
 
 def test_a_compact_trace_over_the_limit_is_refused_before_its_pass(tiny_decoders, monkeypatch):
@@ -103,6 +108,19 @@ def test_a_compact_trace_over_the_limit_is_refused_before_its_pass(tiny_decoders
         build_compact(request, device="cpu")
     monkeypatch.setenv("AE_RUN_MEMORY_MB", "400")
     assert build_compact(request, device="cpu").n_tokens > 40
+
+
+def test_on_a_gpu_a_compact_trace_checks_the_hosts_memory_too(tiny_decoders, monkeypatch):
+    """The summary runs on the GPU, but the host keeps the trace's arrays: a limit the GPU's estimate fits and the
+    host's does not refuses the trace, naming the host's limit."""
+    import model_core.compact.build as build
+    from gpu_sim import simulated_cuda
+
+    limits = lambda settings=None, override_mb=None, device=None: 10_000.0 if device is not None else 100.0  # noqa
+    monkeypatch.setattr(build, "run_memory_limit_mb", limits)
+    request = build.TraceRequest("pretrained", "the river and the valley " * 10, model_id=str(tiny_decoders["llama"]))
+    with simulated_cuda(), pytest.raises(RunMemoryError, match=r"limit of 100 MB for one run \(AE_RUN_MEMORY_MB\)"):
+        build.build_compact(request, device="cuda")
 
 
 def test_a_normal_ioi_run_fits_and_a_6000_token_pair_does_not_on_a_24_gb_machine():

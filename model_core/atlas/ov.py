@@ -89,8 +89,11 @@ def copying_scores(model: Any, tokenizer: Any = None, top_n: int = TOP_N) -> np.
     w_e = embed[ids.to(embed.device)].to(at, torch.float64)
     gram = w_u.T @ w_e  # (d_model, d_model): W_U[S]^T W_E[S]
     del w_u, w_e
+    weights = layer_weights(model)
+    if any(w.W_Q.shape != weights[0].W_Q.shape or w.W_K.shape != weights[0].W_K.shape for w in weights):
+        raise ValueError("Copying scores need every layer to have the same heads and shapes.")  # as fold_heads says
     scores = []
-    for lw in layer_weights(model):
+    for lw in weights:
         heads = fold_heads([on(lw, at)], torch.float64)  # one layer: the folds are each layer's own
         w_v = heads.W_V.flatten(0, 1)[heads.head_kv()]  # (head, d_model, d_head)
         small = (heads.W_O @ gram @ w_v).cpu()  # (head, d_head, d_head): eigenvalues on the host, any device

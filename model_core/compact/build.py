@@ -4,6 +4,7 @@ blocks of query rows, all under one turn of the route's gate."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -86,17 +87,32 @@ def build_compact(request: TraceRequest, *, device: str | torch.device | None = 
         raise ValueError("A compact trace keeps every head on; trace the full form for head masking.")
     resolved = resolve(request, device=device, settings=settings, models=models)
     encoded = resolved.encode(request, max_tokens=max_tokens)
-    n = len(encoded.tokens)
-    check_run_memory(f"A compact trace of {n:,} tokens",
-                     compact_trace_bytes(model_shape(resolved.model), n,
-                                         on_device=float64_device(resolved.device).type != "cpu"),
-                     run_memory_limit_mb(resolved.settings, device=resolved.device),
-                     "A shorter text fits (AE_MAX_TOKENS sets the longest a user may trace).")
+    _check_memory(resolved, len(encoded.tokens))
     report = progress or (lambda phase, done: None)
     report("forward", 0.0)
     with GATE.turn():  # the pass and its summary: the recorded queries and keys are freed layer by layer
         compact = _summarise(resolved, encoded, report, top_k if predictions else 0, largest_weight)
     return with_reply(compact, request, encoded)  # a generated sequence's reply starts where its request says
+
+
+def _check_memory(resolved: Resolved, n: int) -> None:
+    """Refuse a compact trace whose estimate (``run_memory.compact_trace_bytes``) is over the limit: the host's (its
+    arrays, on any device) and, where the summary runs on a GPU, the GPU's too.
+
+    Raises:
+        RunMemoryError: with the estimate, the limit and what to change.
+    """
+    config = resolved.model.config
+    config = getattr(config, "text_config", None) or config
+    estimate = functools.partial(compact_trace_bytes, model_shape(resolved.model), n,
+                                 softcap=bool(getattr(config, "attn_logit_softcapping", None)),
+                                 masks=2 if getattr(config, "sliding_window", None) else 1)
+    what = f"A compact trace of {n:,} tokens"
+    advice = "A shorter text fits (AE_MAX_TOKENS sets the longest a user may trace)."
+    if float64_device(resolved.device).type != "cpu":
+        check_run_memory(what, estimate(on_device=True), run_memory_limit_mb(resolved.settings,
+                                                                             device=resolved.device), advice)
+    check_run_memory(what, estimate(), run_memory_limit_mb(resolved.settings), advice)
 
 
 class _LayerCopies:

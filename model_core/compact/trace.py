@@ -184,8 +184,8 @@ class CompactTrace(TraceShape):
         path = Path(path)
         meta = dict(format=FORMAT, version=VERSION, model_kind=self.model_kind, description=self.description,
                     causal=self.causal, score_scale=self.score_scale, score_softcap=self.score_softcap,
-                    pool=self.pool, stat_names=list(self.stats), reply_start=self.reply_start, dtype=self.dtype,
-                    **self.meta_extra)
+                    pool=self.pool, stat_names=list(self.stats), reply_start=self.reply_start,
+                    **{**self.meta_extra, "dtype": self.dtype})
         arrays = dict(meta=np.array(json.dumps(meta)), tokens=np.array(self.tokens, dtype=str),
                       token_ids=self.token_ids, queries=self.queries, keys=self.keys, kv_heads=self.kv_heads,
                       lse=self.lse, masks=np.packbits(self.masks, axis=-1), mask_of_layer=self.mask_of_layer,

@@ -4,8 +4,9 @@ refuses a run over ``AE_RUN_MEMORY_MB`` with the estimate and the limit in its m
 The estimates are pure functions of shapes (tokens, batch, layers, heads, d_model, d_ff, vocab, bytes a number),
 calibrated against the peak resident memory measured on SmolLM2-135M (``tests/test_run_memory.py`` and the README's
 settings section give the table); they count what a run holds above the loaded model, and lean high. Each entry
-point (``model_core.circuits.run``, ``effects.patching_run``, ``circuits.mean_patching``, ``qk.terms``, ``compact.build``,
-``generate.generation``, ``corpus.run``, ``roles``) calls ``check_run_memory`` before its first pass.
+point (``model_core.circuits.run``, ``effects.patching_run``, ``circuits.mean_patching``, ``qk.terms``,
+``compact.build``, ``generate.generation``, ``corpus.run``, ``roles``) calls ``check_run_memory`` before its first
+pass.
 
 The graph of edge attribution has S = 1 + L(H + 1) senders and R = L(3H + 1) + 1 receivers; a batch of B pairs of
 T tokens stacks N = B·T positions of d_model numbers for each.
@@ -157,25 +158,35 @@ def trace_pass_bytes(shape: ModelShape, batch: int, tokens: int, *, keep_weights
     return OVERHEAD_MB * MB + forward_bytes(shape, batch, tokens) + weights
 
 
-def compact_trace_bytes(shape: ModelShape, tokens: int, *, on_device: bool = False, block_numbers: int = 1 << 26) -> float:
+def compact_trace_bytes(shape: ModelShape, tokens: int, *, on_device: bool = False, softcap: bool = False,
+                        masks: int = 1, block_numbers: int = 1 << 26) -> float:
     """A compact trace (``model_core.compact.build``) of one text of ``tokens`` tokens.
 
-    On the host: what it keeps, every layer's queries and keys (4·L·(H + kv)·T·d_head), the rows' lse
-    (8·L·H·T) and the masks (two T² booleans while they are worked out), and one layer's activations of the sdpa
-    pass (no T² weights). With ``on_device`` (the summary on a GPU) it counts the device instead: every layer's
-    queries and keys held there in the model's dtype, one layer's activations, its mask (T² booleans) and a
-    streamed block's scores (three float32 buffers of ``block_numbers`` scores, or of 256 rows where those are
-    more: ``compact.summary.DEVICE_BLOCK_NUMBERS``). Measured on SmolLM2 on the CPU, fresh process: 133, 256 and
-    594 MB above the model at 1,024, 2,048 and 4,096 tokens.
+    On the host: what it keeps, every layer's queries and keys (4·L·(H + kv)·T·d_head), the rows' lse (8·L·H·T)
+    and each distinct mask (two T² booleans while it is worked out), and the sdpa pass: one layer's activations and
+    the model's additive masks (T² numbers each), no T² weights. With ``softcap`` (Gemma 2's capped scores) the
+    layers run the model's eager attention instead: the scores, their cap and a float32 softmax, (2·a + 4)·H·T².
+    ``masks``: how many distinct masks the layers use (2 with sliding-window layers).
+
+    With ``on_device`` (the summary on a GPU) it counts the device instead: every layer's queries and keys held
+    there in the model's dtype, the pass, the masks as booleans, and a streamed block's scores (three float32
+    buffers, four with a softcap, of ``block_numbers`` scores, or of 256 rows where those are more:
+    ``compact.summary.DEVICE_BLOCK_NUMBERS``); the host's arrays are checked apart (``build_compact``).
+
+    Measured on SmolLM2 on the CPU, fresh process: 133, 256 and 594 MB above the model at 1,024, 2,048 and 4,096
+    tokens.
     """
-    a, n = shape.act_bytes, tokens
-    per_position = shape.n_layers * (shape.n_heads + shape.n_kv_heads) * shape.d_head
-    layer = a * n * (8 * shape.d_model + 3 * shape.d_ff)
+    a, n, h = shape.act_bytes, tokens, shape.n_heads
+    per_position = shape.n_layers * (h + shape.n_kv_heads) * shape.d_head
+    layer = a * n * (8 * shape.d_model + 3 * shape.d_ff) + masks * a * n * n
+    if softcap:
+        layer += (2 * a + 4) * h * n * n
     if on_device:  # ``compact.summary.block_rows``: 256 rows at least, however many scores they make
-        rows = max(1, block_numbers // (shape.n_heads * n * 256)) * 256
-        block = shape.n_heads * min(rows, n) * n
-        return OVERHEAD_MB * MB + MARGIN * (a * per_position * n + layer + 3 * 4 * block + n * n)  # and the mask
-    kept = 4 * per_position * n + 8 * shape.n_layers * shape.n_heads * n + 2 * n * n
+        rows = max(1, block_numbers // (h * n * 256)) * 256
+        block = h * min(rows, n) * n
+        buffers = 4 if softcap else 3
+        return OVERHEAD_MB * MB + MARGIN * (a * per_position * n + layer + buffers * 4 * block + masks * n * n)
+    kept = 4 * per_position * n + 8 * shape.n_layers * h * n + 2 * masks * n * n
     return OVERHEAD_MB * MB + MARGIN * (kept + layer)
 
 
