@@ -12,6 +12,15 @@ import pytest
 from model_core.io.atomic import uninterrupted
 
 
+@pytest.fixture(autouse=True)
+def pythons_own_sigint_handler():
+    """Python's own SIGINT handler, as a terminal's process has, whatever started this one: a process started in
+    the background by a shell without job control inherits SIGINT ignored (and Ctrl+C could not reach it)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_a_sigint_inside_a_write_lands_after_it_and_the_file_is_whole(tmp_path):
     target = tmp_path / "arrays.npz"
     reached_the_end = False
